@@ -1,0 +1,156 @@
+"""The outer optimizer: built in exactly one place so every engine updates theta identically.
+
+Every engine (local, DeepSpeed, accelerate) calls :func:`build_outer_optimizer` and applies the
+same clipping rule (:func:`clip_grad_norm`), so a run gives the same adapter weights whatever the
+backend. The inner loop has its own tiny optimizer (see ``fmmeta.algorithms.inner_loop``); this
+module is only about the meta-parameters' update, applied once per meta-step.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+import torch
+from torch.optim.lr_scheduler import LambdaLR
+
+logger = logging.getLogger(__name__)
+
+_SCHEDULES = ("constant", "cosine")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OuterOptimConfig:
+    """Outer (meta) optimizer settings: AdamW on the adapter, once per meta-step.
+
+    Attributes:
+        outer_lr: peak learning rate of the outer AdamW (> 0; typical 1e-4 .. 3e-3 for LoRA).
+        weight_decay: decoupled AdamW weight decay (>= 0; 0 keeps LoRA's zero init meaningful).
+        betas: AdamW (beta1, beta2), each in [0, 1).
+        eps: AdamW denominator epsilon (> 0).
+        grad_clip: clip the averaged meta-gradient to this global L2 norm; 0 turns clipping off.
+        warmup_steps: meta-steps of linear warm-up (>= 0); step s < warmup uses lr*(s+1)/warmup.
+        schedule: "constant" or "cosine" (cosine decays to 0 at ``total_steps``).
+        total_steps: meta-steps of the whole run; required (> warmup_steps) for "cosine".
+    """
+
+    outer_lr: float = 1e-3
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    warmup_steps: int = 0
+    schedule: str = "constant"
+    total_steps: int | None = None
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+        if not self.outer_lr > 0:
+            problems.append(f"outer_lr={self.outer_lr} is invalid: must be > 0 (e.g. 1e-3)")
+        if self.weight_decay < 0:
+            problems.append(f"weight_decay={self.weight_decay} is invalid: must be >= 0")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            problems.append(f"betas={self.betas} is invalid: need two values in [0, 1), e.g. (0.9, 0.999)")
+        if not self.eps > 0:
+            problems.append(f"eps={self.eps} is invalid: must be > 0 (e.g. 1e-8)")
+        if self.grad_clip < 0:
+            problems.append(f"grad_clip={self.grad_clip} is invalid: must be >= 0 (0 turns clipping off)")
+        if self.warmup_steps < 0:
+            problems.append(f"warmup_steps={self.warmup_steps} is invalid: must be >= 0")
+        if self.schedule not in _SCHEDULES:
+            problems.append(f"schedule={self.schedule!r} is invalid: allowed {list(_SCHEDULES)}")
+        if self.schedule == "cosine" and (
+            self.total_steps is None or self.total_steps <= self.warmup_steps
+        ):
+            problems.append(
+                f"total_steps={self.total_steps} is invalid for schedule='cosine': set it to the run's "
+                f"meta-steps, greater than warmup_steps={self.warmup_steps}"
+            )
+        if problems:
+            raise ValueError("OuterOptimConfig: " + "; ".join(problems))
+
+
+def outer_lr_lambda(cfg: OuterOptimConfig) -> Callable[[int], float]:
+    """The LR multiplier as a function of the number of outer steps already taken.
+
+    A plain function (not a callable object) so ``LambdaLR.state_dict()`` holds no Python objects
+    and loads with ``torch.load(weights_only=True)``. Warm-up starts at ``1/warmup`` rather than 0,
+    so no meta-step is wasted at lr 0.
+    """
+    warmup = cfg.warmup_steps
+    schedule = cfg.schedule
+    # Only "cosine" reads total; OuterOptimConfig guarantees it is set there.
+    total = cfg.total_steps if cfg.total_steps is not None else warmup + 1
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def build_outer_optimizer(
+    params: Iterable[torch.nn.Parameter], cfg: OuterOptimConfig
+) -> tuple[torch.optim.AdamW, LambdaLR]:
+    """Builds the outer AdamW and its LR schedule: the one place that does.
+
+    Args:
+        params: the adapter parameters (the meta-parameters theta).
+        cfg: outer optimizer settings.
+
+    Returns:
+        ``(optimizer, scheduler)``; call ``scheduler.step()`` once after each ``optimizer.step()``.
+
+    Example:
+        >>> opt, sched = build_outer_optimizer(engine.adapter_parameters(), OuterOptimConfig(outer_lr=3e-3))
+    """
+    params = list(params)
+    if not params:
+        raise ValueError(
+            "build_outer_optimizer() got no parameters: the model has no trainable adapter tensors; "
+            "wrap it with peft.get_peft_model before building the engine"
+        )
+    optimizer = torch.optim.AdamW(
+        params,
+        lr=cfg.outer_lr,
+        betas=tuple(cfg.betas),
+        eps=cfg.eps,
+        weight_decay=cfg.weight_decay,
+        foreach=False,
+    )
+    scheduler = LambdaLR(optimizer, outer_lr_lambda(cfg))
+    return optimizer, scheduler
+
+
+def clip_grad_norm(grads: Sequence[torch.Tensor], max_norm: float) -> float:
+    """Scales ``grads`` in place so their global L2 norm is at most ``max_norm``.
+
+    Same rule as ``torch.nn.utils.clip_grad_norm_`` (coefficient ``max_norm / (norm + 1e-6)``,
+    capped at 1), written on plain tensors so engines that hold gradients outside ``.grad``
+    (DeepSpeed's partitioned buffers) apply exactly the same arithmetic.
+
+    Args:
+        grads: gradient tensors (modified in place).
+        max_norm: maximum global norm; ``<= 0`` means no clipping.
+
+    Returns:
+        The global norm before clipping.
+    """
+    if not grads:
+        return 0.0
+    total = torch.linalg.vector_norm(
+        torch.stack([torch.linalg.vector_norm(g.detach().float()) for g in grads])
+    )
+    norm = float(total)
+    if max_norm > 0:
+        coef = max_norm / (norm + 1e-6)
+        if coef < 1.0:
+            for g in grads:
+                g.mul_(coef)
+    return norm
