@@ -1,0 +1,21 @@
+"""The task layer: datasets -> tokenized tasks -> few-shot episodes.
+
+Import from the submodules (``fmmeta.tasks.task``, ``fmmeta.tasks.builders``,
+``fmmeta.tasks.suites``); this package re-exports the names most callers need.
+"""
+
+from fmmeta.tasks.episode import IGNORE_INDEX, Batch, Episode, Example, collate
+from fmmeta.tasks.task import EpisodeSpec, Task, TaskSet, ensure_pad_token, split_tasks
+
+__all__ = [
+    "IGNORE_INDEX",
+    "Batch",
+    "Episode",
+    "EpisodeSpec",
+    "Example",
+    "Task",
+    "TaskSet",
+    "collate",
+    "ensure_pad_token",
+    "split_tasks",
+]
