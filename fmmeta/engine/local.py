@@ -1,0 +1,169 @@
+"""The local engine: one process, plain torch. The reference every distributed engine must match.
+
+It implements the whole :class:`~fmmeta.engine.protocol.Engine` protocol with no framework: the
+adapter parameters are the peft model's trainable tensors in ``named_parameters`` order, the outer
+update is ``build_outer_optimizer``'s AdamW plus ``clip_grad_norm`` (the same code every engine
+uses), and adapters are written in peft's own format.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from fmmeta.engine.optim import OuterOptimConfig, build_outer_optimizer, clip_grad_norm
+
+logger = logging.getLogger(__name__)
+
+OPTIMIZER_FILE = "outer_optimizer_rank{rank}.pt"
+"""File name (per rank) that :meth:`LocalEngine.save_optimizer` writes."""
+
+
+def trainable_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """``(name, parameter)`` of every trainable tensor, in ``named_parameters`` order."""
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
+class LocalEngine:
+    """Single-process engine on ``device`` (rank 0 of 1).
+
+    Args:
+        model: a peft-wrapped causal LM (only the adapter requires grad).
+        cfg: outer optimizer settings.
+        device: where the model and batches live.
+
+    Example:
+        >>> engine = LocalEngine(get_peft_model(base, lora_cfg), OuterOptimConfig(outer_lr=3e-3))
+        >>> stats = meta_step(engine, algorithm, plan)
+    """
+
+    rank: int = 0
+    world_size: int = 1
+
+    def __init__(self, model: nn.Module, cfg: OuterOptimConfig, device: str | torch.device = "cpu") -> None:
+        self.device = torch.device(device)
+        self.cfg = cfg
+        self._model = model.to(self.device)
+        named = trainable_parameters(self._model)
+        if not named:
+            raise ValueError(
+                "LocalEngine got a model with no trainable parameters: wrap it with "
+                "peft.get_peft_model(model, LoraConfig(...)) first"
+            )
+        self._names = [n for n, _ in named]
+        self._params = [p for _, p in named]
+        self.optimizer, self.scheduler = build_outer_optimizer(self._params, cfg)
+
+    @property
+    def model(self) -> nn.Module:
+        """The peft model."""
+        return self._model
+
+    def adapter_parameters(self) -> list[nn.Parameter]:
+        """The trainable LoRA tensors in ``named_parameters`` order."""
+        return list(self._params)
+
+    def outer_step(self, grad_sum: Sequence[torch.Tensor], n_real_tasks: int) -> dict[str, float]:
+        """Averages ``grad_sum`` over ``n_real_tasks``, clips, and steps AdamW and the schedule."""
+        if n_real_tasks < 1:
+            raise ValueError(f"outer_step(n_real_tasks={n_real_tasks}) is invalid: must be >= 1")
+        if len(grad_sum) != len(self._params):
+            raise ValueError(
+                f"outer_step got {len(grad_sum)} gradients for {len(self._params)} adapter "
+                "parameters: pass one tensor per adapter_parameters() entry, in that order"
+            )
+        grads = []
+        for p, g in zip(self._params, grad_sum):
+            if g.shape != p.shape:
+                raise ValueError(
+                    f"outer_step gradient shape {tuple(g.shape)} does not match adapter parameter "
+                    f"shape {tuple(p.shape)}: gradients must follow adapter_parameters() order"
+                )
+            grads.append(g.detach().to(device=p.device, dtype=torch.float32) / n_real_tasks)
+        norm = clip_grad_norm(grads, self.cfg.grad_clip)
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        for p, g in zip(self._params, grads):
+            p.grad = g.to(p.dtype)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"grad_norm": norm, "lr": lr}
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """``[obj]``: one rank."""
+        return [obj]
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A copy of ``tensor``: one rank."""
+        return tensor.clone()
+
+    def barrier(self) -> None:
+        """Nothing to wait for."""
+
+    def save_adapter(self, path: str | Path) -> None:
+        """Writes ``adapter_config.json`` + ``adapter_model.safetensors`` with peft's ``save_pretrained``."""
+        save = getattr(self._model, "save_pretrained", None)
+        if save is None:
+            raise TypeError(
+                f"save_adapter needs a peft model with save_pretrained(); got {type(self._model).__name__}"
+            )
+        save(str(path), safe_serialization=True)
+
+    def load_adapter(self, path: str | Path) -> None:
+        """Loads what :meth:`save_adapter` wrote into the live adapter tensors (in place)."""
+        from peft import set_peft_model_state_dict
+
+        file = Path(path) / "adapter_model.safetensors"
+        if not file.is_file():
+            raise FileNotFoundError(
+                f"load_adapter: {file} does not exist; pass the directory save_adapter() wrote"
+            )
+        state = load_file(str(file), device=str(self.device))
+        if not state:
+            raise ValueError(f"load_adapter: {file} holds no tensors (an empty adapter save)")
+        result = set_peft_model_state_dict(self._model, state)
+        unexpected = list(getattr(result, "unexpected_keys", []) or [])
+        if unexpected:
+            raise ValueError(
+                f"load_adapter: {file} has tensors this model does not: {unexpected[:5]}; "
+                "was it saved from a model with another LoRA config?"
+            )
+        missing = [k for k in getattr(result, "missing_keys", []) or [] if "lora_" in k]
+        if missing:
+            raise ValueError(
+                f"load_adapter: {file} lacks adapter tensors this model has: {missing[:5]}; "
+                "was it saved from a model with another LoRA config?"
+            )
+        live = [p for _, p in trainable_parameters(self._model)]
+        if len(live) != len(self._params) or any(a is not b for a, b in zip(live, self._params)):
+            # The optimizer's state is keyed by these objects: a silent swap would detach it.
+            raise RuntimeError(
+                "load_adapter replaced the adapter's Parameter objects instead of copying into them"
+            )
+
+    def save_optimizer(self, directory: str | Path) -> list[Path]:
+        """Writes the outer AdamW and schedule state (loadable with ``torch.load(weights_only=True)``)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        file = directory / OPTIMIZER_FILE.format(rank=self.rank)
+        torch.save(
+            {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
+            file,
+        )
+        return [file]
+
+    def load_optimizer(self, directory: str | Path) -> None:
+        """Restores what :meth:`save_optimizer` wrote."""
+        file = Path(directory) / OPTIMIZER_FILE.format(rank=self.rank)
+        if not file.is_file():
+            raise FileNotFoundError(
+                f"load_optimizer: {file} does not exist; pass the directory save_optimizer() wrote"
+            )
+        state = torch.load(file, map_location=self.device, weights_only=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
