@@ -55,3 +55,44 @@ def random_state(params: list[nn.Parameter], seed: int, scale: float = 0.1) -> l
     """An adapter state drawn from a generator this test owns."""
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(p.shape, generator=g) * scale for p in params]
+
+
+def random_episode(
+    g: torch.Generator,
+    task: str,
+    *,
+    classification: bool,
+    shots: int = 2,
+    n_query: int = 2,
+    prompt_len: int = 4,
+    forbid: int | None = None,
+    extra_prompt: tuple[int, ...] = (),
+):
+    """A hand-built episode of random tokens (ids 4..119), from a generator the test owns.
+
+    ``forbid`` keeps one token id out of the random draws (a sentinel a test looks for);
+    ``extra_prompt`` is appended to every prompt (e.g. that sentinel).
+    """
+    from fmmeta.tasks.episode import Episode, Example
+
+    def toks(n: int) -> tuple[int, ...]:
+        out = []
+        while len(out) < n:
+            t = int(torch.randint(4, 120, (1,), generator=g))
+            if t != forbid:
+                out.append(t)
+        return tuple(out)
+
+    choices = (toks(1), toks(2)) if classification else None
+
+    def example() -> Example:
+        prompt = toks(prompt_len) + extra_prompt
+        if choices is not None:
+            lab = int(torch.randint(0, 2, (1,), generator=g))
+            return Example(prompt, choices[lab], lab)
+        return Example(prompt, toks(2) + (2,))
+
+    support = tuple(example() for _ in range(shots))
+    query = tuple(example() for _ in range(n_query))
+    return Episode(task, support, query, shots=shots, ways=2 if classification else None,
+                   choices=choices, separator_ids=(3,))

@@ -1,0 +1,518 @@
+"""Held-out evaluation, honest by construction.
+
+Every method is an adapter state (the tensors of the LoRA parameters): the base model (zero LoRA B,
+i.e. the initial adapter), the FOMAML- and Reptile-trained adapters, the multi-task baseline, ...
+Each is adapted on every held-out episode's support set with the project's one inner loop
+(:func:`fmmeta.algorithms.inner_loop.adapt`) for 0..k steps and scored on the query set after each
+step, so "0 steps" is the zero-shot score and the curve shows what adaptation buys. The special
+method ``"in_context"`` scores its adapter state (normally the base) with the support set as
+in-context demonstrations (:meth:`Episode.in_context_query`) and no adaptation; it has a step-0 score
+only.
+
+What keeps it honest:
+
+* the same inner loop, support set and step budget for every method; the adapter is restored
+  bit-exactly after each episode, and the caller's parameters after the whole evaluation;
+* the adaptation learning rate is chosen per method on meta-*validation* tasks from a small grid
+  (:func:`select_inner_lr`; the design notes found inner-loop SGD on LoRA fragile, so one shared lr
+  would favour whichever method it happens to suit), never on the held-out tasks;
+  :func:`evaluate_held_out` refuses validation and held-out sets that share a task name;
+* at least 3 seeds of episode draws, reported as the mean over seeds and the worst seed (the lowest
+  seed-mean accuracy, the highest seed-mean loss), per family (classification / generation) and
+  overall. Within a seed every episode weighs the same (its own loss is per answer token).
+
+Evaluation runs with the model in eval mode (no dropout, so no random draws) and restores the mode
+afterwards. Forward/backward counts depend only on the episodes, so ZeRO-3 ranks that evaluate the
+same episodes stay in lockstep; the adapter tensors must be resident (see the engine layer).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from fmmeta.algorithms.inner_loop import InnerLoopConfig, InnerOptimizer, adapt, restore, snapshot
+from fmmeta.evaluation.scoring import score_query
+from fmmeta.tasks.episode import Batch, Episode, collate
+
+logger = logging.getLogger(__name__)
+
+IN_CONTEXT = "in_context"
+"""Name of the method that uses the support set as demonstrations instead of adapting on it."""
+
+CLASSIFICATION = "classification"
+GENERATION = "generation"
+OVERALL = "overall"
+FAMILIES: tuple[str, ...] = (CLASSIFICATION, GENERATION, OVERALL)
+
+DEFAULT_LR_GRID: tuple[float, ...] = (0.003, 0.01, 0.03, 0.1)
+"""Adaptation learning rates tried per method (the design notes' probe found 0.01-0.1 useful)."""
+
+
+def family_of(episode: Episode) -> str:
+    """``"classification"`` when the episode has answer ``choices``, else ``"generation"``."""
+    return CLASSIFICATION if episode.choices is not None else GENERATION
+
+
+@dataclass(frozen=True, kw_only=True)
+class EpisodeRecord:
+    """One method's score on one held-out episode after ``step`` adaptation steps.
+
+    Attributes:
+        method: method name.
+        seed: index of the episode draw (seed) the episode belongs to.
+        episode: index of the episode within its seed.
+        task: the episode's task name.
+        family: ``"classification"`` or ``"generation"``.
+        step: adaptation steps taken before scoring (0 = none).
+        loss: mean query loss per answer token (nats).
+        accuracy: query accuracy in [0, 1].
+        n: number of queries.
+    """
+
+    method: str
+    seed: int
+    episode: int
+    task: str
+    family: str
+    step: int
+    loss: float
+    accuracy: float
+    n: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricSummary:
+    """Aggregate of one (method, family, step) cell over seeds.
+
+    Attributes:
+        loss_mean: mean over seeds of the seed-mean query loss.
+        loss_worst: highest seed-mean query loss (worst case).
+        accuracy_mean: mean over seeds of the seed-mean accuracy.
+        accuracy_worst: lowest seed-mean accuracy (worst case, as MetaICL reports).
+        n_seeds: seeds that had episodes of this family.
+        n_episodes: episodes aggregated over all those seeds.
+    """
+
+    loss_mean: float
+    loss_worst: float
+    accuracy_mean: float
+    accuracy_worst: float
+    n_seeds: int
+    n_episodes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class LrSelection:
+    """The adaptation learning rate chosen per method on meta-validation tasks.
+
+    Attributes:
+        chosen: method -> the lr with the lowest mean validation query loss after ``steps`` steps.
+        val_loss: method -> lr -> that mean validation query loss (``inf`` if it diverged).
+        steps: adaptation steps the choice was made at.
+        tasks: names of the validation tasks used (for the report and for leak checks).
+    """
+
+    chosen: dict[str, float]
+    val_loss: dict[str, dict[float, float]]
+    steps: int
+    tasks: tuple[str, ...]
+
+
+@dataclass
+class EvalResult:
+    """Every score of a held-out evaluation plus the settings that produced it.
+
+    Attributes:
+        records: one entry per (method, seed, episode, step).
+        methods: method names in the order given.
+        max_steps: largest number of adaptation steps scored.
+        n_seeds: number of episode draws.
+        inner_lrs: adaptation lr used per method (absent for ``"in_context"``).
+        inner: the inner-loop settings shared by all methods (lr aside).
+        lr_selection: how ``inner_lrs`` were chosen, when they were.
+    """
+
+    records: list[EpisodeRecord]
+    methods: list[str]
+    max_steps: int
+    n_seeds: int
+    inner_lrs: dict[str, float]
+    inner: InnerLoopConfig
+    lr_selection: LrSelection | None = None
+    _summary: dict[str, dict[str, dict[int, MetricSummary]]] | None = field(
+        default=None, repr=False, compare=False
+    )
+
+    def steps_of(self, method: str) -> list[int]:
+        """Adaptation steps scored for ``method`` (``[0]`` for in-context)."""
+        return [0] if method == IN_CONTEXT else list(range(self.max_steps + 1))
+
+    def families(self) -> list[str]:
+        """Families present in the records, then ``"overall"``."""
+        present = {r.family for r in self.records}
+        return [f for f in (CLASSIFICATION, GENERATION) if f in present] + [OVERALL]
+
+    def summary(self) -> dict[str, dict[str, dict[int, MetricSummary]]]:
+        """``summary()[method][family][step]``: mean and worst case over seeds."""
+        if self._summary is None:
+            self._summary = _summarise(self.records)
+        return self._summary
+
+    def get(self, method: str, step: int, family: str = OVERALL) -> MetricSummary:
+        """One cell of :meth:`summary`, with an error that lists what exists."""
+        s = self.summary()
+        try:
+            return s[method][family][step]
+        except KeyError:
+            raise KeyError(
+                f"no result for method={method!r}, family={family!r}, step={step}: methods "
+                f"{sorted(s)}, families {self.families()}, steps 0..{self.max_steps} "
+                f"(in_context has step 0 only)"
+            ) from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (what ``eval.json`` holds)."""
+        summary = {
+            m: {
+                fam: {str(step): dataclasses.asdict(cell) for step, cell in by_step.items()}
+                for fam, by_step in by_fam.items()
+            }
+            for m, by_fam in self.summary().items()
+        }
+        sel = None
+        if self.lr_selection is not None:
+            sel = {
+                "chosen": self.lr_selection.chosen,
+                "val_loss": {
+                    m: {repr(lr): v for lr, v in table.items()}
+                    for m, table in self.lr_selection.val_loss.items()
+                },
+                "steps": self.lr_selection.steps,
+                "tasks": list(self.lr_selection.tasks),
+            }
+        return {
+            "methods": self.methods,
+            "max_steps": self.max_steps,
+            "n_seeds": self.n_seeds,
+            "inner_lrs": self.inner_lrs,
+            "inner": dataclasses.asdict(self.inner),
+            "lr_selection": sel,
+            "summary": summary,
+            "records": [dataclasses.asdict(r) for r in self.records],
+        }
+
+
+def _summarise(records: Sequence[EpisodeRecord]) -> dict[str, dict[str, dict[int, MetricSummary]]]:
+    # (method, family, step) -> seed -> [(loss, acc)]
+    cells: dict[tuple[str, str, int], dict[int, list[tuple[float, float]]]] = {}
+    for r in records:
+        for fam in (r.family, OVERALL):
+            cells.setdefault((r.method, fam, r.step), {}).setdefault(r.seed, []).append(
+                (r.loss, r.accuracy)
+            )
+    out: dict[str, dict[str, dict[int, MetricSummary]]] = {}
+    for (method, fam, step), by_seed in cells.items():
+        seed_loss = [sum(v[0] for v in vals) / len(vals) for vals in by_seed.values()]
+        seed_acc = [sum(v[1] for v in vals) / len(vals) for vals in by_seed.values()]
+        out.setdefault(method, {}).setdefault(fam, {})[step] = MetricSummary(
+            loss_mean=sum(seed_loss) / len(seed_loss),
+            loss_worst=max(seed_loss),
+            accuracy_mean=sum(seed_acc) / len(seed_acc),
+            accuracy_worst=min(seed_acc),
+            n_seeds=len(by_seed),
+            n_episodes=sum(len(v) for v in by_seed.values()),
+        )
+    for by_fam in out.values():
+        for fam in list(by_fam):
+            by_fam[fam] = dict(sorted(by_fam[fam].items()))
+    return out
+
+
+def _support_batches(episode: Episode, pad_id: int, micro_batch_size: int) -> list[Batch | None]:
+    s = episode.support
+    return [collate(s[i : i + micro_batch_size], pad_id) for i in range(0, len(s), micro_batch_size)]
+
+
+def _check_states(
+    params: Sequence[torch.Tensor], methods: Mapping[str, Sequence[torch.Tensor] | None]
+) -> None:
+    if not methods:
+        raise ValueError("methods is empty: pass at least one adapter state, e.g. {'base': None}")
+    for name, state in methods.items():
+        if state is None:
+            continue
+        if len(state) != len(params):
+            raise ValueError(
+                f"methods[{name!r}] has {len(state)} tensors for {len(params)} adapter parameters: "
+                "pass a state saved from the same adapter (same LoRA targets and rank), in order"
+            )
+        for i, (p, t) in enumerate(zip(params, state)):
+            if tuple(p.shape) != tuple(t.shape):
+                raise ValueError(
+                    f"methods[{name!r}][{i}] has shape {tuple(t.shape)} but adapter parameter {i} has "
+                    f"shape {tuple(p.shape)}: the state belongs to a different adapter configuration"
+                )
+
+
+def _load(params: Sequence[torch.Tensor], state: Sequence[torch.Tensor]) -> None:
+    restore(params, [t.to(device=p.device, dtype=p.dtype) for p, t in zip(params, state)])
+
+
+def _adapt_and_score(
+    model: nn.Module,
+    params: Sequence[torch.Tensor],
+    episode: Episode,
+    cfg: InnerLoopConfig,
+    steps: int,
+    pad_id: int,
+    micro_batch_size: int,
+    *,
+    score_every_step: bool = True,
+) -> list[tuple[int, float, float, int]]:
+    """Adapts on the support step by step; returns ``(step, loss, accuracy, n)`` per scored step.
+
+    One :class:`InnerOptimizer` carries the trajectory across the one-step ``adapt`` calls, so
+    stepping and scoring in between gives exactly the weights of ``adapt(steps=k)``.
+    """
+    out: list[tuple[int, float, float, int]] = []
+    support = _support_batches(episode, pad_id, micro_batch_size)
+    opt = InnerOptimizer(cfg, params)
+    for step in range(steps + 1):
+        if step > 0:
+            adapt(model, params, support, cfg, steps=1, optimizer=opt)
+        if score_every_step or step == steps:
+            s = score_query(model, episode, pad_id, micro_batch_size=micro_batch_size)
+            out.append((step, s.loss, s.accuracy, s.n))
+    return out
+
+
+def evaluate_methods(
+    model: nn.Module,
+    params: Sequence[torch.Tensor],
+    methods: Mapping[str, Sequence[torch.Tensor] | None],
+    episodes_per_seed: Sequence[Sequence[Episode]],
+    inner: InnerLoopConfig,
+    max_steps: int,
+    pad_id: int,
+    *,
+    inner_lrs: Mapping[str, float] | None = None,
+    micro_batch_size: int = 8,
+    min_seeds: int = 3,
+    lr_selection: LrSelection | None = None,
+) -> EvalResult:
+    """Adapts each method on each held-out episode for 0..``max_steps`` steps and scores the query.
+
+    Args:
+        model: the causal LM whose adapter tensors are ``params``.
+        params: the adapter tensors (resident, in the engine's order); restored exactly on return.
+        methods: method name -> adapter state to load into ``params`` (``None`` = ``params`` as they
+            are now, e.g. the base model's zero-B LoRA). The name ``"in_context"`` scores its state
+            with the support as demonstrations and no adaptation.
+        episodes_per_seed: ``episodes_per_seed[s]`` are the held-out episodes of seed ``s``.
+        inner: the inner loop shared by all methods (its ``inner_lr`` is the default lr).
+        max_steps: largest number of adaptation steps to score (>= 0).
+        pad_id: padding token id.
+        inner_lrs: adaptation lr per method (from :func:`select_inner_lr`); missing = ``inner.inner_lr``.
+        micro_batch_size: sequences per forward pass for support and query.
+        min_seeds: fewest episode draws accepted (3 by default; a worst case over fewer says little).
+        lr_selection: recorded in the result so the report can show how lrs were chosen.
+
+    Returns:
+        All records and their summary.
+
+    Raises:
+        ValueError: on too few seeds, an empty seed, a bad ``max_steps`` or a state that does not
+            fit ``params``.
+
+    Example:
+        >>> sel = select_inner_lr(model, params, methods, val_episodes, inner, steps=3, pad_id=0)
+        >>> res = evaluate_methods(model, params, methods, test_episodes_per_seed, inner, 3, 0,
+        ...                        inner_lrs=sel.chosen, lr_selection=sel)      # doctest: +SKIP
+    """
+    if max_steps < 0:
+        raise ValueError(f"max_steps={max_steps} is invalid: must be >= 0 (0 = no adaptation)")
+    if len(episodes_per_seed) < min_seeds:
+        raise ValueError(
+            f"episodes_per_seed has {len(episodes_per_seed)} seed(s): at least min_seeds={min_seeds} "
+            "episode draws are needed for a mean and a worst case; draw more seeds or lower min_seeds"
+        )
+    for s, eps in enumerate(episodes_per_seed):
+        if len(eps) == 0:
+            raise ValueError(f"episodes_per_seed[{s}] is empty: every seed needs >= 1 episode")
+    _check_states(params, methods)
+    lrs = {m: (inner_lrs or {}).get(m, inner.inner_lr) for m in methods if m != IN_CONTEXT}
+
+    theta = snapshot(params)
+    was_training = model.training
+    model.eval()
+    records: list[EpisodeRecord] = []
+    try:
+        for method, state in methods.items():
+            start = theta if state is None else [t.detach() for t in state]
+            cfg = None if method == IN_CONTEXT else dataclasses.replace(inner, inner_lr=lrs[method])
+            logger.info("evaluating %s (lr %s) on %d seeds", method, lrs.get(method), len(episodes_per_seed))
+            for seed, episodes in enumerate(episodes_per_seed):
+                for i, ep in enumerate(episodes):
+                    _load(params, start)
+                    if cfg is None:
+                        s = score_query(
+                            model, ep.in_context_query(), pad_id, choices=ep.choices,
+                            micro_batch_size=micro_batch_size,
+                        )
+                        scored = [(0, s.loss, s.accuracy, s.n)]
+                    else:
+                        scored = _adapt_and_score(
+                            model, params, ep, cfg, max_steps, pad_id, micro_batch_size
+                        )
+                    records.extend(
+                        EpisodeRecord(
+                            method=method, seed=seed, episode=i, task=ep.task, family=family_of(ep),
+                            step=step, loss=loss, accuracy=acc, n=n,
+                        )
+                        for step, loss, acc, n in scored
+                    )
+    finally:
+        restore(params, theta)
+        model.train(was_training)
+    return EvalResult(
+        records=records,
+        methods=list(methods),
+        max_steps=max_steps,
+        n_seeds=len(episodes_per_seed),
+        inner_lrs=lrs,
+        inner=inner,
+        lr_selection=lr_selection,
+    )
+
+
+def select_inner_lr(
+    model: nn.Module,
+    params: Sequence[torch.Tensor],
+    methods: Mapping[str, Sequence[torch.Tensor] | None],
+    validation_episodes: Sequence[Episode],
+    inner: InnerLoopConfig,
+    *,
+    steps: int,
+    pad_id: int,
+    lr_grid: Sequence[float] = DEFAULT_LR_GRID,
+    micro_batch_size: int = 8,
+) -> LrSelection:
+    """Chooses each method's adaptation lr on meta-validation episodes (never held-out ones).
+
+    For every method and every lr of the grid, adapts ``steps`` steps on each validation episode's
+    support and measures the mean query loss; the lr with the lowest loss wins (loss, not accuracy:
+    it is smooth on small query sets; ties go to the smaller lr; a diverged, non-finite loss counts
+    as ``inf``). ``"in_context"`` does not adapt and gets no lr.
+
+    Args:
+        model: the causal LM; params: its adapter tensors, restored exactly on return.
+        methods: as for :func:`evaluate_methods`.
+        validation_episodes: episodes of meta-validation tasks (disjoint from the held-out tasks).
+        inner: the shared inner loop; only its lr is varied.
+        steps: adaptation steps to choose the lr for (the largest step count reported).
+        pad_id: padding token id.
+        lr_grid: candidate lrs, each > 0.
+        micro_batch_size: sequences per forward pass.
+
+    Raises:
+        ValueError: on no validation episodes, an empty grid or a non-positive lr.
+    """
+    if len(validation_episodes) == 0:
+        raise ValueError(
+            "validation_episodes is empty: lr selection needs meta-validation episodes "
+            "(tasks kept out of both meta-training and the held-out test set)"
+        )
+    if len(lr_grid) == 0 or any(not lr > 0 for lr in lr_grid):
+        raise ValueError(f"lr_grid={list(lr_grid)} is invalid: give one or more lrs, each > 0")
+    if steps < 0:
+        raise ValueError(f"steps={steps} is invalid: must be >= 0")
+    _check_states(params, methods)
+    theta = snapshot(params)
+    was_training = model.training
+    model.eval()
+    val_loss: dict[str, dict[float, float]] = {}
+    chosen: dict[str, float] = {}
+    try:
+        for method, state in methods.items():
+            if method == IN_CONTEXT:
+                continue
+            start = theta if state is None else [t.detach() for t in state]
+            table: dict[float, float] = {}
+            for lr in sorted(lr_grid):
+                cfg = dataclasses.replace(inner, inner_lr=lr)
+                losses = []
+                for ep in validation_episodes:
+                    _load(params, start)
+                    [(_, loss, _, _)] = _adapt_and_score(
+                        model, params, ep, cfg, steps, pad_id, micro_batch_size,
+                        score_every_step=False,
+                    )
+                    losses.append(loss)
+                mean = sum(losses) / len(losses)
+                table[lr] = mean if math.isfinite(mean) else math.inf
+            val_loss[method] = table
+            chosen[method] = min(table, key=lambda lr: (table[lr], lr))
+            logger.info("lr for %s: %s (validation query loss %s)", method, chosen[method], table)
+    finally:
+        restore(params, theta)
+        model.train(was_training)
+    return LrSelection(
+        chosen=chosen,
+        val_loss=val_loss,
+        steps=steps,
+        tasks=tuple(sorted({ep.task for ep in validation_episodes})),
+    )
+
+
+def evaluate_held_out(
+    model: nn.Module,
+    params: Sequence[torch.Tensor],
+    methods: Mapping[str, Sequence[torch.Tensor] | None],
+    validation_episodes: Sequence[Episode],
+    test_episodes_per_seed: Sequence[Sequence[Episode]],
+    inner: InnerLoopConfig,
+    max_steps: int,
+    pad_id: int,
+    *,
+    lr_grid: Sequence[float] = DEFAULT_LR_GRID,
+    micro_batch_size: int = 8,
+    min_seeds: int = 3,
+) -> EvalResult:
+    """Chooses lrs on validation tasks, then evaluates on held-out tasks: the whole honest protocol.
+
+    The lrs are fixed before any held-out episode is seen, and a task that appears in both sets is
+    refused (the held-out numbers would no longer be held out).
+
+    Raises:
+        ValueError: if a task name appears in both ``validation_episodes`` and the test episodes,
+            and on the errors of :func:`select_inner_lr` and :func:`evaluate_methods`.
+
+    Example:
+        >>> res = evaluate_held_out(model, params, {"base": None, "fomaml": phi},
+        ...                         val_eps, test_eps_per_seed, InnerLoopConfig(), 3, pad_id=0)
+        >>> write_report(res, "out/eval")                                      # doctest: +SKIP
+    """
+    val_tasks = {ep.task for ep in validation_episodes}
+    test_tasks = {ep.task for eps in test_episodes_per_seed for ep in eps}
+    shared = sorted(val_tasks & test_tasks)
+    if shared:
+        raise ValueError(
+            f"tasks {shared} are both validation and held-out tasks: the lr would be tuned on the "
+            "test set; split the task suite so validation and held-out tasks are disjoint"
+        )
+    sel = select_inner_lr(
+        model, params, methods, validation_episodes, inner,
+        steps=max_steps, pad_id=pad_id, lr_grid=lr_grid, micro_batch_size=micro_batch_size,
+    )
+    return evaluate_methods(
+        model, params, methods, test_episodes_per_seed, inner, max_steps, pad_id,
+        inner_lrs=sel.chosen, micro_batch_size=micro_batch_size, min_seeds=min_seeds,
+        lr_selection=sel,
+    )

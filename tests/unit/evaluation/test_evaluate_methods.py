@@ -1,0 +1,185 @@
+"""evaluate_methods / select_inner_lr: same inner loop, exact restore, no peeking at held-out tasks."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from eval_helpers import PAD, lora_params, random_episode, random_state, tiny_lora_llama
+from torch import nn
+
+from fmmeta.algorithms.inner_loop import InnerLoopConfig, adapt, restore, snapshot
+from fmmeta.evaluation.evaluate import (
+    IN_CONTEXT,
+    EvalResult,
+    EpisodeRecord,
+    evaluate_held_out,
+    evaluate_methods,
+    select_inner_lr,
+)
+from fmmeta.evaluation.scoring import score_query
+from fmmeta.tasks.episode import collate
+
+torch.set_num_threads(1)
+
+
+def _episodes(seed: int, n_seeds: int = 3, prefix: str = "test", **kw):
+    g = torch.Generator().manual_seed(seed)
+    return [
+        [
+            random_episode(g, f"{prefix}_cls", classification=True, **kw),
+            random_episode(g, f"{prefix}_gen", classification=False, **kw),
+        ]
+        for _ in range(n_seeds)
+    ]
+
+
+def _reference(model, params, state, ep, lr, steps, inner):
+    """Direct computation: load the state, adapt with the inner loop, score the query."""
+    restore(params, state)
+    cfg = dataclasses.replace(inner, inner_lr=lr)
+    adapt(model, params, [collate(ep.support, PAD)], cfg, steps=steps)
+    return score_query(model, ep, PAD)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_records_equal_direct_adaptation_and_params_are_restored(optimizer: str) -> None:
+    model = tiny_lora_llama(seed=0)
+    params = lora_params(model)
+    model.eval()
+    before = snapshot(params)
+    trained = random_state(params, seed=1)
+    # "trained" last: a missing final restore would leave its adapted weights behind
+    methods = {"base": None, IN_CONTEXT: None, "trained": trained}
+    eps = _episodes(seed=2)
+    inner = InnerLoopConfig(inner_steps=2, inner_lr=0.2, inner_optimizer=optimizer, inner_clip_norm=5.0)
+    model.train()
+    res = evaluate_methods(
+        model, params, methods, eps, inner, 2, PAD, inner_lrs={"trained": 0.05}, micro_batch_size=8
+    )
+    assert model.training  # mode restored
+    for p, q in zip(params, before):
+        assert torch.equal(p, q)
+    assert res.inner_lrs == {"base": 0.2, "trained": 0.05}
+    assert len(res.records) == 2 * 6 * 3 + 6
+
+    by_key = {(r.method, r.seed, r.episode, r.step): r for r in res.records}
+    model.eval()
+    for method, state, lr in (("base", before, 0.2), ("trained", trained, 0.05)):
+        for step in (0, 2):
+            ref = _reference(model, params, state, eps[1][0], lr, step, inner)
+            rec = by_key[(method, 1, 0, step)]
+            assert rec.loss == pytest.approx(ref.loss, rel=1e-5, abs=1e-6)
+            assert rec.accuracy == ref.accuracy and rec.family == "classification"
+    # adaptation really happens: the base model's support-trained loss moves
+    assert by_key[("base", 0, 1, 2)].loss != by_key[("base", 0, 1, 0)].loss
+    # in-context: base state, support as demonstrations, step 0 only
+    restore(params, before)
+    ep = eps[2][1]
+    ref = score_query(model, ep.in_context_query(), PAD, choices=ep.choices)
+    rec = by_key[(IN_CONTEXT, 2, 1, 0)]
+    assert rec.loss == pytest.approx(ref.loss, rel=1e-6) and rec.family == "generation"
+    assert (IN_CONTEXT, 2, 1, 1) not in by_key
+
+
+def _rec(method: str, seed: int, family: str, loss: float, acc: float, step: int = 0) -> EpisodeRecord:
+    return EpisodeRecord(method=method, seed=seed, episode=0, task=family, family=family,
+                         step=step, loss=loss, accuracy=acc, n=4)
+
+
+def test_summary_is_mean_and_worst_over_seed_means() -> None:
+    recs = [
+        _rec("m", 0, "classification", 1.0, 1.0), _rec("m", 0, "generation", 3.0, 0.0),
+        _rec("m", 1, "classification", 2.0, 0.5), _rec("m", 1, "generation", 2.0, 0.5),
+        _rec("m", 2, "classification", 0.5, 0.75), _rec("m", 2, "generation", 4.0, 0.25),
+    ]
+    res = EvalResult(records=recs, methods=["m"], max_steps=0, n_seeds=3, inner_lrs={"m": 0.1},
+                     inner=InnerLoopConfig())
+    cls = res.get("m", 0, "classification")
+    assert cls.accuracy_mean == pytest.approx(0.75) and cls.accuracy_worst == 0.5
+    assert cls.loss_mean == pytest.approx(3.5 / 3) and cls.loss_worst == 2.0
+    overall = res.get("m", 0)  # seed means: acc 0.5, 0.5, 0.5; loss 2.0, 2.0, 2.25
+    assert overall.accuracy_mean == pytest.approx(0.5) and overall.accuracy_worst == pytest.approx(0.5)
+    assert overall.loss_mean == pytest.approx(6.25 / 3) and overall.loss_worst == 2.25
+    assert overall.n_seeds == 3 and overall.n_episodes == 6
+    with pytest.raises(KeyError, match="step=1"):
+        res.get("m", 1)
+
+
+class _Recorder(nn.Module):
+    """Delegates to the model and logs whether each forward pass saw the sentinel token."""
+
+    def __init__(self, module: nn.Module, sentinel: int) -> None:
+        super().__init__()
+        self.module = module
+        self.sentinel = sentinel
+        self.saw: list[bool] = []
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **kw):  # type: ignore[no-untyped-def]
+        self.saw.append(bool((input_ids == self.sentinel).any()))
+        return self.module(input_ids=input_ids, attention_mask=attention_mask, **kw)
+
+
+SENTINEL = 127
+
+
+def test_lr_selection_never_touches_held_out_episodes() -> None:
+    model = tiny_lora_llama(seed=3)
+    params = lora_params(model)
+    rec = _Recorder(model, SENTINEL)
+    methods = {"base": None, "trained": random_state(params, seed=4), IN_CONTEXT: None}
+    val = [ep for eps in _episodes(5, n_seeds=1, prefix="val", forbid=SENTINEL) for ep in eps]
+    test = _episodes(6, prefix="test", forbid=SENTINEL, extra_prompt=(SENTINEL,))
+    inner = InnerLoopConfig(inner_steps=1, inner_lr=0.1)
+    grid = (0.01, 0.3)
+
+    alone = select_inner_lr(rec, params, methods, val, inner, steps=1, pad_id=PAD, lr_grid=grid)
+    n_select = len(rec.saw)
+    assert n_select > 0 and not any(rec.saw)
+    rec.saw.clear()
+
+    res = evaluate_held_out(rec, params, methods, val, test, inner, 1, PAD, lr_grid=grid)
+    # every selection pass ran before the first held-out pass, and none saw a held-out token
+    assert rec.saw[:n_select] == [False] * n_select and all(rec.saw[n_select:])
+    assert res.lr_selection is not None and res.lr_selection.chosen == alone.chosen
+    assert res.inner_lrs == alone.chosen and res.lr_selection.tasks == ("val_cls", "val_gen")
+    assert set(alone.chosen) == {"base", "trained"}
+    for m, table in alone.val_loss.items():
+        assert alone.chosen[m] == min(table, key=lambda lr: (table[lr], lr))
+    # a held-out set that shares a task with validation is refused
+    with pytest.raises(ValueError, match=r"tasks \['val_cls'\] are both validation and held-out"):
+        evaluate_held_out(rec, params, methods, val, [[val[0]]] * 3, inner, 1, PAD, lr_grid=grid)
+
+
+def test_lr_selection_table_equals_direct_validation_loss() -> None:
+    model = tiny_lora_llama(seed=7)
+    params = lora_params(model)
+    model.eval()
+    before = snapshot(params)
+    val = _episodes(8, n_seeds=1, prefix="val")[0]
+    inner = InnerLoopConfig(inner_steps=2, inner_lr=0.1)
+    sel = select_inner_lr(model, params, {"base": None}, val, inner, steps=2, pad_id=PAD,
+                          lr_grid=(0.05, 1.0))
+    for p, q in zip(params, before):
+        assert torch.equal(p, q)
+    for lr in (0.05, 1.0):
+        want = sum(_reference(model, params, before, ep, lr, 2, inner).loss for ep in val) / len(val)
+        assert sel.val_loss["base"][lr] == pytest.approx(want, rel=1e-5)
+    restore(params, before)
+
+
+def test_invalid_evaluation_inputs_name_the_problem() -> None:
+    model = tiny_lora_llama(seed=9)
+    params = lora_params(model)
+    eps = _episodes(10)
+    inner = InnerLoopConfig()
+    with pytest.raises(ValueError, match="min_seeds=3"):
+        evaluate_methods(model, params, {"base": None}, eps[:2], inner, 1, PAD)
+    bad = [t[..., :1] for t in random_state(params, 1)]
+    with pytest.raises(ValueError, match=r"methods\['x'\]\[0\] has shape"):
+        evaluate_methods(model, params, {"x": bad}, eps, inner, 1, PAD)
+    with pytest.raises(ValueError, match="validation_episodes is empty"):
+        select_inner_lr(model, params, {"base": None}, [], inner, steps=1, pad_id=PAD)
+    with pytest.raises(ValueError, match="lr_grid"):
+        select_inner_lr(model, params, {"base": None}, eps[0], inner, steps=1, pad_id=PAD, lr_grid=(0.0,))
