@@ -1,0 +1,523 @@
+"""Atomic, verified, multi-rank checkpoints.
+
+A checkpoint is a folder ``step_00000012/`` under the run's checkpoint root. It is complete only
+when it holds a ``manifest.json`` listing the SHA-256 and size of every file; the manifest is
+written last, by rank 0, after every rank has written and reported its files, and the folder is
+then renamed into place with ``os.replace``. So a crash at any point of a write leaves either the
+previous checkpoints untouched plus a ``.tmp_step_*`` folder (ignored and cleaned later), or a
+complete new checkpoint; never a folder that looks complete but is not.
+
+Loading verifies every file against the manifest (safetensors itself does not notice a flipped
+byte), names the first bad file, and falls back to the previous good checkpoint.
+
+Example:
+    >>> mgr = CheckpointManager("runs/x/checkpoints", keep_last=2)
+    >>> ckpt = mgr.save(12, lambda w: w.save_json("state.json", {"step": 12}))
+    >>> mgr.latest().load_json("state.json")
+    {'step': 12}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import torch
+
+__all__ = [
+    "MANIFEST",
+    "Checkpoint",
+    "CheckpointError",
+    "CheckpointManager",
+    "CheckpointMismatchError",
+    "CheckpointWriter",
+    "FaultHook",
+    "check_compatible",
+    "safe_torch_load",
+]
+
+logger = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+"""Written last; its presence (and validity) is what makes a checkpoint complete."""
+FORMAT_VERSION = 1
+_STEP_RE = re.compile(r"^step_(\d{8,})$")
+_CHUNK = 1 << 20
+
+FaultHook = Callable[[str], None]
+"""Called with a label at every file boundary (``"rank0:before:state.json"``); tests raise in it
+to simulate a crash exactly there."""
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is incomplete, corrupt, or cannot be written."""
+
+
+class CheckpointMismatchError(CheckpointError):
+    """A checkpoint was written for a different model or LoRA shape than the one loading it."""
+
+
+def _fsync_dir(path: Path) -> None:
+    """Makes a rename or file creation in ``path`` durable (a no-op where dirs cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def step_dirname(step: int) -> str:
+    """``12 -> "step_00000012"`` (zero-padded so names sort like steps)."""
+    return f"step_{step:08d}"
+
+
+def safe_torch_load(path: str | Path, map_location: str | torch.device = "cpu") -> Any:
+    """``torch.load`` restricted to tensors and plain containers (never arbitrary pickles)."""
+    return torch.load(path, map_location=map_location, weights_only=True)
+
+
+def _no_fault(label: str) -> None:
+    return None
+
+
+@dataclass
+class CheckpointWriter:
+    """What one rank gets while a checkpoint is written: the temp folder and a way to report files.
+
+    Files written through :meth:`save_bytes`, :meth:`save_json` and :meth:`save_tensors` are
+    recorded automatically; files another component wrote into :attr:`directory` (for example
+    ``engine.save_optimizer``) must be reported with :meth:`add_files`.
+    """
+
+    directory: Path
+    """The temporary checkpoint folder, shared by all ranks."""
+    rank: int
+    """This process's rank."""
+    _fault: FaultHook = _no_fault
+    files: list[str] = field(default_factory=list)
+    """Files this rank wrote, relative to :attr:`directory`."""
+
+    def path(self, name: str) -> Path:
+        """Where ``name`` (a relative path, no ``..``) goes inside the checkpoint."""
+        rel = Path(name)
+        if rel.is_absolute() or ".." in rel.parts or name in ("", MANIFEST):
+            raise CheckpointError(
+                f"checkpoint file name {name!r} is invalid: use a relative path inside the "
+                f"checkpoint, without '..', other than {MANIFEST!r}"
+            )
+        return self.directory / rel
+
+    def _label(self, what: str, name: str) -> str:
+        return f"rank{self.rank}:{what}:{name}"
+
+    def save_bytes(self, name: str, data: bytes) -> Path:
+        """Writes ``data`` durably (flush + fsync) and records the file."""
+        path = self.path(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._fault(self._label("before", name))
+        half = len(data) // 2
+        with open(path, "wb") as fh:
+            fh.write(data[:half])
+            fh.flush()
+            self._fault(self._label("partial", name))
+            fh.write(data[half:])
+            fh.flush()
+            os.fsync(fh.fileno())
+        self._fault(self._label("after", name))
+        self._record(name)
+        return path
+
+    def save_json(self, name: str, obj: Any) -> Path:
+        """Writes small JSON state (step, sampler state); no pickle."""
+        text = json.dumps(obj, indent=1, sort_keys=True)
+        return self.save_bytes(name, text.encode("utf-8"))
+
+    def save_tensors(
+        self, name: str, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None
+    ) -> Path:
+        """Writes tensors as safetensors (CPU, contiguous copies)."""
+        from safetensors.torch import save
+
+        plain = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+        return self.save_bytes(name, save(plain, metadata=dict(metadata) if metadata else None))
+
+    def add_files(self, paths: Iterable[str | Path]) -> None:
+        """Reports files written into :attr:`directory` by someone else (e.g. the engine)."""
+        for p in paths:
+            p = Path(p)
+            full = p if p.is_absolute() else self.directory / p
+            try:
+                rel = full.resolve().relative_to(self.directory.resolve())
+            except ValueError as err:
+                raise CheckpointError(
+                    f"file {str(p)!r} is outside the checkpoint folder {str(self.directory)!r}: "
+                    "write it inside writer.directory"
+                ) from err
+            if not full.is_file():
+                raise CheckpointError(f"reported checkpoint file {str(full)!r} does not exist")
+            self._record(rel.as_posix())
+        self._fault(f"rank{self.rank}:after:add_files")
+
+    def _record(self, name: str) -> None:
+        if name not in self.files:
+            self.files.append(name)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A complete (manifest-verified) checkpoint folder."""
+
+    path: Path
+    """The ``step_XXXXXXXX`` folder."""
+    step: int
+    """The meta-step it was taken after."""
+    manifest: Mapping[str, Any]
+    """The parsed ``manifest.json``."""
+
+    @property
+    def meta(self) -> Mapping[str, Any]:
+        """What the writer recorded about the run (model id, LoRA shapes, ...)."""
+        return self.manifest.get("meta", {})
+
+    def file(self, name: str) -> Path:
+        """The path of a file listed in the manifest."""
+        if name not in self.manifest["files"]:
+            raise CheckpointError(
+                f"checkpoint {str(self.path)!r} has no file {name!r}; it holds: "
+                + ", ".join(sorted(self.manifest["files"]))
+            )
+        return self.path / name
+
+    def load_json(self, name: str) -> Any:
+        """Reads a JSON file written with :meth:`CheckpointWriter.save_json`."""
+        return json.loads(self.file(name).read_text(encoding="utf-8"))
+
+    def load_tensors(self, name: str, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+        """Reads a safetensors file written with :meth:`CheckpointWriter.save_tensors`."""
+        from safetensors.torch import load_file
+
+        return load_file(self.file(name), device=str(device))
+
+    def check_compatible(self, *, model_id: str, lora_shapes: Mapping[str, Sequence[int]]) -> None:
+        """Raises :class:`CheckpointMismatchError` unless written for this model and LoRA shape."""
+        check_compatible(self, model_id=model_id, lora_shapes=lora_shapes)
+
+
+def check_compatible(
+    ckpt: Checkpoint, *, model_id: str, lora_shapes: Mapping[str, Sequence[int]]
+) -> None:
+    """Refuses a checkpoint from a different model or LoRA shape, listing every difference.
+
+    Why: loading LoRA tensors of another rank or model fails deep inside a ``copy_`` with a bare
+    size mismatch, or worse, succeeds for a same-shaped but different model.
+    """
+    meta = ckpt.meta
+    problems: list[str] = []
+    saved_id = meta.get("model_id")
+    if saved_id is not None and saved_id != model_id:
+        problems.append(f"it was written for model {saved_id!r}, this run uses {model_id!r}")
+    saved_shapes = meta.get("lora_shapes")
+    if saved_shapes is not None:
+        want = {k: list(v) for k, v in lora_shapes.items()}
+        have = {k: list(v) for k, v in saved_shapes.items()}
+        missing = sorted(set(want) - set(have))
+        extra = sorted(set(have) - set(want))
+        if missing:
+            problems.append(
+                f"{len(missing)} adapter tensors of this run are not in it (first: {missing[0]!r})"
+            )
+        if extra:
+            problems.append(
+                f"it holds {len(extra)} adapter tensors this run lacks (first: {extra[0]!r})"
+            )
+        for k in sorted(set(want) & set(have)):
+            if want[k] != have[k]:
+                problems.append(
+                    f"adapter tensor {k!r} has shape {have[k]} there, {want[k]} here "
+                    "(different lora.r or model size?)"
+                )
+                break
+    if problems:
+        raise CheckpointMismatchError(
+            f"checkpoint {str(ckpt.path)!r} does not match this run: "
+            + "; ".join(problems)
+            + ". Resume with the same model and lora settings, or start fresh with "
+            "train.resume=never (or another output_dir)."
+        )
+
+
+class CheckpointManager:
+    """Writes, verifies, finds and prunes checkpoints under one root folder.
+
+    Every rank constructs one with the same ``root`` (a filesystem all ranks share) and calls
+    :meth:`save` together; only rank 0 writes the manifest, renames and prunes.
+
+    Args:
+        root: the folder holding ``step_*`` checkpoints.
+        keep_last: complete checkpoints to keep (>= 2); older ones are deleted only after a newer
+            one is complete.
+        rank: this process's rank.
+        world_size: number of ranks writing each checkpoint.
+        barrier: blocks until every rank arrives; required when ``world_size > 1``.
+        fault_hook: test hook called at every file boundary (see :data:`FaultHook`).
+    """
+
+    def __init__(
+        self,
+        root: str | Path,
+        *,
+        keep_last: int = 2,
+        rank: int = 0,
+        world_size: int = 1,
+        barrier: Callable[[], None] | None = None,
+        fault_hook: FaultHook | None = None,
+    ) -> None:
+        if keep_last < 2:
+            raise ValueError(
+                f"keep_last={keep_last} is invalid: must be >= 2 so a corrupt newest checkpoint "
+                "has a fallback"
+            )
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"rank={rank}, world_size={world_size} is invalid")
+        if world_size > 1 and barrier is None:
+            raise ValueError(
+                f"world_size={world_size} needs a barrier (e.g. engine.barrier) so rank 0 writes "
+                "the manifest only after every rank finished writing"
+            )
+        self.root = Path(root)
+        self.keep_last = keep_last
+        self.rank = rank
+        self.world_size = world_size
+        self._barrier = barrier or (lambda: None)
+        self._fault: FaultHook = fault_hook or _no_fault
+
+    # ------------------------------------------------------------------ writing
+
+    def save(
+        self,
+        step: int,
+        write: Callable[[CheckpointWriter], None],
+        *,
+        meta: Mapping[str, Any] | None = None,
+    ) -> Checkpoint:
+        """Writes checkpoint ``step`` atomically; every rank must call it.
+
+        Args:
+            step: the meta-step just completed (names the folder).
+            write: called on every rank with a :class:`CheckpointWriter` for the temp folder.
+            meta: JSON-able facts recorded in the manifest; ``model_id`` and ``lora_shapes``
+                are checked by :func:`check_compatible` on load.
+
+        Returns:
+            The complete checkpoint (on every rank, after the final barrier).
+        """
+        final = self.root / step_dirname(step)
+        tmp = self.root / f".tmp_{step_dirname(step)}"
+        self._fault(f"rank{self.rank}:begin")
+        if self.rank == 0:
+            self.root.mkdir(parents=True, exist_ok=True)
+            if tmp.exists():  # left by a crashed write of the same step
+                shutil.rmtree(tmp)
+            tmp.mkdir()
+        self._barrier()
+        writer = CheckpointWriter(directory=tmp, rank=self.rank, _fault=self._fault)
+        write(writer)
+        # Each rank reports its files in its own small file: rank 0 needs every rank's list and
+        # the filesystem is the one channel all ranks share here.
+        report = {"rank": self.rank, "files": list(writer.files)}
+        writer.save_bytes(_report_name(self.rank), json.dumps(report).encode("utf-8"))
+        self._barrier()
+        if self.rank == 0:
+            self._finalize(step, tmp, final, meta or {})
+        self._barrier()
+        if self.rank == 0:
+            self._prune()
+        manifest = json.loads((final / MANIFEST).read_text(encoding="utf-8"))
+        return Checkpoint(path=final, step=step, manifest=manifest)
+
+    def _finalize(self, step: int, tmp: Path, final: Path, meta: Mapping[str, Any]) -> None:
+        ranks: dict[str, list[str]] = {}
+        for r in range(self.world_size):
+            report_path = tmp / _report_name(r)
+            if not report_path.is_file():
+                raise CheckpointError(
+                    f"rank {r} did not report its files for step {step} ({report_path.name} is "
+                    "missing): it did not finish writing; the checkpoint is not complete"
+                )
+            listed = json.loads(report_path.read_text(encoding="utf-8"))["files"]
+            for name in listed:
+                if not (tmp / name).is_file():
+                    raise CheckpointError(f"rank {r} reported {name!r} but it is not in {tmp}")
+            ranks[str(r)] = listed
+        files: dict[str, dict[str, Any]] = {}
+        for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
+            rel = path.relative_to(tmp).as_posix()
+            if rel == MANIFEST:
+                continue
+            files[rel] = {"sha256": _sha256(path), "size": path.stat().st_size}
+        manifest = {
+            "format": FORMAT_VERSION,
+            "step": step,
+            "world_size": self.world_size,
+            "created_unix": time.time(),
+            "meta": dict(meta),
+            "ranks": ranks,
+            "files": files,
+        }
+        data = json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8")
+        self._write_manifest(tmp, data)
+        _fsync_dir(tmp)
+        self._fault("rank0:before:rename")
+        aside = self.root / f".old_{step_dirname(step)}"
+        if final.exists():  # re-saving a step (e.g. after resume): keep the old one until replaced
+            if aside.exists():
+                shutil.rmtree(aside)
+            os.replace(final, aside)
+        os.replace(tmp, final)
+        _fsync_dir(self.root)
+        self._fault("rank0:after:rename")
+        if aside.exists():
+            shutil.rmtree(aside)
+        logger.info("checkpoint %s complete (%d files)", final, len(files))
+
+    def _write_manifest(self, tmp: Path, data: bytes) -> None:
+        path = tmp / MANIFEST
+        self._fault(f"rank0:before:{MANIFEST}")
+        half = len(data) // 2
+        with open(path, "wb") as fh:
+            fh.write(data[:half])
+            fh.flush()
+            self._fault(f"rank0:partial:{MANIFEST}")
+            fh.write(data[half:])
+            fh.flush()
+            os.fsync(fh.fileno())
+        self._fault(f"rank0:after:{MANIFEST}")
+
+    def _prune(self) -> None:
+        """Deletes checkpoints beyond the newest ``keep_last`` complete ones, and stale temp dirs."""
+        complete = [(s, p) for s, p in self._step_dirs() if (p / MANIFEST).is_file()]
+        for step, path in complete[self.keep_last :]:
+            self._fault(f"rank0:before:prune:{path.name}")
+            trash = self.root / f".trash_{path.name}"
+            if trash.exists():
+                shutil.rmtree(trash)
+            # Rename first so a crash mid-delete never leaves a half-deleted folder with a manifest.
+            os.replace(path, trash)
+            shutil.rmtree(trash)
+            logger.info("deleted old checkpoint %s (keep_last=%d)", path, self.keep_last)
+        for stale in self.root.glob(".tmp_step_*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        for stale in self.root.glob(".trash_step_*"):
+            shutil.rmtree(stale, ignore_errors=True)
+
+    # ------------------------------------------------------------------ reading
+
+    def _step_dirs(self) -> list[tuple[int, Path]]:
+        """``(step, folder)`` for every ``step_*`` folder, newest first."""
+        if not self.root.is_dir():
+            return []
+        found = []
+        for p in self.root.iterdir():
+            m = _STEP_RE.match(p.name)
+            if m and p.is_dir():
+                found.append((int(m.group(1)), p))
+        return sorted(found, reverse=True)
+
+    def verify(self, path: str | Path) -> list[str]:
+        """Every problem with a checkpoint folder; empty if it is complete and intact."""
+        path = Path(path)
+        manifest_path = path / MANIFEST
+        if not manifest_path.is_file():
+            return [f"{path.name} is incomplete: no {MANIFEST} (its write did not finish)"]
+        try:
+            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+            files = manifest["files"]
+            if not isinstance(files, dict) or manifest.get("format") != FORMAT_VERSION:
+                raise ValueError("unexpected layout")
+        except (ValueError, KeyError, UnicodeDecodeError) as err:
+            return [f"{path.name}/{MANIFEST} is unreadable ({err})"]
+        problems = []
+        for name, entry in sorted(files.items()):
+            fp = path / name
+            if not fp.is_file():
+                problems.append(f"{path.name}/{name} is missing")
+                continue
+            size = fp.stat().st_size
+            if size != entry["size"]:
+                problems.append(
+                    f"{path.name}/{name} has {size} bytes, the manifest says {entry['size']} "
+                    "(truncated or overwritten)"
+                )
+                continue
+            if _sha256(fp) != entry["sha256"]:
+                problems.append(
+                    f"{path.name}/{name} is corrupt: its SHA-256 does not match the manifest"
+                )
+        return problems
+
+    def open(self, path: str | Path, *, verify: bool = True) -> Checkpoint:
+        """Opens one checkpoint folder; raises :class:`CheckpointError` naming every bad file."""
+        path = Path(path)
+        problems = self.verify(path) if verify else []
+        if not verify and not (path / MANIFEST).is_file():
+            problems = [f"{path.name} is incomplete: no {MANIFEST}"]
+        if problems:
+            raise CheckpointError(
+                f"checkpoint {str(path)!r} cannot be used: " + "; ".join(problems)
+            )
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+        return Checkpoint(path=path, step=int(manifest["step"]), manifest=manifest)
+
+    def latest(self, *, verify: bool = True) -> Checkpoint | None:
+        """The newest complete checkpoint whose files all match its manifest, or None.
+
+        A newer folder that is incomplete or corrupt is skipped with a warning naming the file,
+        and the previous good checkpoint is used (and the log says so).
+        """
+        skipped: list[str] = []
+        for step, path in self._step_dirs():
+            try:
+                ckpt = self.open(path, verify=verify)
+            except (CheckpointError, ValueError, KeyError) as err:
+                logger.warning("%s", err)
+                skipped.append(path.name)
+                continue
+            if skipped:
+                logger.warning(
+                    "falling back to checkpoint %s (skipped unusable newer: %s)",
+                    path.name,
+                    ", ".join(skipped),
+                )
+            return ckpt
+        if skipped:
+            logger.warning("no usable checkpoint in %s (unusable: %s)", self.root, ", ".join(skipped))
+        return None
+
+    def complete_steps(self) -> list[int]:
+        """Steps of the folders that have a manifest (not verified), newest first."""
+        return [s for s, p in self._step_dirs() if (p / MANIFEST).is_file()]
+
+
+def _report_name(rank: int) -> str:
+    return f"rank_{rank:05d}.files.json"
