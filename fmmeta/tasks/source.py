@@ -1,0 +1,159 @@
+"""One entry point for every place a task's rows can come from.
+
+Builders accept a ``datasets.Dataset``, a ``DatasetDict`` plus a split, a hub dataset name plus
+config and split, or local json/jsonl/csv/parquet files. :func:`load_source` turns each into one
+``datasets.Dataset`` so builders only ever deal with that, and errors about the source itself
+(a missing split, a file that does not exist, an unreachable hub) surface here with a fix.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Union
+
+import datasets
+
+logger = logging.getLogger(__name__)
+
+Source = Union[datasets.Dataset, datasets.DatasetDict, str, os.PathLike, Sequence[Union[str, os.PathLike]]]
+"""What a builder accepts as rows: a Dataset, a DatasetDict, a hub name, or local file path(s)."""
+
+_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+
+
+def _file_format(path: str) -> str | None:
+    suffixes = Path(path).suffixes
+    # data.jsonl.gz style compression: the format is the suffix before the compression suffix
+    for suf in reversed(suffixes[-2:]):
+        if suf.lower() in _FORMATS:
+            return _FORMATS[suf.lower()]
+    return None
+
+
+def load_source(
+    source: Source,
+    *,
+    split: str | None = None,
+    name: str | None = None,
+    cache_dir: str | os.PathLike | None = None,
+) -> datasets.Dataset:
+    """Returns the rows of ``source`` as one ``datasets.Dataset``.
+
+    Args:
+        source: a ``Dataset`` (returned as is); a ``DatasetDict`` (``split`` picks one, optional
+            when it has a single split); a path or list of paths to local ``.json``, ``.jsonl``,
+            ``.csv`` or ``.parquet`` files (one format); or a hub dataset name.
+        split: the split to use; required for hub names, ignored for local files (their rows form
+            one split).
+        name: the hub dataset's configuration name (``load_dataset(path, name)``).
+        cache_dir: where ``datasets`` caches converted files (defaults to its own cache).
+
+    Raises:
+        ValueError: for a missing or unknown split, a file that does not exist, mixed or unknown
+            file formats, or a hub dataset that cannot be loaded.
+
+    Example:
+        >>> ds = load_source("data/train.jsonl")  # doctest: +SKIP
+        >>> ds = load_source("super_glue", name="boolq", split="train")  # doctest: +SKIP
+    """
+    if isinstance(source, datasets.Dataset):
+        return source
+    if isinstance(source, datasets.DatasetDict):
+        splits = list(source.keys())
+        if split is None:
+            if len(splits) == 1:
+                return source[splits[0]]
+            raise ValueError(
+                f"source is a DatasetDict with splits {splits}: pass split=... to pick one"
+            )
+        if split not in source:
+            raise ValueError(
+                f"split={split!r} is not in the DatasetDict; its splits are {splits}: "
+                "pass one of them"
+            )
+        return source[split]
+    if isinstance(source, (str, os.PathLike)):
+        paths = [os.fspath(source)]
+    elif isinstance(source, Sequence) and source and all(
+        isinstance(p, (str, os.PathLike)) for p in source
+    ):
+        paths = [os.fspath(p) for p in source]
+    else:
+        raise ValueError(
+            f"source of type {type(source).__name__} is not supported: pass a datasets.Dataset, "
+            "a DatasetDict (+ split), a hub dataset name (+ name, split) or local "
+            ".json/.jsonl/.csv/.parquet file path(s)"
+        )
+    formats = {p: _file_format(p) for p in paths}
+    if any(f is not None for f in formats.values()) or len(paths) > 1:
+        return _load_files(paths, formats, cache_dir)
+    hub_name = paths[0]
+    if os.path.exists(hub_name):
+        raise ValueError(
+            f"source={hub_name!r} is a local path without a supported extension: use .json, "
+            ".jsonl, .csv or .parquet files (or load it yourself and pass a Dataset)"
+        )
+    return _load_hub(hub_name, name=name, split=split, cache_dir=cache_dir)
+
+
+def _load_files(
+    paths: list[str], formats: dict[str, str | None], cache_dir: str | os.PathLike | None
+) -> datasets.Dataset:
+    unknown = [p for p, f in formats.items() if f is None]
+    if unknown:
+        raise ValueError(
+            f"files {unknown} have no supported extension: use .json, .jsonl, .csv or .parquet"
+        )
+    kinds = sorted({f for f in formats.values() if f is not None})
+    if len(kinds) > 1:
+        raise ValueError(
+            f"files {paths} mix formats {kinds}: load_source reads one format at a time; "
+            "convert them or build one task list per format"
+        )
+    missing = [p for p in paths if not os.path.isfile(p)]
+    if missing:
+        raise ValueError(
+            f"data file(s) {missing} do not exist (working directory {os.getcwd()!r}): "
+            "check the path(s)"
+        )
+    # The "json" builder reads both JSON arrays and JSON lines; every file lands in one split.
+    ds = datasets.load_dataset(
+        kinds[0],
+        data_files={"train": paths},
+        split="train",
+        cache_dir=os.fspath(cache_dir) if cache_dir is not None else None,
+    )
+    logger.info("loaded %d rows from %d %s file(s)", len(ds), len(paths), kinds[0])
+    return ds
+
+
+def _load_hub(
+    path: str, *, name: str | None, split: str | None, cache_dir: str | os.PathLike | None
+) -> datasets.Dataset:
+    if split is None:
+        raise ValueError(
+            f"source={path!r} is a hub dataset name, so split is required "
+            "(e.g. split='train'); name= picks its configuration"
+        )
+    try:
+        ds: Any = datasets.load_dataset(
+            path,
+            name,
+            split=split,
+            cache_dir=os.fspath(cache_dir) if cache_dir is not None else None,
+        )
+    except Exception as err:  # the hub raises many types; all mean "cannot get these rows"
+        raise ValueError(
+            f"could not load hub dataset {path!r} (name={name!r}, split={split!r}): "
+            f"{type(err).__name__}: {err}. Check the name and config, your network or HF_TOKEN; "
+            "offline, pass local files or a Dataset instead"
+        ) from err
+    if not isinstance(ds, datasets.Dataset):
+        raise ValueError(
+            f"hub dataset {path!r} split={split!r} loaded as {type(ds).__name__}, not a "
+            "Dataset: pass a single split name"
+        )
+    return ds
