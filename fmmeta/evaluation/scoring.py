@@ -34,6 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+# One unwrapping rule (engine/peft wrappers) for both loss paths.
+from fmmeta.algorithms.inner_loop import _accepts_logits_to_keep
 from fmmeta.tasks.episode import IGNORE_INDEX, Batch, Episode, Example, collate
 
 logger = logging.getLogger(__name__)
@@ -74,10 +76,21 @@ def _model_device(model: nn.Module) -> torch.device:
 
 def _score_batch(model: nn.Module, batch: Batch) -> _SequenceScores:
     """Teacher-forced per-sequence log-probability and argmax agreement on answer tokens."""
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+    labels = batch.labels
+    width = labels.shape[1]
+    # The LM head only needs to run from the position before the first answer token on (the
+    # in-context prompts are long and the vocabulary is wide), as in the inner loop's loss.
+    first = int(torch.nonzero((labels != IGNORE_INDEX).any(dim=0))[0])
+    start = max(first - 1, 0)
+    kwargs: dict[str, object] = {"use_cache": False}
+    if _accepts_logits_to_keep(model):
+        kwargs["logits_to_keep"] = width - start
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **kwargs)
     logits = out.logits if hasattr(out, "logits") else out[0]
+    if logits.shape[1] != width - start:  # a model that ignored logits_to_keep
+        logits = logits[:, start:]
     # Position t predicts token t + 1: drop the last logit and the first label.
-    targets = batch.labels[:, 1:]
+    targets = labels[:, start + 1 :]
     mask = targets != IGNORE_INDEX
     # Only the answer positions go through the (vocabulary-wide) softmax, in fp32.
     picked = logits[:, :-1][mask].float()  # [M, V]
@@ -173,6 +186,12 @@ def score_query(
         raise ValueError(
             f"micro_batch_size={micro_batch_size} is invalid: it must be >= 1 (sequences per pass)"
         )
+    for i, ex in enumerate(examples):
+        if len(ex.answer_ids) == 0 or len(ex.prompt_ids) == 0:
+            raise ValueError(
+                f"query[{i}] has {len(ex.prompt_ids)} prompt and {len(ex.answer_ids)} answer tokens: "
+                "scoring needs >= 1 of each (the first answer token is predicted from the prompt)"
+            )
     if choices is not None:
         _check_classification(examples, choices)
 

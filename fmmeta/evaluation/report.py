@@ -1,0 +1,234 @@
+"""The evaluation report a person reads: ``eval.json``, ``eval.md`` and PNG plots.
+
+``eval.json`` holds everything (summary and per-episode records) for machines; ``eval.md`` holds,
+per family, a method x adaptation-steps table of accuracy and one of loss, each cell
+``mean (worst)`` over seeds; the plots show held-out query accuracy against adaptation steps per
+method, and the meta-training curves from ``metrics.jsonl``. Plots use matplotlib's Agg backend
+(no display needed) through an explicit ``Figure``, so importing this module changes no global state.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+
+from fmmeta.evaluation.evaluate import IN_CONTEXT, EvalResult
+
+logger = logging.getLogger(__name__)
+
+TRAINING_CURVE_KEYS: tuple[str, ...] = ("outer_loss", "query_loss_before", "query_loss_after")
+"""``metrics.jsonl`` fields :func:`plot_training_curves` draws, whichever are present."""
+
+STEP_KEYS: tuple[str, ...] = ("step", "meta_step")
+"""``metrics.jsonl`` fields accepted as the x axis (the first present wins)."""
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.3f}" if math.isfinite(x) else str(x)
+
+
+def format_markdown(result: EvalResult) -> str:
+    """The markdown report: settings, then accuracy and loss tables per family.
+
+    Each table has one row per method and one column per adaptation step; a cell reads
+    ``mean (worst)`` over seeds. In-context has a step-0 cell only (it does not adapt).
+    """
+    steps = list(range(result.max_steps + 1))
+    summary = result.summary()
+    lines = [
+        "# Held-out evaluation",
+        "",
+        f"Seeds (episode draws): {result.n_seeds}. Adaptation: {result.inner.inner_optimizer}, "
+        f"clip norm {result.inner.inner_clip_norm}, 0..{result.max_steps} steps on the support set; "
+        "cells are `mean (worst)` over seeds (worst = lowest seed-mean accuracy, highest seed-mean "
+        "loss). Accuracy: verbalizer ranking (classification), exact match (generation).",
+        "",
+    ]
+    if result.inner_lrs:
+        lines.append(
+            "Adaptation lr per method: "
+            + ", ".join(f"{m} {lr:g}" for m, lr in result.inner_lrs.items())
+            + (
+                f" (chosen on validation tasks {', '.join(result.lr_selection.tasks)} at "
+                f"{result.lr_selection.steps} steps)"
+                if result.lr_selection is not None
+                else " (fixed, not selected)"
+            )
+            + "."
+        )
+        lines.append("")
+    header = "| method | " + " | ".join(f"{s} step{'' if s == 1 else 's'}" for s in steps) + " |"
+    rule = "|---|" + "---|" * len(steps)
+    for fam in result.families():
+        for metric, mean_key, worst_key in (
+            ("accuracy", "accuracy_mean", "accuracy_worst"),
+            ("loss", "loss_mean", "loss_worst"),
+        ):
+            lines += [f"## {fam}: query {metric}", "", header, rule]
+            for m in result.methods:
+                cells = []
+                for s in steps:
+                    cell = summary.get(m, {}).get(fam, {}).get(s)
+                    cells.append(
+                        "-"
+                        if cell is None
+                        else f"{_fmt(getattr(cell, mean_key))} ({_fmt(getattr(cell, worst_key))})"
+                    )
+                lines.append(f"| {m} | " + " | ".join(cells) + " |")
+            lines.append("")
+    if result.lr_selection is not None:
+        grid = sorted({lr for t in result.lr_selection.val_loss.values() for lr in t})
+        lines += [
+            "## Adaptation lr selection (mean validation query loss)",
+            "",
+            "| method | " + " | ".join(f"lr {lr:g}" for lr in grid) + " | chosen |",
+            "|---|" + "---|" * (len(grid) + 1),
+        ]
+        for m, table in result.lr_selection.val_loss.items():
+            cells = [_fmt(table[lr]) if lr in table else "-" for lr in grid]
+            lines.append(f"| {m} | " + " | ".join(cells) + f" | {result.lr_selection.chosen[m]:g} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _figure(n_axes: int, width_per_axis: float = 4.5):  # type: ignore[no-untyped-def]
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width_per_axis * n_axes, 3.8))
+    FigureCanvasAgg(fig)
+    axes = [fig.add_subplot(1, n_axes, i + 1) for i in range(n_axes)]
+    return fig, axes
+
+
+def plot_adaptation_curves(result: EvalResult, path: str | Path) -> Path:
+    """Held-out query accuracy vs adaptation steps, one line per method, one panel per family.
+
+    Solid lines are the mean over seeds, dotted lines of the same colour the worst seed; in-context
+    (no adaptation) is a horizontal dashed line at its step-0 accuracy.
+
+    Returns:
+        The written PNG's path.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fams = result.families()
+    fig, axes = _figure(len(fams))
+    summary = result.summary()
+    steps = list(range(result.max_steps + 1))
+    for ax, fam in zip(axes, fams):
+        for i, m in enumerate(result.methods):
+            cells = summary.get(m, {}).get(fam, {})
+            if not cells:
+                continue
+            color = f"C{i % 10}"
+            if m == IN_CONTEXT:
+                ax.axhline(cells[0].accuracy_mean, color=color, linestyle="--", label=m)
+                continue
+            xs = [s for s in steps if s in cells]
+            ax.plot(xs, [cells[s].accuracy_mean for s in xs], color=color, marker="o", label=m)
+            ax.plot(xs, [cells[s].accuracy_worst for s in xs], color=color, linestyle=":")
+        ax.plot([], [], color="gray", linestyle=":", label="worst seed")
+        ax.set_title(f"{fam} (held-out)")
+        ax.set_xlabel("adaptation steps")
+        ax.set_ylabel("query accuracy")
+        ax.set_xticks(steps)
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def plot_training_curves(metrics_jsonl: str | Path, path: str | Path) -> Path:
+    """Meta-training curves: outer loss and query loss before/after adaptation vs meta-step.
+
+    Reads one JSON object per line; draws whichever of :data:`TRAINING_CURVE_KEYS` are present,
+    against the first of :data:`STEP_KEYS` (or the line number). Lines without a curve key (a
+    banner, an eval line) are skipped.
+
+    Raises:
+        ValueError: if a line is not JSON or no line has any curve key.
+    """
+    metrics_jsonl, path = Path(metrics_jsonl), Path(path)
+    series: dict[str, tuple[list[float], list[float]]] = {}
+    with metrics_jsonl.open() as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{metrics_jsonl}:{lineno} is not JSON ({e}): expected one object per line") from None
+            x = next((row[k] for k in STEP_KEYS if k in row), lineno)
+            for key in TRAINING_CURVE_KEYS:
+                v = row.get(key)
+                if isinstance(v, (int, float)) and math.isfinite(v):
+                    xs, ys = series.setdefault(key, ([], []))
+                    xs.append(float(x))
+                    ys.append(float(v))
+    if not series:
+        raise ValueError(
+            f"{metrics_jsonl} has no field among {list(TRAINING_CURVE_KEYS)}: it is not a "
+            "meta-training metrics file (pass the run's metrics.jsonl)"
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, (ax,) = _figure(1, width_per_axis=6.0)
+    for key in TRAINING_CURVE_KEYS:
+        if key in series:
+            xs, ys = series[key]
+            ax.plot(xs, ys, label=key.replace("_", " "))
+    ax.set_xlabel("meta-step")
+    ax.set_ylabel("loss per answer token (nats)")
+    ax.set_title("meta-training")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def write_report(
+    result: EvalResult, out_dir: str | Path, *, metrics_jsonl: str | Path | None = None
+) -> dict[str, Path]:
+    """Writes ``eval.json``, ``eval.md``, ``adaptation_curves.png`` (and ``training_curves.png``).
+
+    Each file is written to a temporary name and renamed, so a crash never leaves a half report.
+
+    Args:
+        result: the evaluation to report.
+        out_dir: folder to write into (created if missing).
+        metrics_jsonl: the run's meta-training metrics; when given, its curves are plotted too.
+
+    Returns:
+        Name -> path of every file written.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths: dict[str, Path] = {}
+
+    def _write_text(name: str, text: str) -> None:
+        tmp = out / f".{name}.tmp"
+        tmp.write_text(text)
+        tmp.replace(out / name)
+        paths[name] = out / name
+
+    _write_text("eval.json", json.dumps(result.to_dict(), indent=2, allow_nan=True) + "\n")
+    _write_text("eval.md", format_markdown(result))
+    for name, draw in (
+        ("adaptation_curves.png", lambda p: plot_adaptation_curves(result, p)),
+        *(
+            [("training_curves.png", lambda p: plot_training_curves(metrics_jsonl, p))]
+            if metrics_jsonl is not None
+            else []
+        ),
+    ):
+        tmp = out / f".{name}.tmp.png"
+        draw(tmp)
+        tmp.replace(out / name)
+        paths[name] = out / name
+    logger.info("wrote evaluation report to %s", out)
+    return paths

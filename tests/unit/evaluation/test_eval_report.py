@@ -1,0 +1,108 @@
+"""The report: eval.json / eval.md carry EvalResult's numbers; the plots are valid PNGs."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from matplotlib.image import imread
+
+from fmmeta.algorithms.inner_loop import InnerLoopConfig
+from fmmeta.evaluation.evaluate import IN_CONTEXT, EpisodeRecord, EvalResult, LrSelection
+from fmmeta.evaluation.report import format_markdown, plot_training_curves, write_report
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _result() -> EvalResult:
+    recs: list[EpisodeRecord] = []
+    for m_i, method in enumerate(["base", "fomaml", IN_CONTEXT]):
+        for seed in range(3):
+            for fam_i, fam in enumerate(["classification", "generation"]):
+                for step in [0] if method == IN_CONTEXT else [0, 1, 2]:
+                    acc = min(1.0, 0.1 * (m_i + 1) + 0.2 * step + 0.05 * seed + 0.1 * fam_i)
+                    loss = 3.0 - 0.5 * step - 0.3 * m_i + 0.1 * seed + 0.2 * fam_i
+                    recs.append(EpisodeRecord(method=method, seed=seed, episode=fam_i, task=f"t{fam_i}",
+                                              family=fam, step=step, loss=loss, accuracy=acc, n=4))
+    sel = LrSelection(chosen={"base": 0.1, "fomaml": 0.03},
+                      val_loss={"base": {0.03: 2.5, 0.1: 2.0}, "fomaml": {0.03: 1.5, 0.1: math.inf}},
+                      steps=2, tasks=("val_a", "val_b"))
+    return EvalResult(records=recs, methods=["base", "fomaml", IN_CONTEXT], max_steps=2, n_seeds=3,
+                      inner_lrs=sel.chosen, inner=InnerLoopConfig(), lr_selection=sel)
+
+
+def _table(md: str, title: str) -> dict[str, list[str]]:
+    """Rows of the markdown table under ``## title``: method -> cells."""
+    block = md.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in block.splitlines() if line.startswith("| ") and not line.startswith("| method")]
+    return {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:-1]] for r in rows}
+
+
+def _assert_png(path: Path) -> None:
+    assert path.read_bytes()[:8] == PNG_MAGIC
+    img = imread(path)
+    assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
+    assert float(np.std(img)) > 0.01  # something was drawn
+
+
+def test_report_files_carry_the_result_numbers(tmp_path: Path) -> None:
+    res = _result()
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text(
+        json.dumps({"event": "banner", "world_size": 1}) + "\n"
+        + "".join(json.dumps({"step": s, "outer_loss": 3.0 - 0.1 * s, "query_loss_before": 3.2 - 0.1 * s,
+                              "query_loss_after": 2.9 - 0.1 * s}) + "\n" for s in range(10))
+    )
+    paths = write_report(res, tmp_path / "eval", metrics_jsonl=metrics)
+    assert set(paths) == {"eval.json", "eval.md", "adaptation_curves.png", "training_curves.png"}
+    assert not list((tmp_path / "eval").glob(".*tmp*"))
+
+    data = json.loads(paths["eval.json"].read_text())
+    summary = res.summary()
+    for m, by_fam in summary.items():
+        for fam, by_step in by_fam.items():
+            for step, cell in by_step.items():
+                got = data["summary"][m][fam][str(step)]
+                assert got["accuracy_mean"] == pytest.approx(cell.accuracy_mean)
+                assert got["accuracy_worst"] == pytest.approx(cell.accuracy_worst)
+                assert got["loss_mean"] == pytest.approx(cell.loss_mean)
+                assert got["loss_worst"] == pytest.approx(cell.loss_worst)
+    assert len(data["records"]) == len(res.records) and data["inner_lrs"] == {"base": 0.1, "fomaml": 0.03}
+    assert data["lr_selection"]["val_loss"]["fomaml"]["0.1"] == math.inf
+
+    md = paths["eval.md"].read_text()
+    assert md == format_markdown(res)
+    for fam in ("classification", "generation", "overall"):
+        acc = _table(md, f"{fam}: query accuracy")
+        loss = _table(md, f"{fam}: query loss")
+        assert set(acc) == {"base", "fomaml", IN_CONTEXT}
+        for m in ("base", "fomaml"):
+            for step in (0, 1, 2):
+                cell = summary[m][fam][step]
+                mean, worst = re.fullmatch(r"(\S+) \((\S+)\)", acc[m][step]).groups()
+                assert float(mean) == pytest.approx(cell.accuracy_mean, abs=5e-4)
+                assert float(worst) == pytest.approx(cell.accuracy_worst, abs=5e-4)
+                mean, worst = re.fullmatch(r"(\S+) \((\S+)\)", loss[m][step]).groups()
+                assert float(mean) == pytest.approx(cell.loss_mean, abs=5e-4)
+                assert float(worst) == pytest.approx(cell.loss_worst, abs=5e-4)
+        assert acc[IN_CONTEXT][1:] == ["-", "-"]
+    # the worst case really differs from the mean in this data, so the test can tell them apart
+    assert summary["base"]["overall"][0].accuracy_worst < summary["base"]["overall"][0].accuracy_mean
+    lr_rows = _table(md, "Adaptation lr selection (mean validation query loss)")
+    assert lr_rows["fomaml"] == ["1.500", "inf", "0.03"] and lr_rows["base"][-1] == "0.1"
+    _assert_png(paths["adaptation_curves.png"])
+    _assert_png(paths["training_curves.png"])
+
+
+def test_training_curves_reject_a_file_without_curves(tmp_path: Path) -> None:
+    bad = tmp_path / "metrics.jsonl"
+    bad.write_text(json.dumps({"step": 1, "tokens_per_s": 10.0}) + "\n")
+    with pytest.raises(ValueError, match="has no field among"):
+        plot_training_curves(bad, tmp_path / "x.png")
+    bad.write_text("{not json\n")
+    with pytest.raises(ValueError, match=":1 is not JSON"):
+        plot_training_curves(bad, tmp_path / "x.png")
