@@ -1,0 +1,142 @@
+"""Process-group set-up that works under every launcher.
+
+Launchers disagree on how a process learns its rank (trap 7 in the design notes): ``deepspeed``
+appends ``--local_rank=N`` to the script's arguments, while ``torchrun`` and ``accelerate launch``
+set ``LOCAL_RANK``. A rank that exits early leaves the others blocked until the collective timeout
+(trap 8), whose default is many minutes; :func:`init_distributed` takes a short, explicit timeout
+so a dead rank turns into a prompt failure.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+_BACKENDS = ("gloo", "nccl")
+
+
+def local_rank_from_env_or_argv(argv: Sequence[str] | None = None) -> int:
+    """Returns this process's local rank from the launcher's arguments or environment.
+
+    ``--local_rank=N``, ``--local_rank N``, ``--local-rank=N`` and ``--local-rank N`` in ``argv``
+    win over ``LOCAL_RANK`` in the environment; with neither, the process is alone (rank 0).
+
+    Args:
+        argv: command-line arguments (without the program name); ``None`` means none.
+
+    Raises:
+        ValueError: if the value given is not a non-negative integer.
+
+    Example:
+        >>> local_rank_from_env_or_argv(["--lr", "3", "--local_rank=1"])
+        1
+    """
+    args = list(argv or [])
+    value: str | None = None
+    source = ""
+    for i, arg in enumerate(args):
+        for flag in ("--local_rank", "--local-rank"):
+            if arg == flag and i + 1 < len(args):
+                value, source = args[i + 1], flag
+            elif arg.startswith(flag + "="):
+                value, source = arg.split("=", 1)[1], flag
+    if value is None and "LOCAL_RANK" in os.environ:
+        value, source = os.environ["LOCAL_RANK"], "LOCAL_RANK"
+    if value is None:
+        return 0
+    try:
+        rank = int(value)
+    except ValueError:
+        rank = -1
+    if rank < 0:
+        raise ValueError(
+            f"{source}={value!r} is invalid: the local rank must be an integer >= 0 "
+            "(set by the launcher: deepspeed passes --local_rank=N, torchrun sets LOCAL_RANK)"
+        )
+    return rank
+
+
+def strip_local_rank(argv: Sequence[str]) -> list[str]:
+    """Returns ``argv`` without the launcher's ``--local_rank`` flag, so a recipe's own parser
+    never has to know about it."""
+    out: list[str] = []
+    skip = False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if arg in ("--local_rank", "--local-rank"):
+            skip = i + 1 < len(argv)
+            continue
+        if arg.startswith(("--local_rank=", "--local-rank=")):
+            continue
+        out.append(arg)
+    return out
+
+
+def init_distributed(
+    backend: str = "gloo", timeout_s: float = 60.0, argv: Sequence[str] | None = None
+) -> tuple[int, int, int]:
+    """Initialises the default process group once, with a short collective timeout.
+
+    Under a launcher (``WORLD_SIZE`` set) it joins the group through the ``env://`` rendezvous;
+    alone it creates a one-process group on a free local port, so the same code path (including
+    DeepSpeed, which needs a process group) runs in a plain ``python script.py``. Calling it again
+    when the group exists is a no-op that returns the current ranks.
+
+    Args:
+        backend: ``"gloo"`` (CPU) or ``"nccl"`` (GPU).
+        timeout_s: seconds a collective may wait before failing; keep it short in tests so a
+            dead or diverged rank fails fast instead of hanging (trap 8).
+        argv: command-line arguments, read for ``--local_rank`` (deepspeed's launcher).
+
+    Returns:
+        ``(rank, local_rank, world_size)``.
+
+    Raises:
+        ValueError: for an unknown backend or a non-positive timeout.
+    """
+    if backend not in _BACKENDS:
+        raise ValueError(
+            f"backend={backend!r} is invalid: allowed are {_BACKENDS} "
+            "(gloo for CPU runs, nccl for GPUs)"
+        )
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s={timeout_s} is invalid: it must be > 0 seconds")
+    local_rank = local_rank_from_env_or_argv(argv)
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), local_rank, dist.get_world_size()
+    if "WORLD_SIZE" not in os.environ:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ["RANK"] = "0"
+        os.environ["WORLD_SIZE"] = "1"
+        os.environ["LOCAL_RANK"] = "0"
+        os.environ.setdefault("LOCAL_WORLD_SIZE", "1")
+    os.environ.setdefault("LOCAL_RANK", str(local_rank))
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group(
+        backend=backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout_s)
+    )
+    rank, world = dist.get_rank(), dist.get_world_size()
+    logger.info(
+        "process group up: backend=%s rank=%d local_rank=%d world_size=%d timeout=%.0fs",
+        backend, rank, local_rank, world, timeout_s,
+    )
+    return rank, local_rank, world
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -1,0 +1,206 @@
+"""Resolving a plain DeepSpeed JSON against the values our own config owns.
+
+``ds_configs/*.json`` stay plain DeepSpeed JSON, so a user can bring their own. Every value our
+recipe config owns (micro-batch size, accumulation steps, clipping, precision) is written ``"auto"``
+there, or omitted, and filled in here; an explicit value that disagrees with ours is an error that
+lists every mismatch at once (accelerate's DeepSpeed plugin does the same). Options we cannot
+honour are rejected by name instead of being silently ignored:
+
+* an ``"optimizer"`` or ``"scheduler"`` block: the outer optimizer and its schedule are ours
+  (:func:`fmmeta.engine.optim.build_outer_optimizer`), passed to DeepSpeed as a client optimizer, so
+  the local and DeepSpeed engines run the very same update;
+* ``gradient_accumulation_steps`` other than 1: the engine is touched once per meta-step and the
+  meta-gradient is accumulated before it (trap 4);
+* under ZeRO-3, a ``stage3_param_persistence_threshold`` smaller than the largest adapter tensor:
+  it is raised to fit (with a log line), because the inner loop needs the LoRA tensors full and
+  resident on every rank (trap 2).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from pathlib import Path
+from typing import Any, Mapping
+
+logger = logging.getLogger(__name__)
+
+AUTO = "auto"
+
+OWNED_KEYS = (
+    "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps",
+    "train_batch_size",
+    "gradient_clipping",
+    "bf16.enabled",
+    "fp16.enabled",
+)
+"""Dotted keys our config owns; ``owned`` passed to :func:`resolve_ds_config` may set any of them."""
+
+_REJECTED_BLOCKS = {
+    "optimizer": "the outer optimizer is built by fmmeta (outer.* in the recipe config) and passed "
+    "to DeepSpeed as a client optimizer; delete the 'optimizer' block",
+    "scheduler": "the LR schedule is built by fmmeta (outer.warmup_steps / outer.schedule); "
+    "delete the 'scheduler' block",
+}
+
+# zero_optimization values that accelerate's templates write as "auto" and that we leave to
+# DeepSpeed's defaults (they tune communication, not the result).
+_ZERO_AUTO_TO_DEFAULT = (
+    "reduce_bucket_size",
+    "stage3_prefetch_bucket_size",
+    "allgather_bucket_size",
+    "stage3_max_live_parameters",
+    "stage3_max_reuse_distance",
+)
+
+
+class DSConfigError(ValueError):
+    """A DeepSpeed config that disagrees with ours, or asks for something we cannot honour."""
+
+
+def load_ds_config(source: str | Path | Mapping[str, Any]) -> dict[str, Any]:
+    """Returns a deep copy of ``source`` (a dict, or a path to a JSON file)."""
+    if isinstance(source, Mapping):
+        return copy.deepcopy(dict(source))
+    path = Path(source)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"ds_config={str(path)!r} does not exist: pass a DeepSpeed JSON file "
+            "(see ds_configs/zero2.json, zero3.json, zero3_offload.json) or a dict"
+        )
+    with path.open() as f:
+        return json.load(f)
+
+
+def zero_stage(cfg: Mapping[str, Any]) -> int:
+    """The ZeRO stage a (resolved or raw) DeepSpeed config asks for (0 when absent)."""
+    return int(cfg.get("zero_optimization", {}).get("stage", 0) or 0)
+
+
+def resolve_ds_config(
+    source: str | Path | Mapping[str, Any],
+    *,
+    owned: Mapping[str, Any],
+    max_adapter_numel: int | None = None,
+) -> dict[str, Any]:
+    """Fills every value our config owns into a DeepSpeed config and checks the rest.
+
+    Args:
+        source: a DeepSpeed JSON file or an already-loaded dict (not modified).
+        owned: our values, by dotted key (see :data:`OWNED_KEYS`), e.g.
+            ``{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+            "train_batch_size": world_size, "gradient_clipping": 1.0, "bf16.enabled": False,
+            "fp16.enabled": False}``. A key missing from ``owned`` is left as the JSON has it.
+        max_adapter_numel: number of elements of the largest adapter tensor; under ZeRO-3 the
+            persistence threshold is raised to at least this, so LoRA stays resident.
+
+    Returns:
+        A new dict DeepSpeed can take, with no ``"auto"`` left in the keys we own.
+
+    Raises:
+        DSConfigError: listing every conflicting value (key, JSON value, our value, fix) and every
+            rejected option, in one message.
+
+    Example:
+        >>> cfg = resolve_ds_config({"train_micro_batch_size_per_gpu": "auto",
+        ...                          "zero_optimization": {"stage": 2}},
+        ...                         owned={"train_micro_batch_size_per_gpu": 1})
+        >>> cfg["train_micro_batch_size_per_gpu"]
+        1
+    """
+    cfg = load_ds_config(source)
+    problems: list[str] = []
+    for key in owned:
+        if key not in OWNED_KEYS:
+            raise ValueError(
+                f"owned key {key!r} is unknown: allowed are {OWNED_KEYS} "
+                "(other DeepSpeed settings belong in the JSON file)"
+            )
+    for block, why in _REJECTED_BLOCKS.items():
+        if block in cfg:
+            problems.append(f"{block}: present in the DeepSpeed JSON but not supported: {why}")
+    for key, ours in owned.items():
+        parts = key.split(".")
+        node: dict[str, Any] = cfg
+        for part in parts[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = {}
+                node[part] = child
+            if not isinstance(child, dict):
+                problems.append(f"{key}: {part!r} in the DeepSpeed JSON must be an object, got {child!r}")
+                break
+            node = child
+        else:
+            leaf = parts[-1]
+            theirs = node.get(leaf, AUTO)
+            if theirs == AUTO or theirs is None:
+                node[leaf] = ours
+            elif not _same(theirs, ours):
+                problems.append(
+                    f"{key}: DeepSpeed JSON has {theirs!r} but the recipe config has {ours!r}; "
+                    f"fix: set \"{key}\" to \"auto\" in the JSON (the recipe value then wins) "
+                    "or change the recipe config to match"
+                )
+    gas = cfg.get("gradient_accumulation_steps", 1)
+    if gas not in (1, AUTO) and "gradient_accumulation_steps" not in owned:
+        problems.append(
+            f"gradient_accumulation_steps: DeepSpeed JSON has {gas!r} but fmmeta needs 1 "
+            "(the meta-gradient is accumulated before one engine step per meta-step); fix: set it to 1 or \"auto\""
+        )
+    if cfg.get("gradient_accumulation_steps") == AUTO:
+        cfg["gradient_accumulation_steps"] = 1
+    if cfg.get("bf16", {}).get("enabled") is True and cfg.get("fp16", {}).get("enabled") is True:
+        problems.append("bf16.enabled and fp16.enabled are both true: enable at most one precision")
+    zero = cfg.get("zero_optimization")
+    if isinstance(zero, dict):
+        for key in _ZERO_AUTO_TO_DEFAULT:
+            if zero.get(key) == AUTO:
+                del zero[key]
+        if zero_stage(cfg) == 3 and max_adapter_numel is not None:
+            threshold = zero.get("stage3_param_persistence_threshold", AUTO)
+            if threshold == AUTO or int(threshold) < max_adapter_numel:
+                new = max(int(max_adapter_numel), 1)
+                if threshold != AUTO:
+                    logger.warning(
+                        "zero_optimization.stage3_param_persistence_threshold=%s is below the largest "
+                        "adapter tensor (%d elements): raised to %d so LoRA stays resident on every rank",
+                        threshold, max_adapter_numel, new,
+                    )
+                else:
+                    logger.info("zero_optimization.stage3_param_persistence_threshold=auto -> %d", new)
+                zero["stage3_param_persistence_threshold"] = new
+        elif zero.get("stage3_param_persistence_threshold") == AUTO:
+            del zero["stage3_param_persistence_threshold"]
+    leftover = sorted(_find_auto(cfg))
+    for key in leftover:
+        problems.append(
+            f"{key}: is \"auto\" but fmmeta does not own it; fix: give it an explicit value "
+            "or remove it to take DeepSpeed's default"
+        )
+    if problems:
+        raise DSConfigError(
+            f"the DeepSpeed config does not match the recipe ({len(problems)} problem(s)):\n  - "
+            + "\n  - ".join(problems)
+        )
+    return cfg
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b or a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return float(a) == float(b)
+    return bool(a == b)
+
+
+def _find_auto(node: Any, prefix: str = "") -> list[str]:
+    out: list[str] = []
+    if isinstance(node, dict):
+        for k, v in node.items():
+            out.extend(_find_auto(v, f"{prefix}.{k}" if prefix else str(k)))
+    elif node == AUTO:
+        out.append(prefix)
+    return out

@@ -1,0 +1,96 @@
+"""Shared fixtures of the distributed equivalence tests: a tiny Llama with LoRA, hand-built
+episodes and plans, all drawn from generators we own, so every process (and the in-test local
+reference) builds bit-identical starting points."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fmmeta.sampling.plan import MetaBatchPlan, TaskSlot
+from fmmeta.tasks.episode import Episode, Example
+
+VOCAB = 128
+N_SUPPORT = 4
+N_QUERY = 2
+SEED = 1234
+
+
+def build_model(seed: int = SEED) -> nn.Module:
+    """A 2-layer Llama (hidden 32) with LoRA r=4 on q/v; every weight drawn from ``seed``."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )
+    base = LlamaForCausalLM(cfg)
+    model = get_peft_model(
+        base,
+        LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
+                   init_lora_weights=False),
+    )
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+    return model
+
+
+def build_base(seed: int = SEED) -> nn.Module:
+    """The same base weights as :func:`build_model`, without LoRA (for peft round trips)."""
+    from peft import PeftModel
+
+    model = build_model(seed)
+    assert isinstance(model, PeftModel)
+    return model.get_base_model()
+
+
+def _example(gen: torch.Generator) -> Example:
+    p = int(torch.randint(2, 7, (1,), generator=gen))
+    a = int(torch.randint(1, 4, (1,), generator=gen))
+    ids = torch.randint(1, VOCAB, (p + a,), generator=gen).tolist()
+    return Example(tuple(ids[:p]), tuple(ids[p:]))
+
+
+def build_episode(step: int, task: int) -> Episode:
+    gen = torch.Generator().manual_seed(SEED * 1000 + step * 100 + task)
+    return Episode(
+        task=f"t{task}",
+        support=tuple(_example(gen) for _ in range(N_SUPPORT)),
+        query=tuple(_example(gen) for _ in range(N_QUERY)),
+        shots=N_SUPPORT,
+    )
+
+
+def build_plan(step: int, world: int, n_tasks: int, micro: str) -> MetaBatchPlan:
+    """``n_tasks`` tasks dealt round-robin to ``world`` ranks, dummies where a rank runs short.
+
+    ``micro="all"``: one support and one query chunk per slot; ``"one"``: one example per chunk.
+    """
+    if micro == "all":
+        sup = (tuple(range(N_SUPPORT)),)
+        qry = (tuple(range(N_QUERY)),)
+    else:
+        sup = tuple((i,) for i in range(N_SUPPORT))
+        qry = tuple((i,) for i in range(N_QUERY))
+    per_rank = -(-n_tasks // world)
+    ranks = []
+    for r in range(world):
+        slots = []
+        for j in range(per_rank):
+            t = r + j * world
+            if t < n_tasks:
+                slots.append(TaskSlot(build_episode(step, t), 1.0, sup, qry, cost=1.0, task_id=t))
+            else:
+                slots.append(TaskSlot(None, 0.0, tuple(() for _ in sup), tuple(() for _ in qry)))
+        ranks.append(tuple(slots))
+    return MetaBatchPlan(step=step, ranks=tuple(ranks), n_real_tasks=n_tasks)
+
+
+def relative_error(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    """``||a - b|| / ||b||`` over all tensors together."""
+    num = sum(float((x.double() - y.double()).pow(2).sum()) for x, y in zip(a, b, strict=True))
+    den = sum(float(y.double().pow(2).sum()) for y in b)
+    return (num / den) ** 0.5

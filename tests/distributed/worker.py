@@ -1,0 +1,103 @@
+"""Runs several engine configurations in one process (1 rank, or one rank of a launched group)
+and writes each one's final adapter tensors and outer-step stats to ``--out``.
+
+Each launch costs seconds of imports, so one launch runs every configuration it is given:
+``--configs local:all,ds0:all,ds3:one:gc,...`` where a configuration is
+``engine:micro[:gc][:uneven][:save]`` (engine: local, ds0, ds1, ds2, ds3, ds3off, acc).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from fmmeta.engine.distributed import init_distributed, strip_local_rank  # noqa: E402
+
+STEPS = 3
+N_TASKS = 4
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--configs", required=True)
+    parser.add_argument("--timeout", type=float, default=60.0)
+    parser.add_argument("--grad-clip", type=float, default=0.001)
+    args = parser.parse_args(strip_local_rank(sys.argv[1:]))
+    logging.basicConfig(level=logging.WARNING)
+    rank, _, world = init_distributed("gloo", args.timeout, sys.argv[1:])
+
+    from safetensors.torch import save_file
+
+    from fmmeta.algorithms.first_order import AlgorithmConfig, build_algorithm
+    from fmmeta.algorithms.meta_step import meta_step
+    from fmmeta.engine.optim import OuterOptimConfig
+    from tests.distributed._common import build_model, build_plan
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    optim_cfg = OuterOptimConfig(outer_lr=1e-2, grad_clip=args.grad_clip)
+    algo = build_algorithm(AlgorithmConfig(name="fomaml", inner_steps=2, inner_lr=0.05), pad_id=0)
+    root = Path(__file__).resolve().parents[2]
+    for spec in args.configs.split(","):
+        parts = spec.split(":")
+        kind, micro, flags = parts[0], parts[1], set(parts[2:])
+        model = build_model()
+        gc = "gc" in flags
+        if kind == "local":
+            from fmmeta.engine.local import LocalEngine
+
+            if gc:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            engine = LocalEngine(model, optim_cfg)
+            plan_world = 1
+        elif kind == "acc":
+            from fmmeta.engine.accelerate_engine import build_accelerate_engine
+
+            engine = build_accelerate_engine(model, optim_cfg, precision="fp32", activation_checkpointing=gc)
+            plan_world = world
+        else:
+            from fmmeta.engine.deepspeed_engine import DeepSpeedEngine
+
+            cfg = json.loads((root / "ds_configs" / ("zero3_offload.json" if kind == "ds3off" else
+                                                     "zero3.json" if kind == "ds3" else "zero2.json")).read_text())
+            if kind in ("ds0", "ds1"):
+                cfg["zero_optimization"]["stage"] = int(kind[2])
+            engine = DeepSpeedEngine(model, optim_cfg, cfg, precision="fp32", activation_checkpointing=gc)
+            plan_world = world
+        n_tasks = 3 if "uneven" in flags else N_TASKS
+        norms = []
+        shapes_ok = True
+        for step in range(STEPS):
+            plan = build_plan(step, plan_world, n_tasks, micro)
+            stats = meta_step(engine, algo, plan)
+            norms.append(stats.outer["grad_norm"])
+            shapes_ok &= all(p.numel() > 0 for p in engine.adapter_parameters())
+        params = engine.adapter_parameters()
+        if "save" in flags:
+            engine.save_adapter(out / f"{spec.replace(':', '_')}_adapter")
+        if rank == 0:
+            tensors = {f"p{i}": p.detach().float().cpu().contiguous() for i, p in enumerate(params)}
+            save_file(tensors, str(out / f"{spec.replace(':', '_')}.safetensors"))
+            (out / f"{spec.replace(':', '_')}.json").write_text(
+                json.dumps({"grad_norms": norms, "world": world, "shapes_ok": shapes_ok})
+            )
+        del engine
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
