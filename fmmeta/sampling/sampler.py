@@ -1,0 +1,333 @@
+"""The cost-aware meta-batch sampler: which tasks, on which rank, in which micro-batches.
+
+Every rank builds its own sampler with the same seed and calls :meth:`CostAwareSampler.sample`
+with the same step; the plan is a pure function of ``(seed, step, state)``, so every rank gets the
+same plan without any communication (compare ``plan.digest()`` across ranks to check).
+
+Randomness is counter-based: the draws of step ``t`` come from generators seeded with
+``(seed, stream, t, i)``. Nothing advances between steps, so sampling the next plan early (the
+prefetcher does) or twice changes nothing, and resuming needs only the state that observations
+change: loss estimates, cost coefficients and the last step.
+
+State that changes comes only from :meth:`CostAwareSampler.observe`. The trainer must gather the
+observations of *all* ranks (e.g. ``all_gather_object``) and pass the same list on every rank;
+the sampler applies them in a canonical order, so the gather order does not matter either.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, fields
+from typing import Any, Sequence
+
+import numpy as np
+
+from fmmeta.sampling.cost import CostModel
+from fmmeta.sampling.plan import MetaBatchPlan
+from fmmeta.sampling.planner import plan_meta_batch
+from fmmeta.sampling.source import EpisodeSource, TaskObservation
+from fmmeta.sampling.strategies import (
+    STRATEGIES,
+    Curriculum,
+    Diversity,
+    Hard,
+    PoolView,
+    Strategy,
+    Uniform,
+    UniformDifficulty,
+)
+
+logger = logging.getLogger(__name__)
+
+_STREAM_STRATEGY, _STREAM_EPISODE, _STREAM_PLAN, _STREAM_PROBE = 0, 1, 2, 3
+_STATE_VERSION = 1
+
+
+@dataclass(kw_only=True)
+class SamplerConfig:
+    """How meta-batches are chosen and planned.
+
+    Attributes:
+        meta_batch_size: tasks per outer step, over all ranks (>= 1).
+        micro_batch_size: most sequences per forward/backward pass (>= 1).
+        inner_steps: inner-loop steps per task; weights the support cost (>= 1).
+        strategy: task selection: uniform | curriculum | diversity | hard | uniform_difficulty.
+        on_uneven: when meta_batch_size does not divide by world size: ``pad`` with zero-weight
+            dummy tasks, or ``error``.
+        difficulty: difficulty measure for curriculum and uniform_difficulty: shots | lengths | loss.
+        pacing_start: curriculum: fraction of the pool admitted at step 0, in (0, 1].
+        pacing_steps: curriculum: step at which the whole pool is admitted (>= 1).
+        pacing: curriculum: linear | root growth of the admitted fraction.
+        hard_floor: hard: uniform probability mass so no task starves, in (0, 1].
+        hard_temperature: hard: softmax temperature on the query loss (> 0).
+        difficulty_bins: uniform_difficulty: equal-width difficulty bins (>= 1).
+        loss_ema: weight of a new loss observation in a task's running estimate, in (0, 1].
+        fit_cost: fit the cost model to observed seconds after each ``observe``.
+        cost_a: initial per-pass cost (token-equivalents, >= 0).
+        cost_b: initial per-token cost (>= 0).
+        cost_c: initial per-squared-length cost (attention, >= 0).
+        cost_damping: fraction of old coefficients kept per fit, in [0, 1).
+        balance_tol: stop improving balance within this fraction of the lower bound (>= 0).
+    """
+
+    meta_batch_size: int = 8
+    micro_batch_size: int = 4
+    inner_steps: int = 1
+    strategy: str = "uniform"
+    on_uneven: str = "pad"
+    difficulty: str = "shots"
+    pacing_start: float = 0.2
+    pacing_steps: int = 1000
+    pacing: str = "linear"
+    hard_floor: float = 0.1
+    hard_temperature: float = 1.0
+    difficulty_bins: int = 4
+    loss_ema: float = 0.5
+    fit_cost: bool = True
+    cost_a: float = 64.0
+    cost_b: float = 1.0
+    cost_c: float = 1.0 / 2048.0
+    cost_damping: float = 0.5
+    balance_tol: float = 1e-3
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+
+        def need(ok: bool, key: str, allowed: str, fix: str = "") -> None:
+            if not ok:
+                problems.append(
+                    f"sampler.{key}={getattr(self, key)!r} is invalid: {allowed}" + (f"; {fix}" if fix else "")
+                )
+
+        def is_int(v: Any) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        for key in ("meta_batch_size", "micro_batch_size", "inner_steps", "pacing_steps", "difficulty_bins"):
+            need(is_int(getattr(self, key)) and getattr(self, key) >= 1, key, "must be an integer >= 1")
+        need(self.strategy in STRATEGIES, "strategy", f"allowed: {', '.join(STRATEGIES)}")
+        need(self.on_uneven in ("pad", "error"), "on_uneven", "allowed: pad, error")
+        need(self.difficulty in ("shots", "lengths", "loss"), "difficulty", "allowed: shots, lengths, loss")
+        need(self.pacing in ("linear", "root"), "pacing", "allowed: linear, root")
+        need(0.0 < self.pacing_start <= 1.0, "pacing_start", "must be in (0, 1]")
+        need(0.0 < self.hard_floor <= 1.0, "hard_floor", "must be in (0, 1]", "a floor of 0 lets tasks starve")
+        need(self.hard_temperature > 0, "hard_temperature", "must be > 0")
+        need(0.0 < self.loss_ema <= 1.0, "loss_ema", "must be in (0, 1]")
+        for key in ("cost_a", "cost_b", "cost_c"):
+            v = getattr(self, key)
+            need(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0, key, "must be a finite number >= 0")
+        need(0.0 <= self.cost_damping < 1.0, "cost_damping", "must be in [0, 1)")
+        need(self.balance_tol >= 0, "balance_tol", "must be >= 0")
+        if problems:
+            raise ValueError("invalid SamplerConfig: " + "; ".join(problems))
+
+    def build_strategy(self) -> Strategy:
+        """The strategy object this config names."""
+        if self.strategy == "curriculum":
+            return Curriculum(self.difficulty, self.pacing_start, self.pacing_steps, self.pacing)
+        if self.strategy == "diversity":
+            return Diversity()
+        if self.strategy == "hard":
+            return Hard(self.hard_floor, self.hard_temperature)
+        if self.strategy == "uniform_difficulty":
+            return UniformDifficulty(self.difficulty, self.difficulty_bins)
+        return Uniform()
+
+
+@dataclass
+class _Probe:
+    """Shot and length statistics of one probe episode per task (deterministic from the seed)."""
+
+    shots_difficulty: np.ndarray
+    mean_length: np.ndarray
+
+
+class CostAwareSampler:
+    """Samples task meta-batches and plans them over ranks (see the module docstring).
+
+    Args:
+        sources: the task pool; ``task_id`` in plans and observations indexes this list.
+        config: sampling and planning settings.
+        world_size: data-parallel ranks (>= 1).
+        seed: the run's seed (>= 0); equal on every rank.
+
+    Example:
+        >>> sampler = CostAwareSampler(tasks, SamplerConfig(meta_batch_size=8), world_size=2, seed=0)
+        >>> plan = sampler.sample(step)
+        >>> slots = plan.for_rank(rank)
+        >>> # ... train; gather observations from all ranks, then on every rank:
+        >>> sampler.observe(all_observations)
+    """
+
+    def __init__(
+        self, sources: Sequence[EpisodeSource], config: SamplerConfig, *, world_size: int, seed: int
+    ) -> None:
+        if not sources:
+            raise ValueError("CostAwareSampler got no sources: pass at least one task")
+        if not (isinstance(world_size, int) and world_size >= 1):
+            raise ValueError(f"world_size={world_size!r} is invalid: must be an integer >= 1")
+        if not (isinstance(seed, int) and seed >= 0):
+            raise ValueError(f"seed={seed!r} is invalid: must be an integer >= 0")
+        if config.on_uneven == "error" and config.meta_batch_size % world_size:
+            raise ValueError(
+                f"sampler.meta_batch_size={config.meta_batch_size} does not divide by "
+                f"world_size={world_size} and sampler.on_uneven='error'; use a multiple of "
+                f"{world_size} or on_uneven='pad'"
+            )
+        names = [s.name for s in sources]
+        if len(set(names)) != len(names):
+            dup = sorted({n for n in names if names.count(n) > 1})
+            raise ValueError(f"task names must be unique; duplicated: {dup[:5]}")
+        self.sources = list(sources)
+        self.config = config
+        self.world_size = world_size
+        self.seed = seed
+        self.strategy = config.build_strategy()
+        self.cost_model = CostModel(a=config.cost_a, b=config.cost_b, c=config.cost_c, damping=config.cost_damping)
+        n = len(self.sources)
+        domain_names = sorted({s.domain for s in self.sources})
+        code = {d: i for i, d in enumerate(domain_names)}
+        self._domains = np.array([code[s.domain] for s in self.sources], dtype=np.int64)
+        self._tie_break = self._rng(_STREAM_PROBE, 0, 1 << 30).permutation(n)
+        self._loss = np.full(n, np.nan)
+        self._n_observed = np.zeros(n, dtype=np.int64)
+        self._last_step = -1
+        self._probe: _Probe | None = None
+
+    # -- randomness ---------------------------------------------------------------------------
+
+    def _rng(self, stream: int, step: int, index: int = 0) -> np.random.Generator:
+        return np.random.default_rng([self.seed, stream, step, index])
+
+    # -- pool view ----------------------------------------------------------------------------
+
+    def _difficulty(self, measure: str) -> np.ndarray:
+        if self._probe is None:
+            shots_d, lengths = [], []
+            for i, src in enumerate(self.sources):
+                ep = src.sample_episode(self._rng(_STREAM_PROBE, 1, i))
+                shots_d.append((ep.ways or 1) / max(ep.shots, 1))
+                lens = ep.support_lengths + ep.query_lengths
+                lengths.append(sum(lens) / max(len(lens), 1))
+            self._probe = _Probe(np.array(shots_d), np.array(lengths))
+        if measure == "shots":
+            return self._probe.shots_difficulty
+        if measure == "lengths":
+            return self._probe.mean_length
+        raise ValueError(f"difficulty measure {measure!r} is invalid: allowed shots, lengths, loss")
+
+    def pool_view(self) -> PoolView:
+        """What the strategy sees (copies, so a strategy cannot change sampler state)."""
+        return PoolView(
+            n_tasks=len(self.sources),
+            domains=self._domains,
+            loss=self._loss.copy(),
+            difficulty_fn=self._difficulty,
+            tie_break=self._tie_break,
+        )
+
+    # -- sampling -----------------------------------------------------------------------------
+
+    def select(self, step: int) -> np.ndarray:
+        """Task ids of step ``step``'s meta-batch (the strategy's choice, before planning)."""
+        return self.strategy.select(
+            self.config.meta_batch_size, self._rng(_STREAM_STRATEGY, step), self.pool_view(), step
+        )
+
+    def sample(self, step: int) -> MetaBatchPlan:
+        """Chooses, assembles and plans the meta-batch of ``step``; equal on every rank.
+
+        Raises:
+            ValueError: for a negative step.
+        """
+        if not (isinstance(step, int) and step >= 0):
+            raise ValueError(f"step={step!r} is invalid: must be an integer >= 0")
+        ids = self.select(step).tolist()
+        episodes = [self.sources[t].sample_episode(self._rng(_STREAM_EPISODE, step, i)) for i, t in enumerate(ids)]
+        plan = plan_meta_batch(
+            episodes,
+            ids,
+            step=step,
+            world_size=self.world_size,
+            micro_batch_size=self.config.micro_batch_size,
+            inner_steps=self.config.inner_steps,
+            cost_model=self.cost_model,
+            rng=self._rng(_STREAM_PLAN, step),
+            on_uneven=self.config.on_uneven,  # type: ignore[arg-type]
+            tol=self.config.balance_tol,
+        )
+        self._last_step = max(self._last_step, step)
+        return plan
+
+    # -- feedback -----------------------------------------------------------------------------
+
+    def observe(self, observations: Sequence[TaskObservation]) -> None:
+        """Updates loss estimates and the cost model from one meta-step's slots.
+
+        Pass the observations of *all* ranks (gathered), identically on every rank; they are
+        applied in a canonical order, so gather order does not matter. Observations of dummy slots
+        (``task_id == -1``) only feed the cost fit.
+
+        Raises:
+            ValueError: for a task id outside the pool.
+        """
+        obs = sorted(observations, key=TaskObservation.sort_key)
+        alpha = self.config.loss_ema
+        n = len(self.sources)
+        for o in obs:
+            if not (-1 <= o.task_id < n):
+                raise ValueError(f"observation task_id={o.task_id} is invalid: must be -1 or in [0, {n})")
+            if o.task_id < 0 or math.isnan(o.query_loss):
+                continue
+            old = self._loss[o.task_id]
+            self._loss[o.task_id] = o.query_loss if math.isnan(old) else (1 - alpha) * old + alpha * o.query_loss
+            self._n_observed[o.task_id] += 1
+        if self.config.fit_cost:
+            self.cost_model.fit(obs)
+
+    @property
+    def loss_estimates(self) -> np.ndarray:
+        """Per-task running query loss (``nan`` = never observed); a copy."""
+        return self._loss.copy()
+
+    # -- checkpointing ------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain-python, JSON-able state (no pickle needed); floats round-trip exactly."""
+        return {
+            "version": _STATE_VERSION,
+            "seed": self.seed,
+            "world_size": self.world_size,
+            "task_names": [s.name for s in self.sources],
+            "config": {f.name: getattr(self.config, f.name) for f in fields(self.config)},
+            "last_step": self._last_step,
+            "loss": [None if math.isnan(v) else float(v) for v in self._loss.tolist()],
+            "n_observed": [int(v) for v in self._n_observed.tolist()],
+            "cost_model": self.cost_model.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores :meth:`state_dict` output; afterwards plans continue exactly.
+
+        Raises:
+            ValueError: if the state belongs to another task pool or seed.
+        """
+        if state.get("version") != _STATE_VERSION:
+            raise ValueError(f"sampler state version={state.get('version')!r} is not supported (expected {_STATE_VERSION})")
+        names = [s.name for s in self.sources]
+        if state["task_names"] != names:
+            raise ValueError(
+                "sampler state was saved for another task pool "
+                f"({len(state['task_names'])} tasks vs {len(names)} now); build the sampler with the same sources"
+            )
+        if state["seed"] != self.seed:
+            raise ValueError(f"sampler state has seed={state['seed']} but this sampler has seed={self.seed}; use the same seed")
+        if state["world_size"] != self.world_size:
+            logger.warning("resuming with world_size=%d (saved with %d): plans will differ", self.world_size, state["world_size"])
+        self._last_step = int(state["last_step"])
+        self._loss = np.array([math.nan if v is None else float(v) for v in state["loss"]], dtype=np.float64)
+        self._n_observed = np.array(state["n_observed"], dtype=np.int64)
+        self.cost_model.load_state_dict(state["cost_model"])
+
+
+__all__ = ["CostAwareSampler", "SamplerConfig"]
