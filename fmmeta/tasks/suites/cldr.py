@@ -1,0 +1,237 @@
+"""The embedded default task suite: country names across languages, from CLDR via ``babel``.
+
+Unicode CLDR ships in the ``babel`` package, so this suite needs no network and no download. It
+reproduces the setup calibrated on SmolLM2-135M (DESIGN_NOTES, "Calibration on the real model"),
+with two families side by side:
+
+* ``translation``: one generation task per language L, "English country name -> its name in L"
+  (``"Country: France\\nIn German:"`` -> ``" Frankreich"``). A multi-task model can learn these
+  without reading the support set, which is where multi-task training matches meta-learning.
+* ``langid``: 3-way classification of a country name written in some language, by language, with
+  the three labels remapped to random words from a pool of 12 in every episode. Only the support
+  set says which word means which language, which is where meta-learning earns its place.
+
+Languages are assigned to meta-train / meta-validation / meta-test once (seeded) and shared by
+both families, so a held-out task never uses a language the meta-learner trained on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from fmmeta.tasks.task import EpisodeSpec, OnTooLong, Task, TaskSet
+
+logger = logging.getLogger(__name__)
+
+SuiteSplit = TaskSet
+"""What a suite builder returns: disjoint ``meta_train``, ``meta_val`` and ``meta_test`` task lists."""
+
+DEFAULT_LANGUAGES: tuple[str, ...] = (
+    "de", "fr", "es", "it", "pt", "nl", "sv", "da", "nb", "fi",
+    "pl", "cs", "sk", "hu", "ro", "hr", "sl", "et", "lv", "lt",
+    "tr", "id", "ms", "vi", "sw", "ca", "eu", "gl", "is", "ga",
+    "cy", "sq", "ru", "uk", "bg", "el", "sr", "ja", "zh", "ko",
+)  # fmt: skip
+"""40 CLDR locales with full territory names (Latin, Cyrillic, Greek and CJK scripts)."""
+
+COUNTRIES: tuple[str, ...] = (
+    "FR", "DE", "ES", "IT", "PT", "NL", "BE", "CH", "AT", "SE", "NO", "DK", "FI", "PL", "CZ",
+    "HU", "RO", "GR", "TR", "RU", "UA", "IE", "GB", "US", "CA", "MX", "BR", "AR", "CL", "PE",
+    "CO", "CU", "JP", "CN", "KR", "IN", "PK", "ID", "TH", "VN", "PH", "AU", "NZ", "EG", "MA",
+    "ZA", "NG", "KE", "ET", "SA", "IR", "IQ", "IL", "AF", "IS", "HR", "BG", "RS", "DZ", "TN",
+)  # fmt: skip
+"""60 well-known countries (ISO 3166-1 alpha-2), so prompts name things a small LM has seen."""
+
+LABEL_POOL: tuple[str, ...] = (
+    "apple", "river", "stone", "cloud", "tiger", "piano",
+    "lemon", "candle", "forest", "silver", "rocket", "garden",
+)  # fmt: skip
+"""12 remapping words for the ``langid`` family (short, common English words)."""
+
+TRANSLATION_SPEC = EpisodeSpec(shots=4, query=4)
+"""Calibration setup: 4-shot support, 4 queries."""
+
+LANGID_SPEC = EpisodeSpec(shots=2, query=2, ways=3, remap_labels=True, label_pool=LABEL_POOL)
+"""Calibration setup: 3-way, 2 shots + 2 queries per class, labels remapped from 12 words."""
+
+
+def _territory_names(lang: str, countries: Sequence[str]) -> dict[str, str]:
+    from babel import Locale
+
+    names = Locale.parse(lang).territories
+    return {c: names[c] for c in countries if c in names}
+
+
+def _language_name(lang: str) -> str:
+    from babel import Locale
+
+    return Locale("en").languages.get(lang, lang)
+
+
+def build_cldr_suite(
+    tokenizer: Any,
+    *,
+    seed: int = 0,
+    max_length: int = 48,
+    languages: Sequence[str] = DEFAULT_LANGUAGES,
+    countries: Sequence[str] = COUNTRIES,
+    n_val_languages: int = 5,
+    n_test_languages: int = 5,
+    n_langid_train_languages: int = 15,
+    langid_group_size: int = 5,
+    families: Sequence[str] = ("translation", "langid"),
+    translation_spec: EpisodeSpec = TRANSLATION_SPEC,
+    langid_spec: EpisodeSpec = LANGID_SPEC,
+    on_too_long: OnTooLong = "drop",
+) -> SuiteSplit:
+    """Builds the CLDR suite: translation and remapped language-id tasks, split by language.
+
+    With the defaults: 40 languages, 30 for meta-training (30 translation tasks; the first 15
+    also form 3 ``langid`` tasks of 5 languages each), 5 for meta-validation and 5 for meta-test
+    (one translation task per language plus one ``langid`` task over the 5 languages).
+
+    Args:
+        tokenizer: a Hugging Face tokenizer (any; sequences stay short with SmolLM2's).
+        seed: seeds the assignment of languages to splits.
+        max_length: token budget of one example; longer prompts are cut from the left.
+        languages: CLDR locale codes; the first ``len - val - test`` after a seeded shuffle train.
+        countries: ISO 3166-1 alpha-2 codes whose names form the examples.
+        n_val_languages: held-out languages for meta-validation tasks.
+        n_test_languages: held-out languages for meta-test tasks.
+        n_langid_train_languages: meta-train languages used by the ``langid`` family.
+        langid_group_size: languages per ``langid`` task (each episode draws ``ways`` of them).
+        families: which families to build: ``"translation"`` and/or ``"langid"``.
+        translation_spec: episode shape of translation tasks.
+        langid_spec: episode shape of ``langid`` tasks (classification with remapping).
+        on_too_long: what to do with an example whose answer cannot fit ``max_length``.
+
+    Returns:
+        Disjoint meta-train / meta-val / meta-test task lists.
+
+    Raises:
+        ValueError: on unknown families or languages, or too few languages for the split.
+
+    Example:
+        >>> suite = build_cldr_suite(tokenizer, seed=0)  # doctest: +SKIP
+        >>> [t.name for t in suite.meta_test][:2]  # doctest: +SKIP
+        ['translate-xx', ...]
+    """
+    unknown = sorted(set(families) - {"translation", "langid"})
+    if unknown or not families:
+        raise ValueError(
+            f"build_cldr_suite families={list(families)!r} is invalid: choose from "
+            "'translation' and 'langid'"
+        )
+    langs = list(dict.fromkeys(languages))
+    n_train = len(langs) - n_val_languages - n_test_languages
+    if n_train < 1:
+        raise ValueError(
+            f"build_cldr_suite: {len(langs)} languages leave none for meta-training after "
+            f"n_val_languages={n_val_languages} and n_test_languages={n_test_languages}"
+        )
+    order = np.random.default_rng(seed).permutation(len(langs))
+    shuffled = [langs[i] for i in order]
+    split_langs = {
+        "meta_train": shuffled[:n_train],
+        "meta_val": shuffled[n_train : n_train + n_val_languages],
+        "meta_test": shuffled[n_train + n_val_languages :],
+    }
+    names = {}
+    for lang in langs:
+        try:
+            names[lang] = _territory_names(lang, countries)
+        except Exception as err:  # babel raises UnknownLocaleError / ValueError
+            raise ValueError(
+                f"build_cldr_suite: language {lang!r} is not a CLDR locale babel knows "
+                f"({type(err).__name__}: {err}); use codes like 'de', 'fr', 'ja'"
+            ) from err
+    english = _territory_names("en", countries)
+    out: dict[str, list[Task]] = {k: [] for k in split_langs}
+    for split, ls in split_langs.items():
+        if "translation" in families:
+            for lang in ls:
+                out[split].append(
+                    _translation_task(
+                        lang, english, names[lang], tokenizer, translation_spec, max_length,
+                        on_too_long,
+                    )  # fmt: skip
+                )
+        if "langid" in families:
+            if split == "meta_train":
+                pool = ls[:n_langid_train_languages]
+                groups = [
+                    pool[i : i + langid_group_size] for i in range(0, len(pool), langid_group_size)
+                ]
+            else:
+                groups = [ls]
+            for group in groups:
+                if len(group) >= (langid_spec.ways or 2):
+                    out[split].append(
+                        _langid_task(group, names, tokenizer, langid_spec, max_length)
+                    )
+    suite = TaskSet(**out)
+    logger.info(
+        "CLDR suite: %d meta-train, %d meta-val, %d meta-test tasks (held-out languages %s / %s)",
+        len(suite.meta_train), len(suite.meta_val), len(suite.meta_test),
+        split_langs["meta_val"], split_langs["meta_test"],
+    )  # fmt: skip
+    return suite
+
+
+def _translation_task(
+    lang: str,
+    english: dict[str, str],
+    local: dict[str, str],
+    tokenizer: Any,
+    spec: EpisodeSpec,
+    max_length: int,
+    on_too_long: OnTooLong,
+) -> Task:
+    lang_name = _language_name(lang)
+    codes = [c for c in english if c in local]
+    return Task.from_texts(
+        f"translate-{lang}",
+        [f"Country: {english[c]}\nIn {lang_name}:" for c in codes],
+        [f" {local[c]}" for c in codes],
+        tokenizer,
+        spec=spec,
+        domain="cldr-translation",
+        max_length=max_length,
+        on_too_long=on_too_long,
+    )
+
+
+def _langid_task(
+    group: Sequence[str],
+    names: dict[str, dict[str, str]],
+    tokenizer: Any,
+    spec: EpisodeSpec,
+    max_length: int,
+) -> Task:
+    # A name spelled the same in two languages of the group ("Francia" in es/it) has no single
+    # right answer, so it is left out.
+    seen: dict[str, int] = {}
+    for lang in group:
+        for n in set(names[lang].values()):
+            seen[n] = seen.get(n, 0) + 1
+    prompts: list[str] = []
+    labels: list[int] = []
+    for k, lang in enumerate(group):
+        for n in sorted(set(names[lang].values())):
+            if seen[n] == 1:
+                prompts.append(f"Name: {n}\nLanguage:")
+                labels.append(k)
+    return Task.from_labeled_texts(
+        "langid-" + "-".join(group),
+        prompts,
+        labels,
+        [_language_name(lang) for lang in group],
+        tokenizer,
+        spec=spec,
+        domain="cldr-langid",
+        max_length=max_length,
+    )

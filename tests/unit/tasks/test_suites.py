@@ -1,0 +1,104 @@
+"""Built-in suites: the CLDR suite's content, language-disjoint splits, and the registry."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from babel import Locale
+
+from fmmeta.tasks.suites import build_suite
+from fmmeta.tasks.suites.cldr import COUNTRIES, DEFAULT_LANGUAGES, LABEL_POOL, build_cldr_suite
+from fmmeta.tasks.task import TaskSet
+from fmmeta.tasks.testing import tiny_tokenizer
+
+TOK = tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def suite() -> TaskSet:
+    return build_cldr_suite(TOK, seed=0, max_length=128)
+
+
+def _langs(name: str) -> set[str]:
+    return set(name.split("-")[1:])
+
+
+def test_cldr_suite_shape_and_language_disjoint_splits(suite: TaskSet) -> None:
+    names = suite.names()
+    trans = {k: [n for n in v if n.startswith("translate-")] for k, v in names.items()}
+    langid = {k: [n for n in v if n.startswith("langid-")] for k, v in names.items()}
+    assert [len(trans[k]) for k in names] == [30, 5, 5]
+    assert [len(langid[k]) for k in names] == [3, 1, 1]
+    used = {k: set().union(*(_langs(n) for n in v)) for k, v in names.items()}
+    assert not used["meta_train"] & used["meta_val"]
+    assert not used["meta_train"] & used["meta_test"]
+    assert not used["meta_val"] & used["meta_test"]
+    assert used["meta_train"] | used["meta_val"] | used["meta_test"] == set(DEFAULT_LANGUAGES)
+    for t in suite.meta_train + suite.meta_val + suite.meta_test:
+        assert t.domain in ("cldr-translation", "cldr-langid")
+        assert t.n_dropped == 0
+
+
+def test_cldr_suite_is_seeded(suite: TaskSet) -> None:
+    again = build_cldr_suite(TOK, seed=0, max_length=128, families=("translation",))
+    other = build_cldr_suite(TOK, seed=1, max_length=128, families=("translation",))
+    test_names = [n for n in suite.names()["meta_test"] if n.startswith("translate-")]
+    assert again.names()["meta_test"] == test_names
+    assert other.names()["meta_test"] != test_names
+
+
+def test_translation_examples_are_cldr_names(suite: TaskSet) -> None:
+    english = Locale("en").territories
+    for task in suite.meta_train + suite.meta_test:
+        if not task.name.startswith("translate-"):
+            continue
+        lang = task.name.split("-")[1]
+        local = Locale.parse(lang).territories
+        lang_name = Locale("en").languages[lang]
+        assert len(task) == len(COUNTRIES)
+        by_english = {english[c]: local[c] for c in COUNTRIES}
+        ep = task.sample_episode(np.random.default_rng(0))
+        assert len(ep.support) == 4 and len(ep.query) == 4
+        for ex in ep.support + ep.query:
+            prompt = TOK.decode(ex.prompt_ids)
+            assert prompt.startswith("Country: ") and prompt.endswith(f"\nIn {lang_name}:")
+            country = prompt[len("Country: ") : prompt.index("\n")]
+            assert TOK.decode(ex.answer_ids) == f" {by_english[country]}</s>"
+
+
+def test_german_france_example_present(suite: TaskSet) -> None:
+    all_tasks = {t.name: t for t in suite.meta_train + suite.meta_val + suite.meta_test}
+    de = all_tasks["translate-de"]
+    pairs = {(TOK.decode(e.prompt_ids), TOK.decode(e.answer_ids)) for e in de.examples}
+    assert ("Country: France\nIn German:", " Frankreich</s>") in pairs
+
+
+def test_langid_episodes_are_remapped_3way_and_consistent(suite: TaskSet) -> None:
+    task = next(t for t in suite.meta_test if t.name.startswith("langid-"))
+    langs = task.name.split("-")[1:]
+    local_names = {lang: set(Locale.parse(lang).territories[c] for c in COUNTRIES) for lang in langs}
+    rng = np.random.default_rng(0)
+    for _ in range(10):
+        ep = task.sample_episode(rng)
+        assert ep.ways == 3 and len(ep.support) == 6 and len(ep.query) == 6
+        words = [TOK.decode(c) for c in ep.choices]
+        assert all(w.endswith("</s>") and w[1:-4] in LABEL_POOL for w in words)
+        lang_of_label: dict[int, str] = {}
+        for ex in ep.support + ep.query:
+            name = TOK.decode(ex.prompt_ids)[len("Name: ") : -len("\nLanguage:")]
+            owners = [lang for lang in langs if name in local_names[lang]]
+            assert len(owners) == 1, f"{name!r} is ambiguous or unknown: {owners}"
+            assert lang_of_label.setdefault(ex.label, owners[0]) == owners[0]
+        assert len(set(lang_of_label.values())) == 3
+
+
+def test_build_suite_registry() -> None:
+    syn = build_suite("synthetic", TOK, seed=0)
+    assert syn.names() == build_suite("synthetic", TOK, seed=0).names()
+    assert {len(v) > 0 for v in syn.names().values()} == {True}
+    ep = syn.meta_train[0].sample_episode(np.random.default_rng(0))
+    for ex in ep.support:
+        a, k = TOK.decode(ex.prompt_ids).rstrip("=").split("+")
+        assert TOK.decode(ex.answer_ids) == f" {int(a) + int(k)}</s>"
+    with pytest.raises(ValueError, match=r"unknown task suite 'cldrr': choose one of \['cldr', 'synthetic'\]. Did you mean 'cldr'\?"):
+        build_suite("cldrr", TOK)
