@@ -1,0 +1,31 @@
+"""Base model, tokenizer and LoRA adapter construction from config."""
+
+from fmmeta.models.build import (
+    EMBEDDED_GGUF_FILE,
+    EMBEDDED_PACKAGE,
+    ModelSource,
+    ModelSourceError,
+    add_lora,
+    build_model_and_tokenizer,
+    count_parameters,
+    ensure_pad_token,
+    lora_shapes,
+    model_id,
+    resolve_source,
+    torch_dtype,
+)
+
+__all__ = [
+    "EMBEDDED_GGUF_FILE",
+    "EMBEDDED_PACKAGE",
+    "ModelSource",
+    "ModelSourceError",
+    "add_lora",
+    "build_model_and_tokenizer",
+    "count_parameters",
+    "ensure_pad_token",
+    "lora_shapes",
+    "model_id",
+    "resolve_source",
+    "torch_dtype",
+]

