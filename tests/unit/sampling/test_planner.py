@@ -1,0 +1,166 @@
+"""Planner: equal pass counts on every rank, low padding, near-optimal balance."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from fmmeta.sampling.cost import CostModel
+from fmmeta.sampling.planner import assign_balanced, plan_meta_batch, plan_stats
+from fmmeta.tasks.episode import Episode
+
+from .conftest import make_example
+
+
+def _episode(name: str, support: list[int], query: list[int]) -> Episode:
+    return Episode(name, tuple(make_example(n) for n in support), tuple(make_example(n) for n in query), shots=len(support))
+
+
+def _uneven_episodes(n: int, seed: int) -> list[Episode]:
+    rng = np.random.default_rng(seed)
+    eps = []
+    for i in range(n):
+        n_s = int(rng.integers(1, 14))
+        n_q = int(rng.integers(1, 7))
+        eps.append(_episode(f"t{i}", rng.integers(3, 300, n_s).tolist(), rng.integers(3, 300, n_q).tolist()))
+    return eps
+
+
+def _plan(eps: list[Episode], world_size: int, **kw):
+    args = dict(step=0, world_size=world_size, micro_batch_size=4, inner_steps=2, cost_model=CostModel(), rng=np.random.default_rng(0))
+    args.update(kw)
+    return plan_meta_batch(eps, list(range(len(eps))), **args)
+
+
+def test_every_rank_and_slot_runs_the_same_number_of_passes() -> None:
+    eps = _uneven_episodes(12, seed=0)
+    plan = _plan(eps, 4)
+    n_support = {len(s.support_chunks) for r in plan.ranks for s in r}
+    n_query = {len(s.query_chunks) for r in plan.ranks for s in r}
+    assert {len(r) for r in plan.ranks} == {3}
+    # the largest support set has 13 sequences -> ceil(13/4) = 4 chunks, query 6 -> 2
+    assert n_support == {max(-(-len(e.support) // 4) for e in eps)}
+    assert n_query == {max(-(-len(e.query) // 4) for e in eps)}
+    assert plan.n_real_tasks == 12
+
+
+def test_chunks_cover_each_set_once_within_the_micro_batch_size() -> None:
+    eps = _uneven_episodes(16, seed=1)
+    plan = _plan(eps, 4)
+    seen = set()
+    for slot in (s for r in plan.ranks for s in r):
+        ep = slot.episode
+        seen.add(slot.task_id)
+        for chunks, items in ((slot.support_chunks, ep.support), (slot.query_chunks, ep.query)):
+            flat = [i for c in chunks for i in c]
+            assert sorted(flat) == list(range(len(items)))
+            assert all(len(c) <= 4 for c in chunks)
+            # fewer sequences than chunks: one per chunk, the rest dummies
+            if len(items) <= len(chunks):
+                assert sum(1 for c in chunks if not c) == len(chunks) - len(items)
+            # similar lengths share a chunk: chunks are contiguous runs of the sorted lengths
+            lens = [[items[i].n_tokens for i in c] for c in chunks if c]
+            for a, b in zip(lens, lens[1:]):
+                assert min(a) >= max(b)
+    assert seen == set(range(16))
+
+
+def test_grouping_by_length_cuts_padding() -> None:
+    # Long and short sequences interleaved; 2 chunks of 4 -> the long ones share a chunk.
+    lengths = [200, 10, 210, 12, 205, 11, 9, 198]
+    ep = _episode("t", lengths, [5])
+    plan = _plan([ep], 1, inner_steps=1)
+    slot = plan.ranks[0][0]
+    groups = [sorted(ep.support[i].n_tokens for i in c) for c in slot.support_chunks]
+    assert groups == [[198, 200, 205, 210], [9, 10, 11, 12]]
+    stats = plan_stats(plan, inner_steps=1, cost_model=CostModel())
+    assert stats.padding_efficiency == pytest.approx((sum(lengths) + 5) / (4 * 210 + 4 * 12 + 5))
+    assert stats.padding_efficiency > 0.95  # the given order would pad both chunks to ~205: 0.52
+
+
+def test_spare_chunks_are_filled_before_dummies() -> None:
+    # The big task needs 3 chunks; the small one spreads its 5 sequences over all 3 (the longest
+    # alone) instead of packing them into 2 chunks plus a dummy pass.
+    big = _episode("big", [50] * 12, [5])
+    small = _episode("small", [100, 20, 21, 22, 19], [5])
+    plan = _plan([big, small], 1, inner_steps=1)
+    slot = next(s for s in plan.ranks[0] if s.task_id == 1)
+    groups = [[small.support[i].n_tokens for i in c] for c in slot.support_chunks]
+    assert groups == [[100], [22, 21], [20, 19]]
+    tiny = _episode("tiny", [7], [5])
+    plan = _plan([big, tiny], 1, inner_steps=1)
+    slot = next(s for s in plan.ranks[0] if s.task_id == 1)
+    assert slot.support_chunks == ((0,), (), ())
+
+
+def test_uneven_meta_batch_gets_zero_weight_dummies_or_an_error() -> None:
+    eps = _uneven_episodes(5, seed=2)
+    plan = _plan(eps, 4)
+    slots = [s for r in plan.ranks for s in r]
+    assert {len(r) for r in plan.ranks} == {2}
+    dummies = [s for s in slots if s.is_dummy]
+    assert len(dummies) == 3 and all(s.weight == 0.0 and s.episode is None and s.task_id == -1 for s in dummies)
+    assert all(all(c == () for c in s.support_chunks + s.query_chunks) for s in dummies)
+    assert {len(s.support_chunks) for s in slots} == {len(slots[0].support_chunks)}
+    assert plan.n_real_tasks == 5
+    with pytest.raises(ValueError, match=r"meta_batch_size=5 does not divide by world_size=4"):
+        _plan(eps, 4, on_uneven="error")
+
+
+def _brute_force_makespan(costs: np.ndarray, world_size: int) -> float:
+    t = len(costs) // world_size
+    best = np.inf
+    idx = list(range(len(costs)))
+
+    def rec(left: list[int], loads: list[float]) -> None:
+        nonlocal best
+        if not left:
+            best = min(best, max(loads))
+            return
+        first, rest = left[0], left[1:]
+        for combo in itertools.combinations(rest, t - 1):
+            group = (first, *combo)
+            remaining = [i for i in rest if i not in combo]
+            rec(remaining, loads + [float(costs[list(group)].sum())])
+
+    rec(idx, [])
+    return best
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_assignment_matches_brute_force_on_small_instances(seed: int) -> None:
+    costs = np.random.default_rng(seed).lognormal(0.0, 1.0, 9)
+    assign = assign_balanced(costs, 3, tol=0.0)
+    assert sorted(assign.ravel().tolist()) == list(range(9))
+    makespan = costs[assign].sum(axis=1).max()
+    assert makespan <= _brute_force_makespan(costs, 3) * 1.05
+
+
+def test_balance_is_near_the_lower_bound_with_many_tasks_per_rank() -> None:
+    costs = np.random.default_rng(7).lognormal(0.0, 0.8, 8 * 8)
+    assign = assign_balanced(costs, 8)
+    loads = costs[assign].sum(axis=1)
+    lb = max(costs.sum() / 8, costs.max())
+    assert loads.max() / lb <= 1.01
+    # LPT alone (no swaps) is measurably worse: the improvement step does work
+    no_swaps = costs[assign_balanced(costs, 8, max_swaps=0)].sum(axis=1).max()
+    assert loads.max() <= no_swaps
+
+
+def test_two_tasks_per_rank_pairs_largest_with_smallest() -> None:
+    costs = np.array([10.0, 9.0, 1.0, 2.0, 5.0, 6.0])
+    assign = assign_balanced(costs, 3)
+    pairs = sorted(tuple(sorted(costs[row].tolist())) for row in assign)
+    assert pairs == [(1.0, 10.0), (2.0, 9.0), (5.0, 6.0)]
+
+
+def test_rank_order_is_shuffled_by_the_generator() -> None:
+    eps = _uneven_episodes(16, seed=3)
+    heavy = set()
+    for s in range(8):
+        plan = _plan(eps, 4, rng=np.random.default_rng(s))
+        loads = [sum(x.cost for x in r) for r in plan.ranks]
+        heavy.add(int(np.argmax(loads)))
+    assert len(heavy) > 1

@@ -1,0 +1,134 @@
+"""The sampler: determinism, exact resume, equal passes, randomness kept, config errors."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from fmmeta.sampling.sampler import CostAwareSampler, SamplerConfig
+from fmmeta.sampling.source import TaskObservation
+from fmmeta.sampling.synthetic import lognormal_pool
+
+from .conftest import FixedSource
+from .helpers import fake_observations
+
+
+def _pool(n: int = 30):
+    return lognormal_pool(n, seed=5)
+
+
+def _sampler(seed: int = 0, world_size: int = 2, **kw) -> CostAwareSampler:
+    cfg = SamplerConfig(**{"meta_batch_size": 6, "micro_batch_size": 4, "inner_steps": 2, **kw})
+    return CostAwareSampler(_pool(), cfg, world_size=world_size, seed=seed)
+
+
+def test_same_seed_same_plans_other_seed_other_plans() -> None:
+    a, b, c = _sampler(seed=3), _sampler(seed=3), _sampler(seed=4)
+    da = [a.sample(s).digest() for s in range(5)]
+    assert da == [b.sample(s).digest() for s in range(5)]
+    assert da != [c.sample(s).digest() for s in range(5)]
+    assert len(set(da)) == 5
+    assert a.sample(2).digest() == da[2]  # a step's plan does not depend on what was sampled before
+
+
+@pytest.mark.parametrize("strategy", ["hard", "curriculum", "uniform"])
+def test_resume_reproduces_the_uninterrupted_run(strategy: str) -> None:
+    kw = {"strategy": strategy, "difficulty": "loss", "pacing_steps": 8, "cost_damping": 0.3}
+    ref = _sampler(seed=9, **kw)
+    digests, saved, costs_at_save = [], None, None
+    for step in range(10):
+        plan = ref.sample(step)
+        digests.append(plan.digest())
+        ref.observe(fake_observations(plan, inner_steps=2))
+        if step == 4:
+            saved = json.dumps(ref.state_dict())  # plain JSON, no pickle
+            costs_at_save = ref.cost_model.coefficients
+    assert costs_at_save != (64.0, 1.0, 1.0 / 2048.0)  # the fit did move the coefficients
+    resumed = _sampler(seed=9, **kw)
+    resumed.load_state_dict(json.loads(saved))
+    assert resumed.cost_model.coefficients == costs_at_save
+    for step in range(5, 10):
+        plan = resumed.sample(step)
+        assert plan.digest() == digests[step], step
+        resumed.observe(fake_observations(plan, inner_steps=2))
+    assert resumed.state_dict() == ref.state_dict()
+    # control: a sampler that did not restore the state diverges (the state matters)
+    if strategy == "hard":
+        fresh = _sampler(seed=9, **kw)
+        assert [fresh.sample(s).digest() for s in range(5, 10)] != digests[5:]
+
+
+def test_observation_order_does_not_matter() -> None:
+    a, b = _sampler(strategy="hard"), _sampler(strategy="hard")
+    obs = fake_observations(a.sample(0), inner_steps=2)
+    b.sample(0)
+    a.observe(obs)
+    b.observe(list(reversed(obs)))
+    assert a.state_dict() == b.state_dict()
+
+
+def test_equal_pass_counts_with_uneven_task_lengths() -> None:
+    pool = [FixedSource(f"t{i}", tuple(range(5, 5 + 3 * (i + 1), 3)), (7,) * (1 + i % 5)) for i in range(9)]
+    cfg = SamplerConfig(meta_batch_size=7, micro_batch_size=2, inner_steps=3)
+    sampler = CostAwareSampler(pool, cfg, world_size=3, seed=1)
+    for step in range(6):
+        plan = sampler.sample(step)
+        assert {len(r) for r in plan.ranks} == {3}
+        passes = {(len(s.support_chunks), len(s.query_chunks)) for r in plan.ranks for s in r}
+        assert len(passes) == 1
+        assert sum(not s.is_dummy for r in plan.ranks for s in r) == 7 == plan.n_real_tasks
+
+
+def test_consecutive_meta_batches_mean_lengths_are_uncorrelated() -> None:
+    sampler = _sampler(meta_batch_size=8, world_size=4)
+    means = []
+    for step in range(200):
+        ids = sampler.select(step)
+        means.append(float(np.mean([np.mean(sampler.sources[i].lengths) for i in ids])))
+    m = np.array(means)
+    corr = float(np.corrcoef(m[:-1], m[1:])[0, 1])
+    assert abs(corr) < 0.2, corr
+    assert m.std() > 0  # the pool does vary in length, so the check is meaningful
+
+
+def test_state_dict_is_plain_json() -> None:
+    s = _sampler(strategy="hard")
+    s.observe(fake_observations(s.sample(0), inner_steps=2))
+    state = s.state_dict()
+    assert json.loads(json.dumps(state, allow_nan=False)) == state
+    assert sum(v is not None for v in state["loss"]) == 6
+
+
+def test_state_from_another_pool_or_seed_is_rejected() -> None:
+    state = _sampler(seed=1).state_dict()
+    with pytest.raises(ValueError, match="seed=1"):
+        _sampler(seed=2).load_state_dict(state)
+    other = CostAwareSampler(_pool(10), SamplerConfig(), world_size=2, seed=1)
+    with pytest.raises(ValueError, match="another task pool"):
+        other.load_state_dict(state)
+
+
+def test_config_errors_name_key_value_and_fix() -> None:
+    with pytest.raises(ValueError) as err:
+        SamplerConfig(meta_batch_size=0, strategy="greedy", hard_floor=0.0)
+    msg = str(err.value)
+    assert "sampler.meta_batch_size=0" in msg and ">= 1" in msg
+    assert "sampler.strategy='greedy'" in msg and "uniform_difficulty" in msg
+    assert "sampler.hard_floor=0.0" in msg and "starve" in msg
+    with pytest.raises(ValueError, match="on_uneven='pad'"):
+        CostAwareSampler(_pool(), SamplerConfig(meta_batch_size=5, on_uneven="error"), world_size=2, seed=0)
+    with pytest.raises(TypeError):
+        SamplerConfig(8)  # keyword-only
+
+
+def test_cost_features_match_the_cost_model() -> None:
+    s = _sampler()
+    plan = s.sample(0)
+    assert all(math.isfinite(o.seconds) for o in fake_observations(plan, inner_steps=2))
+    a, b, c = s.cost_model.coefficients
+    for slot in (x for r in plan.ranks for x in r):
+        o = TaskObservation.from_slot(slot, inner_steps=2)
+        assert a * o.n_passes + b * o.n_padded_tokens + c * o.attention_tokens == pytest.approx(slot.cost)
