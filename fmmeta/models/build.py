@@ -127,7 +127,8 @@ def resolve_source(cfg: ModelConfig) -> ModelSource:
     if cfg.tiny:
         if cfg.tokenizer == "bytes":
             return ModelSource(kind="tiny", path="")
-        return ModelSource(kind="tiny", path=_weights_source(cfg).path, gguf_file=_weights_source(cfg).gguf_file)
+        weights = _weights_source(cfg)  # only its tokenizer is used
+        return ModelSource(kind="tiny", path=weights.path, gguf_file=weights.gguf_file)
     return _weights_source(cfg)
 
 
