@@ -89,21 +89,43 @@ def chunk_sets(
         order = np.argsort(seg * top + (top - 1 - flat), kind="stable")
         sorted_len = flat[order]
         rank = np.arange(total) - starts[seg]
-        q_e, rem_e, k_e = q[seg], rem[seg], k[seg]
+        n_e, k_e = counts[seg], k[seg]
+        a, b, c = cost_model.coefficients
+
+        def priced(group: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            """Chunk starts and every set's cost for a labelling of the sorted positions."""
+            is_start = np.ones(total, dtype=bool)
+            is_start[1:] = (seg[1:] != seg[:-1]) | (group[1:] != group[:-1])
+            bounds = np.flatnonzero(is_start)
+            sizes = np.diff(np.append(bounds, total))
+            widths = sorted_len[bounds].astype(np.float64)
+            chunk_cost = a + b * sizes * widths + c * sizes * widths * widths
+            return bounds, np.bincount(seg[bounds], weights=chunk_cost, minlength=n_sets), is_start
+
+        # Candidate A: sizes as equal as possible, the larger groups at the short end.
+        q_e, rem_e = q[seg], rem[seg]
         small = (k_e - rem_e) * q_e  # positions held by the groups of size q
-        group = np.where(
+        group_a = np.where(
             rank < small,
             rank // np.maximum(q_e, 1),
             (k_e - rem_e) + (rank - small) // (q_e + 1),
         )
-        is_start = np.ones(total, dtype=bool)
-        is_start[1:] = (seg[1:] != seg[:-1]) | (group[1:] != group[:-1])
-        bounds = np.flatnonzero(is_start)
-        sizes = np.diff(np.append(bounds, total))
-        widths = sorted_len[bounds].astype(np.float64)
-        a, b, c = cost_model.coefficients
-        chunk_cost = a + b * sizes * widths + c * sizes * widths * widths
-        real_cost = np.bincount(seg[bounds], weights=chunk_cost, minlength=n_sets)
+        # Candidate B: full groups at the short end, singletons at the long end, which isolates
+        # the long right tail of a length distribution (a lone 400-token outlier pads no one).
+        spare = np.maximum(micro_batch_size - 1, 1)
+        full = (n_e - k_e) // spare  # groups of micro_batch_size
+        part = 1 + (n_e - k_e) - full * spare  # size of the one partial group
+        back = n_e - 1 - rank  # position counted from the short end
+        past = back - full * micro_batch_size
+        from_end = np.where(past < 0, back // micro_batch_size, np.where(past < part, full, full + 1 + past - part))
+        group_b = k_e - 1 - from_end
+        bounds_a, cost_a, _ = priced(group_a)
+        bounds_b, cost_b, _ = priced(group_b)
+        use_b = cost_b < cost_a
+        if use_b.any():
+            bounds, real_cost, _ = priced(np.where(use_b[seg], group_b, group_a))
+        else:
+            bounds, real_cost = bounds_a, cost_a
         local = (order - starts[seg]).tolist()
         bl = bounds.tolist() + [total]
     else:

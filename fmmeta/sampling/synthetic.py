@@ -73,20 +73,22 @@ def lognormal_pool(
     max_length: int = 1024,
     n_domains: int = 8,
     examples_per_task: int = 64,
+    shots_choices: tuple[int, ...] = (1, 2, 4, 8),
+    ways_choices: tuple[int | None, ...] = (None, 2, 3, 5),
 ) -> list[SyntheticTask]:
     """A heterogeneous pool: lognormal lengths, mixed shots and ways, several domains.
 
     Each task draws its own median length (lognormal around ``median_length`` with ``task_sigma``)
-    and its sequences scatter around it (``seq_sigma``); shots are drawn from {1, 2, 4, 8} and ways
-    from {generation, 2, 3, 5}.
+    and its sequences scatter around it (``seq_sigma``); shots are drawn from ``shots_choices`` and
+    ways from ``ways_choices`` (``None`` = a generation task).
     """
     rng = np.random.default_rng(seed)
     tasks = []
     for t in range(n_tasks):
         med = median_length * float(np.exp(rng.normal(0.0, task_sigma)))
         lens = np.clip(np.round(med * np.exp(rng.normal(0.0, seq_sigma, examples_per_task))), 4, max_length)
-        ways = [None, 2, 3, 5][int(rng.integers(4))]
-        shots = [1, 2, 4, 8][int(rng.integers(4))]
+        ways = ways_choices[int(rng.integers(len(ways_choices)))]
+        shots = shots_choices[int(rng.integers(len(shots_choices)))]
         tasks.append(
             SyntheticTask(
                 name=f"task{t:04d}",

@@ -164,3 +164,13 @@ def test_rank_order_is_shuffled_by_the_generator() -> None:
         loads = [sum(x.cost for x in r) for r in plan.ranks]
         heavy.add(int(np.argmax(loads)))
     assert len(heavy) > 1
+
+
+def test_a_long_outlier_gets_a_chunk_of_its_own() -> None:
+    big = _episode("big", [50] * 12, [5])  # needs 3 support chunks
+    outlier = _episode("outlier", [45, 400, 47, 50, 46, 49, 48], [5])
+    plan = _plan([big, outlier], 1, inner_steps=1)
+    slot = next(s for s in plan.ranks[0] if s.task_id == 1)
+    groups = [[outlier.support[i].n_tokens for i in c] for c in slot.support_chunks]
+    # equal sizes would give [400, 50], [49, 48], [47, 46, 45]: 1039 padded tokens instead of 692
+    assert groups == [[400], [50, 49], [48, 47, 46, 45]]
