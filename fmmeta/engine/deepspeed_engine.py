@@ -23,6 +23,7 @@ How it meets the :class:`~fmmeta.engine.protocol.Engine` contract under DeepSpee
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 from pathlib import Path
@@ -295,7 +296,9 @@ class DeepSpeedEngine:
         current = self._optimizer.state_dict()
         merged = _merge_plain(current, state["optimizer"])
         if self.zero_stage in (1, 2, 3):
-            self._optimizer.load_state_dict([merged], load_from_fp32_weights=True)
+            # ZeRO reads entry [dp_rank] of a per-rank list; each rank holds only its own file,
+            # which is all a rigid (same world size) reload uses.
+            self._optimizer.load_state_dict([merged] * self.world_size, load_from_fp32_weights=True)
         else:
             self._optimizer.load_state_dict(merged)
         self.scheduler.load_state_dict(state["scheduler"])
@@ -317,6 +320,8 @@ def _plain(obj: Any) -> Any:
 
 
 def _keep(v: Any) -> bool:
+    if isinstance(v, enum.Enum):  # ZeroStageEnum is an int subclass the loader still refuses
+        return False
     if isinstance(v, (torch.Tensor, dict, list, tuple)) or isinstance(v, _SAFE_SCALARS):
         return True
     return False

@@ -43,8 +43,12 @@ def build_base(seed: int = SEED) -> nn.Module:
     from peft import PeftModel
 
     model = build_model(seed)
-    assert isinstance(model, PeftModel)
-    return model.get_base_model()
+    if not isinstance(model, PeftModel):
+        raise TypeError("build_model() must return a PeftModel")
+    base = model.unload()  # removes the LoRA layers without merging them
+    if hasattr(base, "peft_config"):
+        del base.peft_config
+    return base
 
 
 def _example(gen: torch.Generator) -> Example:

@@ -48,49 +48,65 @@ def main() -> None:
     optim_cfg = OuterOptimConfig(outer_lr=1e-2, grad_clip=args.grad_clip)
     algo = build_algorithm(AlgorithmConfig(name="fomaml", inner_steps=2, inner_lr=0.05), pad_id=0)
     root = Path(__file__).resolve().parents[2]
-    for spec in args.configs.split(","):
-        parts = spec.split(":")
-        kind, micro, flags = parts[0], parts[1], set(parts[2:])
+
+    def make_engine(kind: str, gc: bool, precision: str):  # type: ignore[no-untyped-def]
         model = build_model()
-        gc = "gc" in flags
         if kind == "local":
             from fmmeta.engine.local import LocalEngine
 
             if gc:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            engine = LocalEngine(model, optim_cfg)
-            plan_world = 1
-        elif kind == "acc":
+            return LocalEngine(model, optim_cfg), 1
+        if kind == "acc":
             from fmmeta.engine.accelerate_engine import build_accelerate_engine
 
-            engine = build_accelerate_engine(model, optim_cfg, precision="fp32", activation_checkpointing=gc)
-            plan_world = world
-        else:
-            from fmmeta.engine.deepspeed_engine import DeepSpeedEngine
+            return build_accelerate_engine(model, optim_cfg, precision=precision, activation_checkpointing=gc), world
+        from fmmeta.engine.deepspeed_engine import DeepSpeedEngine
 
-            cfg = json.loads((root / "ds_configs" / ("zero3_offload.json" if kind == "ds3off" else
-                                                     "zero3.json" if kind == "ds3" else "zero2.json")).read_text())
-            if kind in ("ds0", "ds1"):
-                cfg["zero_optimization"]["stage"] = int(kind[2])
-            engine = DeepSpeedEngine(model, optim_cfg, cfg, precision="fp32", activation_checkpointing=gc)
-            plan_world = world
+        name = {"ds3off": "zero3_offload.json", "ds3": "zero3.json"}.get(kind, "zero2.json")
+        cfg = json.loads((root / "ds_configs" / name).read_text())
+        if kind in ("ds0", "ds1"):
+            cfg["zero_optimization"]["stage"] = int(kind[2])
+        return DeepSpeedEngine(model, optim_cfg, cfg, precision=precision, activation_checkpointing=gc), world
+
+    for spec in args.configs.split(","):
+        parts = spec.split(":")
+        kind, micro, flags = parts[0], parts[1], set(parts[2:])
+        tag = spec.replace(":", "_")
+        gc = "gc" in flags
+        precision = "bf16" if "bf16" in flags else "fp32"
+        engine, plan_world = make_engine(kind, gc, precision)
+        shapes_after_init = all(p.numel() > 0 for p in engine.adapter_parameters())
+        gc_on = bool(getattr(engine.model, "is_gradient_checkpointing", False))
         n_tasks = 3 if "uneven" in flags else N_TASKS
         norms = []
         shapes_ok = True
         for step in range(STEPS):
+            if "ckpt" in flags and step == STEPS - 1:
+                # resume from a checkpoint: a fresh engine, adapter + optimizer state loaded
+                engine.save_adapter(out / f"{tag}_ckpt" / "adapter")
+                files = engine.save_optimizer(out / f"{tag}_ckpt" / "optim")
+                for f in files:
+                    torch.load(f, weights_only=True)  # the contract: weights_only loads
+                del engine
+                engine, plan_world = make_engine(kind, gc, precision)
+                engine.load_adapter(out / f"{tag}_ckpt" / "adapter")
+                engine.load_optimizer(out / f"{tag}_ckpt" / "optim")
             plan = build_plan(step, plan_world, n_tasks, micro)
             stats = meta_step(engine, algo, plan)
             norms.append(stats.outer["grad_norm"])
             shapes_ok &= all(p.numel() > 0 for p in engine.adapter_parameters())
         params = engine.adapter_parameters()
         if "save" in flags:
-            engine.save_adapter(out / f"{spec.replace(':', '_')}_adapter")
+            engine.save_adapter(out / f"{tag}_adapter")
         if rank == 0:
             tensors = {f"p{i}": p.detach().float().cpu().contiguous() for i, p in enumerate(params)}
-            save_file(tensors, str(out / f"{spec.replace(':', '_')}.safetensors"))
-            (out / f"{spec.replace(':', '_')}.json").write_text(
-                json.dumps({"grad_norms": norms, "world": world, "shapes_ok": shapes_ok})
-            )
+            save_file(tensors, str(out / f"{tag}.safetensors"))
+            (out / f"{tag}.json").write_text(json.dumps({
+                "grad_norms": norms, "world": world, "shapes_ok": shapes_ok,
+                "shapes_after_init": shapes_after_init, "gc_on": gc_on,
+                "dtype": str(params[0].dtype),
+            }))
         del engine
     if world > 1:
         import torch.distributed as dist

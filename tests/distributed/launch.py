@@ -1,0 +1,75 @@
+"""Runs ``tests/distributed/worker.py`` with 1 or 2 real CPU processes and fails, never hangs.
+
+Launchers: ``python`` (one process, no launcher), ``deepspeed`` (``deepspeed --num_gpus N``, which
+passes ``--local_rank=N``), ``torchrun`` and ``accelerate`` (both set ``LOCAL_RANK``). Every launch
+gets ``DS_ACCELERATOR=cpu``, a free rendezvous port, a short process-group timeout inside the
+worker and a subprocess timeout outside it, so a hung collective turns into a test failure.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).with_name("worker.py")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_worker(
+    out: Path,
+    configs: list[str],
+    *,
+    nprocs: int = 1,
+    launcher: str = "python",
+    timeout_s: float = 240.0,
+    pg_timeout_s: float = 60.0,
+    extra: list[str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Launches the worker and returns the finished process; raises ``AssertionError`` with its
+    output tail when it fails or runs past ``timeout_s``."""
+    bindir = Path(sys.executable).parent
+    port = _free_port()
+    script = [str(WORKER), "--out", str(out), "--configs", ",".join(configs),
+              "--timeout", str(pg_timeout_s), *(extra or [])]
+    if launcher == "python":
+        if nprocs != 1:
+            raise ValueError("launcher='python' runs one process; use deepspeed/torchrun/accelerate for more")
+        cmd = [sys.executable, *script]
+    elif launcher == "deepspeed":
+        cmd = [str(bindir / "deepspeed"), "--num_gpus", str(nprocs), "--master_port", str(port), *script]
+    elif launcher == "torchrun":
+        cmd = [str(bindir / "torchrun"), "--nproc_per_node", str(nprocs), "--master_port", str(port), *script]
+    elif launcher == "accelerate":
+        cmd = [str(bindir / "accelerate"), "launch", "--config_file",
+               str(REPO / "recipes" / "accelerate_zero3.yaml"), "--num_processes", str(nprocs),
+               "--main_process_port", str(port), *script]
+    else:
+        raise ValueError(f"launcher={launcher!r} is invalid: python, deepspeed, torchrun or accelerate")
+    env = dict(os.environ)
+    env.update({
+        "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]),
+        "TOKENIZERS_PARALLELISM": "false", "CUDA_VISIBLE_DEVICES": "",
+    })
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as e:
+        tail = ((e.stdout or b"") if isinstance(e.stdout, str) else (e.stdout or b"").decode(errors="replace"))
+        raise AssertionError(f"{launcher} launch ran past {timeout_s}s (a hang?): {' '.join(cmd)}\n{tail[-3000:]}") from None
+    if proc.returncode != 0:
+        raise AssertionError(
+            f"{launcher} launch failed with rc={proc.returncode}: {' '.join(cmd)}\n"
+            f"--- stdout ---\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
+        )
+    return proc

@@ -1,0 +1,169 @@
+"""Same seed, same hand-built plans, a few FOMAML meta-steps: every engine, ZeRO stage, process
+count, launcher and micro-batch size must give the local engine's adapter (fp32, relative 1e-5).
+
+Three launches cover everything (each launch costs seconds of imports): one plain process for the
+local reference and the one-rank DeepSpeed engines, ``deepspeed --num_gpus 2`` for the two-rank
+engines, and ``accelerate launch`` (DeepSpeed plugin, torchrun underneath) for the accelerate path.
+The outer gradient clip (0.001) is below every step's meta-gradient norm, so DeepSpeed's clipping is
+compared against the local engine's ``clip_grad_norm`` on every step.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.distributed._common import build_plan, relative_error
+from tests.distributed.launch import run_worker
+
+TOL = 1e-5
+
+ONE_PROC = ["local:all", "local:one", "local:all:uneven", "ds0:all", "ds1:all", "ds2:all", "ds3:all",
+            "ds3:one", "ds3off:all", "ds3:all:bf16", "ds2:all:ckpt", "ds3:all:ckpt"]
+TWO_PROC = ["ds0:all", "ds2:all", "ds3:all", "ds3:one:gc:save", "ds3:all:uneven", "ds2:one:ckpt",
+            "ds3:all:ckpt"]
+ACCEL = ["acc:all", "acc:one:gc"]
+
+
+def _load(out: Path, spec: str) -> tuple[list[torch.Tensor], dict]:
+    tag = spec.replace(":", "_")
+    t = load_file(str(out / f"{tag}.safetensors"))
+    meta = json.loads((out / f"{tag}.json").read_text())
+    return [t[f"p{i}"] for i in range(len(t))], meta
+
+
+@pytest.fixture(scope="module")
+def one_proc(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("one")
+    run_worker(out, ONE_PROC, nprocs=1, launcher="python", timeout_s=240)
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_proc(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("two")
+    run_worker(out, TWO_PROC, nprocs=2, launcher="deepspeed", timeout_s=240, pg_timeout_s=30)
+    return out
+
+
+@pytest.fixture(scope="module")
+def accel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("acc")
+    run_worker(out, ACCEL, nprocs=2, launcher="accelerate", timeout_s=240, pg_timeout_s=30)
+    return out
+
+
+def _check(out: Path, spec: str, ref_dir: Path, ref: str, tol: float = TOL) -> dict:
+    got, meta = _load(out, spec)
+    want, ref_meta = _load(ref_dir, ref)
+    err = relative_error(got, want)
+    assert err < tol, f"{spec}: relative error {err:.3e} vs {ref} (tolerance {tol})"
+    assert meta["shapes_after_init"] and meta["shapes_ok"], f"{spec}: an adapter tensor was [0] (trap 2)"
+    # the pre-clip norms agree (for "local:all" the clip is active on every step)
+    if ref == "local:all":
+        assert all(n > 0.001 for n in ref_meta["grad_norms"])
+    for a, b in zip(meta["grad_norms"], ref_meta["grad_norms"], strict=True):
+        assert abs(a - b) <= 1e-5 * b, f"{spec}: grad norms {meta['grad_norms']} vs {ref_meta['grad_norms']}"
+    return meta
+
+
+@pytest.mark.timeout(300)
+def test_reference_is_sensitive(one_proc: Path) -> None:
+    """The comparison can fail: different work gives a clearly different adapter."""
+    a, _ = _load(one_proc, "local:all")
+    b, _ = _load(one_proc, "local:all:uneven")
+    assert relative_error(b, a) > 100 * TOL
+    assert relative_error(_load(one_proc, "local:one")[0], a) < TOL  # micro-batch 1 == all, local
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("spec", ["ds0:all", "ds1:all", "ds2:all", "ds3:all", "ds3:one", "ds3off:all"])
+def test_one_process_deepspeed_matches_local(one_proc: Path, spec: str) -> None:
+    _check(one_proc, spec, one_proc, "local:all")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("spec", ["ds2:all:ckpt", "ds3:all:ckpt"])
+def test_resume_from_saved_adapter_and_optimizer_matches(one_proc: Path, spec: str) -> None:
+    """Save adapter + optimizer before the last step, rebuild the engine, load, finish: same result."""
+    _check(one_proc, spec, one_proc, "local:all")
+
+
+@pytest.mark.timeout(300)
+def test_bf16_zero3_close_to_fp32(one_proc: Path) -> None:
+    got, meta = _load(one_proc, "ds3:all:bf16")
+    want, _ = _load(one_proc, "local:all")
+    assert meta["dtype"] == "torch.bfloat16"
+    assert relative_error(got, want) < 2e-2
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("spec", ["ds0:all", "ds2:all", "ds3:all", "ds3:one:gc:save", "ds3:all:ckpt"])
+def test_two_processes_match_local(two_proc: Path, one_proc: Path, spec: str) -> None:
+    meta = _check(two_proc, spec, one_proc, "local:all")
+    assert meta["world"] == 2
+    if ":gc" in spec:
+        assert meta["gc_on"], "activation checkpointing was not enabled"
+
+
+@pytest.mark.timeout(300)
+def test_two_process_resume_with_micro_batches_of_one(two_proc: Path, one_proc: Path) -> None:
+    _check(two_proc, "ds2:one:ckpt", one_proc, "local:all")
+
+
+@pytest.mark.timeout(300)
+def test_uneven_work_finishes_and_matches(two_proc: Path, one_proc: Path) -> None:
+    """3 tasks on 2 ranks: rank 1 runs a zero-weight dummy slot; same result, no hang."""
+    plan = build_plan(0, 2, 3, "all")
+    assert [s.is_dummy for s in plan.for_rank(1)] == [False, True]
+    _check(two_proc, "ds3:all:uneven", one_proc, "local:all:uneven")
+
+
+def test_two_rank_plan_covers_the_local_tasks() -> None:
+    for step in range(3):
+        local = build_plan(step, 1, 4, "all")
+        split = build_plan(step, 2, 4, "all")
+        tasks = lambda p: sorted((s.task_id, s.episode) for r in p.ranks for s in r if not s.is_dummy)  # noqa: E731
+        assert tasks(split) == tasks(local)
+        assert len(split.for_rank(0)) == len(split.for_rank(1))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("spec", ["acc:all", "acc:one:gc"])
+def test_accelerate_launch_matches_local(accel: Path, one_proc: Path, spec: str) -> None:
+    meta = _check(accel, spec, one_proc, "local:all")
+    assert meta["world"] == 2
+
+
+@pytest.mark.timeout(300)
+def test_zero3_adapter_round_trips_through_peft(two_proc: Path) -> None:
+    """The adapter saved from 2-rank ZeRO-3 is non-empty, loads with PeftModel.from_pretrained on a
+    fresh base, and gives the logits of the trained adapter."""
+    from peft import PeftModel
+
+    from tests.distributed._common import build_base, build_model
+
+    torch.set_num_threads(1)
+    folder = two_proc / "ds3_one_gc_save_adapter"
+    saved = load_file(str(folder / "adapter_model.safetensors"))
+    assert saved and all(t.numel() > 0 for t in saved.values())
+    trained, _ = _load(two_proc, "ds3:one:gc:save")
+    assert sum(t.numel() for t in saved.values()) == sum(t.numel() for t in trained)
+
+    loaded = PeftModel.from_pretrained(build_base(), str(folder)).eval()
+    reference = build_model().eval()
+    with torch.no_grad():
+        for p, t in zip([p for p in reference.parameters() if p.requires_grad], trained, strict=True):
+            p.copy_(t)
+    fresh = build_model().eval()
+    ids = torch.arange(1, 17).reshape(2, 8)
+    with torch.no_grad():
+        got = loaded(input_ids=ids).logits
+        want = reference(input_ids=ids).logits
+        untrained = fresh(input_ids=ids).logits
+    assert torch.allclose(got, want, atol=1e-6, rtol=1e-5)
+    assert not torch.allclose(untrained, want, atol=1e-4)  # the adapter carries the training
