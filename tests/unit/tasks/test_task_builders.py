@@ -143,30 +143,32 @@ def test_tasks_from_datasets_from_every_source(kind: str, tmp_path: Path) -> Non
 
 def test_readme_custom_task_set() -> None:
     # --- the README's "Build your own task set" snippet, verbatim apart from the tokenizer ---
-    from fmmeta.tasks import EpisodeSpec, collate, split_tasks
+    from fmmeta.tasks import EpisodeSpec, collate, ensure_pad_token, split_tasks
     from fmmeta.tasks.builders import tasks_from_examples
 
     tokenizer = tiny_tokenizer()  # README: AutoTokenizer.from_pretrained(...)
+    ensure_pad_token(tokenizer)
     spec = EpisodeSpec(shots=4, query=4)
 
-    def addition(k: int):
+    def addition(k):  # a generator function: one task per k
         def gen():
             for a in range(40):
                 yield f"{a}+{k}=", f" {a + k}"
         return gen
 
     tasks = [tasks_from_examples(f"add{k}", addition(k), tokenizer, spec=spec) for k in range(10)]
-    tasks.append(tasks_from_examples(
+    reviews = [("great", "pos"), ("awful", "neg"), ("lovely", "pos"), ("bad", "neg"),
+               ("superb", "pos"), ("dull", "neg"), ("fine", "pos"), ("poor", "neg")]
+    tasks.append(tasks_from_examples(  # classification; label words remapped in every episode
         "sentiment",
-        [{"prompt": f"Review: {w}\nSentiment:", "label": lab}
-         for w, lab in [("great", "pos"), ("awful", "neg"), ("lovely", "pos"), ("bad", "neg")] * 3],
+        [{"prompt": f"Review: {w}\nSentiment:", "label": lab} for w, lab in reviews],
         tokenizer,
         spec=EpisodeSpec(shots=2, query=2, ways=2, remap_labels=True, label_pool=("foo", "bar", "baz")),
-    ))  # fmt: skip
+    ))
     split = split_tasks(tasks, seed=0, names={"meta_test": ["add9", "sentiment"]})
     rng = np.random.default_rng(0)
-    episode = split.meta_test[0].sample_episode(rng)
-    batch = collate(episode.support, pad_id=tokenizer.pad_token_id)
+    episode = split.meta_test[0].sample_episode(rng)  # 4 support + 4 query, no overlap
+    batch = collate(episode.support, pad_id=tokenizer.pad_token_id)  # loss on answer tokens only
     # ---
     assert [t.name for t in split.meta_test] == ["add9", "sentiment"]
     assert len(split.meta_train) == 9
@@ -177,6 +179,7 @@ def test_readme_custom_task_set() -> None:
         assert tokenizer.decode(labelled) == f" {a + 9}</s>"
     sent = split.meta_test[1].sample_episode(rng)
     assert sent.ways == 2 and len(sent.support) == 4
+    assert len({e.prompt_ids for e in sent.support + sent.query}) == 8
     assert {tokenizer.decode(c) for c in sent.choices} <= {" foo</s>", " bar</s>", " baz</s>"}
 
 

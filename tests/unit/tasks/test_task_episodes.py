@@ -77,6 +77,15 @@ def test_same_seed_same_episode_different_seed_or_resample_differs() -> None:
     }
 
 
+def test_task_is_a_sampler_episode_source() -> None:
+    from fmmeta.sampling.source import EpisodeSource
+
+    task = _gen_task()
+    assert isinstance(task, EpisodeSource)
+    assert task.domain == "gen"
+    assert task.lengths.tolist() == [ex.n_tokens for ex in task.examples]
+
+
 def test_resampling_covers_the_task() -> None:
     task = _gen_task(n=20)
     rng = np.random.default_rng(0)
