@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import numpy as np
 import torch
 
 IGNORE_INDEX = -100
@@ -146,17 +147,22 @@ def collate(
     width = max(ex.n_tokens for ex in examples)
     if pad_to_multiple_of:
         width = -(-width // pad_to_multiple_of) * pad_to_multiple_of
+    # Fill numpy buffers row by row and convert once: one tensor per batch, not per row.
     n = len(examples)
-    input_ids = torch.full((n, width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((n, width), dtype=torch.long)
-    labels = torch.full((n, width), IGNORE_INDEX, dtype=torch.long)
-    n_answer = n_real = 0
+    ids = np.full((n, width), pad_id, dtype=np.int64)
+    labels = np.full((n, width), IGNORE_INDEX, dtype=np.int64)
+    lengths = np.empty(n, dtype=np.int64)
+    n_answer = 0
     for i, ex in enumerate(examples):
         p, a = len(ex.prompt_ids), len(ex.answer_ids)
-        input_ids[i, :p] = torch.tensor(ex.prompt_ids, dtype=torch.long)
-        input_ids[i, p : p + a] = torch.tensor(ex.answer_ids, dtype=torch.long)
-        attention_mask[i, : p + a] = 1
-        labels[i, p : p + a] = input_ids[i, p : p + a]
+        ids[i, :p] = ex.prompt_ids
+        ids[i, p : p + a] = ex.answer_ids
+        labels[i, p : p + a] = ex.answer_ids
+        lengths[i] = p + a
         n_answer += a
-        n_real += p + a
-    return Batch(input_ids, attention_mask, labels, n_answer, n_real)
+    attention_mask = (np.arange(width)[None, :] < lengths[:, None]).astype(np.int64)
+    input_ids = torch.from_numpy(ids)
+    n_real = int(lengths.sum())
+    return Batch(
+        input_ids, torch.from_numpy(attention_mask), torch.from_numpy(labels), n_answer, n_real
+    )
