@@ -189,24 +189,25 @@ def _selection_corr(pool: list[SyntheticTask], steps: int, seed: int) -> dict[st
     return {"fmmeta": _adjacent_corr(fm), "random": _adjacent_corr(rnd), "length_grouped": _adjacent_corr(lg)}
 
 
-def _plan_ms(pool: list[SyntheticTask], seed: int, repeats: int) -> tuple[float, float]:
-    """Median ms to plan (and, second, to sample + plan) 64 ranks x 32 tasks."""
+def _plan_ms(pool: list[SyntheticTask], seed: int, repeats: int) -> tuple[float, float, float]:
+    """Median wall ms and CPU ms to plan 64 ranks x 32 given episodes; wall ms to sample + plan."""
     cfg = SamplerConfig(meta_batch_size=64 * 32, micro_batch_size=MICRO_BATCH, inner_steps=INNER_STEPS)
     sampler = CostAwareSampler(pool, cfg, world_size=64, seed=seed)
-    plan_times, sample_times = [], []
+    plan_times, plan_cpu, sample_times = [], [], []
     for step in range(repeats):
         t0 = time.perf_counter()
         plan = sampler.sample(step)
         sample_times.append((time.perf_counter() - t0) * 1e3)
         slots = [s for r in plan.ranks for s in r if not s.is_dummy]
         eps, ids = [s.episode for s in slots], [s.task_id for s in slots]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         plan_meta_batch(
             eps, ids, step=step, world_size=64, micro_batch_size=MICRO_BATCH, inner_steps=INNER_STEPS,
             cost_model=sampler.cost_model, rng=np.random.default_rng([seed, step]),
         )
         plan_times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(plan_times), statistics.median(sample_times)
+        plan_cpu.append((time.process_time() - c0) * 1e3)
+    return statistics.median(plan_times), statistics.median(plan_cpu), statistics.median(sample_times)
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
@@ -215,13 +216,22 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tasks", type=int, default=400, help="pool size")
     parser.add_argument("--plan-repeats", type=int, default=15)
+    parser.add_argument("--shots", default="1,2,4,8", help="shots per class to draw from")
+    parser.add_argument("--ways", default="gen,2,3,5", help="ways to draw from (gen = generation task)")
+    parser.add_argument("--task-sigma", type=float, default=0.6, help="spread of task median lengths")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    pool = lognormal_pool(args.tasks, seed=args.seed)
+    pool = lognormal_pool(
+        args.tasks,
+        seed=args.seed,
+        task_sigma=args.task_sigma,
+        shots_choices=tuple(int(x) for x in args.shots.split(",")),
+        ways_choices=tuple(None if x == "gen" else int(x) for x in args.ways.split(",")),
+    )
     at8 = _placement(pool, 8, args.steps, args.seed)
     at2 = _placement(pool, 2, args.steps, args.seed + 1)
     corr = _selection_corr(pool, 2 * args.steps, args.seed)
-    plan_ms, sample_ms = _plan_ms(pool, args.seed, args.plan_repeats)
+    plan_ms, plan_cpu_ms, sample_ms = _plan_ms(pool, args.seed, args.plan_repeats)
     result: dict = {}
     for m in ("fmmeta", "random", "length_grouped"):
         result[m] = {
@@ -236,7 +246,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
         }
         print(f"{m:>15}: " + ", ".join(f"{k}={v}" for k, v in result[m].items()), file=sys.stderr)
     result["plan_ms"] = round(plan_ms, 2)
+    result["plan_cpu_ms"] = round(plan_cpu_ms, 2)
     result["sample_ms"] = round(sample_ms, 2)
+    result["pool"] = {"tasks": args.tasks, "shots": args.shots, "ways": args.ways, "task_sigma": args.task_sigma}
     result["length_grouped_source"] = (
         "transformers.trainer_pt_utils.get_length_grouped_indices" if get_length_grouped_indices else "fallback sort"
     )

@@ -7,9 +7,11 @@ in a few milliseconds):
    and query chunks ``K_q`` (ZeRO-3 lockstep), where ``K = max over tasks of ceil(n / micro_batch)``.
    A task with fewer sequences would pad its list with dummy passes, which cost a pass's overhead
    anyway, so instead it spreads its sequences over ``min(K, n)`` chunks: sorted by length
-   (longest first) and cut into groups of as-equal-as-possible size, the larger groups at the
-   short end. Similar lengths share a chunk and small groups hold the long sequences, so little of
-   each batch is padding; only tasks with fewer than ``K`` sequences keep ``()`` dummy chunks.
+   (longest first) and cut into contiguous groups, either of as-equal-as-possible size (larger
+   groups at the short end) or full groups at the short end and singletons at the long end
+   (isolates a long outlier), whichever the cost model prices lower for that set. Similar lengths
+   share a chunk, so little of each batch is padding; only tasks with fewer than ``K`` sequences
+   keep ``()`` dummy chunks.
 2. **Assignment (balance).** Every rank gets exactly ``tasks_per_rank`` slots (dummy slots with
    weight 0 fill a meta-batch that does not divide by the ranks, or an error is raised). Slots
    are dealt by LPT in rounds (the round's largest slot to the least loaded rank, one slot per
@@ -54,13 +56,17 @@ class _Chunking:
     """Chunks of every set: python tuples for the plan, numpy stats for the cost."""
 
     chunks: list[tuple[tuple[int, ...], ...]]
-    n_chunks: int  # K: chunks per slot
+    n_chunks: np.ndarray  # K of every set
     real_cost: np.ndarray  # per set: cost of its real chunks
     n_dummy: np.ndarray  # per set: dummy chunks
 
 
 def chunk_sets(
-    sets: Sequence[Sequence], *, micro_batch_size: int, cost_model: CostModel, n_chunks: int | None = None
+    sets: Sequence[Sequence],
+    *,
+    micro_batch_size: int,
+    cost_model: CostModel,
+    n_chunks: int | Sequence[int] | None = None,
 ) -> _Chunking:
     """Splits each set of examples into ``K`` length-sorted chunks (see the module docstring).
 
@@ -68,14 +74,22 @@ def chunk_sets(
         sets: one sequence of examples per task (support sets, or query sets).
         micro_batch_size: most sequences per chunk.
         cost_model: prices each real chunk.
-        n_chunks: ``K``; default ``max(1, max ceil(n / micro_batch_size))``.
+        n_chunks: ``K``, one for all sets or one per set (the planner chunks support and query
+            sets in one call); default ``max(1, max ceil(n / micro_batch_size))``.
     """
     flat, counts = _lengths(sets)
     n_sets = len(sets)
-    need = int(-(-counts.max() // micro_batch_size)) if n_sets else 1
-    k_all = max(1, need) if n_chunks is None else n_chunks
-    if k_all < need:
-        raise ValueError(f"n_chunks={k_all} is too small: a set needs {need} chunks of {micro_batch_size}")
+    need = -(-counts // micro_batch_size)
+    if n_chunks is None:
+        k_all = np.full(n_sets, max(1, int(need.max()) if n_sets else 1), dtype=np.int64)
+    else:
+        k_all = np.broadcast_to(np.asarray(n_chunks, dtype=np.int64), (n_sets,))
+    if n_sets and np.any(k_all < need):
+        bad = int(np.argmax(k_all < need))
+        raise ValueError(
+            f"n_chunks={int(k_all[bad])} is too small for set {bad}: it needs {int(need[bad])} "
+            f"chunks of {micro_batch_size}"
+        )
     total = int(counts.sum())
     starts = np.cumsum(counts) - counts
     k = np.minimum(k_all, counts)
@@ -246,22 +260,28 @@ def plan_meta_batch(
     if on_uneven not in ("pad", "error"):
         raise ValueError(f"on_uneven={on_uneven!r} is invalid: allowed 'pad' or 'error'")
     total = -(-n // world_size) * world_size
-    sup = chunk_sets([ep.support for ep in episodes], micro_batch_size=micro_batch_size, cost_model=cost_model)
-    qry = chunk_sets([ep.query for ep in episodes], micro_batch_size=micro_batch_size, cost_model=cost_model)
+    sets = [ep.support for ep in episodes] + [ep.query for ep in episodes]
+    counts = np.fromiter(map(len, sets), dtype=np.int64, count=2 * n)
+    k_s = max(1, int(-(-counts[:n].max() // micro_batch_size)))
+    k_q = max(1, int(-(-counts[n:].max() // micro_batch_size)))
+    both = chunk_sets(
+        sets, micro_batch_size=micro_batch_size, cost_model=cost_model, n_chunks=np.repeat([k_s, k_q], n)
+    )
     dummy = cost_model.dummy_pass_cost
+    set_cost = both.real_cost + both.n_dummy * dummy
     costs = np.empty(total)
-    costs[:n] = inner_steps * (sup.real_cost + sup.n_dummy * dummy) + qry.real_cost + qry.n_dummy * dummy
-    costs[n:] = (inner_steps * sup.n_chunks + qry.n_chunks) * dummy
+    costs[:n] = inner_steps * set_cost[:n] + set_cost[n:]
+    costs[n:] = (inner_steps * k_s + k_q) * dummy
     assign = assign_balanced(costs, world_size, tol=tol)
     assign = assign[rng.permutation(world_size)]
     assign = np.take_along_axis(assign, np.argsort(rng.random(assign.shape), axis=1), axis=1)
     cost_list = costs.tolist()
     ids = list(task_ids)
-    empty_s = ((),) * sup.n_chunks
-    empty_q = ((),) * qry.n_chunks
+    empty_s = ((),) * k_s
+    empty_q = ((),) * k_q
+    ch = both.chunks
     slots = [
-        TaskSlot(episodes[i], 1.0, sup.chunks[i], qry.chunks[i], cost_list[i], int(ids[i]))
-        for i in range(n)
+        TaskSlot(episodes[i], 1.0, ch[i], ch[n + i], cost_list[i], int(ids[i])) for i in range(n)
     ]
     slots.extend(TaskSlot(None, 0.0, empty_s, empty_q, cost_list[i], -1) for i in range(n, total))
     ranks = tuple(tuple(slots[i] for i in row) for row in assign.tolist())
