@@ -167,3 +167,17 @@ def test_zero3_adapter_round_trips_through_peft(two_proc: Path) -> None:
         untrained = fresh(input_ids=ids).logits
     assert torch.allclose(got, want, atol=1e-6, rtol=1e-5)
     assert not torch.allclose(untrained, want, atol=1e-4)  # the adapter carries the training
+
+
+@pytest.mark.timeout(180)
+def test_rank_leaving_early_fails_fast_not_hangs(tmp_path: Path) -> None:
+    """The last rank exits 0 after one meta-step (torchrun launch): the other rank must fail within
+    the short process-group timeout instead of waiting for minutes."""
+    import time
+
+    start = time.monotonic()
+    with pytest.raises(AssertionError, match="failed with rc="):
+        run_worker(tmp_path, ["ds3:all:exit_early"], nprocs=2, launcher="torchrun",
+                   timeout_s=150, pg_timeout_s=15)
+    assert time.monotonic() - start < 150
+    assert not (tmp_path / "ds3_all_exit_early.safetensors").exists()
