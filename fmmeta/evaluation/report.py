@@ -13,6 +13,7 @@ import json
 import logging
 import math
 from pathlib import Path
+from typing import Any
 
 from fmmeta.evaluation.evaluate import IN_CONTEXT, EvalResult
 
@@ -23,6 +24,17 @@ TRAINING_CURVE_KEYS: tuple[str, ...] = ("outer_loss", "query_loss_before", "quer
 
 STEP_KEYS: tuple[str, ...] = ("step", "meta_step")
 """``metrics.jsonl`` fields accepted as the x axis (the first present wins)."""
+
+
+def _strict_json(obj: Any) -> Any:
+    """Non-finite floats (a diverged lr, a nan loss) become ``null``: strict JSON, readable by jq."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_strict_json(v) for v in obj]
+    return obj
 
 
 def _fmt(x: float) -> str:
@@ -196,6 +208,8 @@ def write_report(
 ) -> dict[str, Path]:
     """Writes ``eval.json``, ``eval.md``, ``adaptation_curves.png`` (and ``training_curves.png``).
 
+    ``eval.json`` is strict JSON: a non-finite number (a diverged lr's validation loss) is ``null``.
+
     Each file is written to a temporary name and renamed, so a crash never leaves a half report.
 
     Args:
@@ -216,7 +230,7 @@ def write_report(
         tmp.replace(out / name)
         paths[name] = out / name
 
-    _write_text("eval.json", json.dumps(result.to_dict(), indent=2, allow_nan=True) + "\n")
+    _write_text("eval.json", json.dumps(_strict_json(result.to_dict()), indent=2, allow_nan=False) + "\n")
     _write_text("eval.md", format_markdown(result))
     for name, draw in (
         ("adaptation_curves.png", lambda p: plot_adaptation_curves(result, p)),

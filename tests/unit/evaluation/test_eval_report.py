@@ -61,7 +61,7 @@ def test_report_files_carry_the_result_numbers(tmp_path: Path) -> None:
     assert set(paths) == {"eval.json", "eval.md", "adaptation_curves.png", "training_curves.png"}
     assert not list((tmp_path / "eval").glob(".*tmp*"))
 
-    data = json.loads(paths["eval.json"].read_text())
+    data = json.loads(paths["eval.json"].read_text(), parse_constant=lambda c: pytest.fail(f"non-strict JSON {c}"))
     summary = res.summary()
     for m, by_fam in summary.items():
         for fam, by_step in by_fam.items():
@@ -72,7 +72,7 @@ def test_report_files_carry_the_result_numbers(tmp_path: Path) -> None:
                 assert got["loss_mean"] == pytest.approx(cell.loss_mean)
                 assert got["loss_worst"] == pytest.approx(cell.loss_worst)
     assert len(data["records"]) == len(res.records) and data["inner_lrs"] == {"base": 0.1, "fomaml": 0.03}
-    assert data["lr_selection"]["val_loss"]["fomaml"]["0.1"] == math.inf
+    assert data["lr_selection"]["val_loss"]["fomaml"]["0.1"] is None  # inf -> null: strict JSON
 
     md = paths["eval.md"].read_text()
     assert md == format_markdown(res)
