@@ -159,3 +159,16 @@ def test_invalid_inputs_name_the_problem() -> None:
         score_query(model, [Example((3,), (4,))], PAD, choices=((4,), (5,)))
     assert isinstance(score_query(model, [Example((3,), (4,))], PAD), QueryScore)
     assert math.isfinite(score_query(model, [Example((3,), (4,))], PAD).loss)
+
+
+def test_loss_is_the_inner_loops_query_loss() -> None:
+    from fmmeta.algorithms.inner_loop import evaluate_loss
+    from fmmeta.tasks.episode import collate
+
+    model = tiny_lora_llama(seed=8)
+    _set_state(model, seed=9)
+    model.eval()
+    examples = [Example((5, 6, 7), (9, 10, 2)), Example((20,), (22, 2)), Example((30, 31), (2,))]
+    batches = [collate(examples[:2], PAD), collate(examples[2:], PAD)]
+    want = evaluate_loss(model, lora_params(model), batches)
+    assert score_query(model, examples, PAD, micro_batch_size=2).loss == pytest.approx(want, rel=1e-5)
