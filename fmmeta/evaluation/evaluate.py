@@ -306,6 +306,7 @@ def evaluate_methods(
     micro_batch_size: int = 8,
     min_seeds: int = 3,
     lr_selection: LrSelection | None = None,
+    progress: bool = False,
 ) -> EvalResult:
     """Adapts each method on each held-out episode for 0..``max_steps`` steps and scores the query.
 
@@ -323,6 +324,7 @@ def evaluate_methods(
         micro_batch_size: sequences per forward pass for support and query.
         min_seeds: fewest episode draws accepted (3 by default; a worst case over fewer says little).
         lr_selection: recorded in the result so the report can show how lrs were chosen.
+        progress: show a tqdm bar over (method, episode) pairs (turn on for rank 0 only).
 
     Returns:
         All records and their summary.
@@ -353,6 +355,11 @@ def evaluate_methods(
     was_training = model.training
     model.eval()
     records: list[EpisodeRecord] = []
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(methods) * sum(len(e) for e in episodes_per_seed), desc="eval", unit="ep")
     try:
         for method, state in methods.items():
             start = theta if state is None else [t.detach() for t in state]
@@ -378,7 +385,11 @@ def evaluate_methods(
                         )
                         for step, loss, acc, n in scored
                     )
+                    if bar is not None:
+                        bar.update(1)
     finally:
+        if bar is not None:
+            bar.close()
         restore(params, theta)
         model.train(was_training)
     return EvalResult(
@@ -484,11 +495,19 @@ def evaluate_held_out(
     lr_grid: Sequence[float] = DEFAULT_LR_GRID,
     micro_batch_size: int = 8,
     min_seeds: int = 3,
+    progress: bool = False,
 ) -> EvalResult:
     """Chooses lrs on validation tasks, then evaluates on held-out tasks: the whole honest protocol.
 
     The lrs are fixed before any held-out episode is seen, and a task that appears in both sets is
     refused (the held-out numbers would no longer be held out).
+
+    Args:
+        model, params, methods, inner, max_steps, pad_id, micro_batch_size, min_seeds, progress:
+            as for :func:`evaluate_methods`.
+        validation_episodes: episodes of meta-validation tasks, for :func:`select_inner_lr`.
+        test_episodes_per_seed: held-out episodes, one list per seed of episode draws.
+        lr_grid: candidate adaptation lrs; each method's is chosen at ``max_steps`` steps.
 
     Raises:
         ValueError: if a task name appears in both ``validation_episodes`` and the test episodes,
@@ -514,5 +533,5 @@ def evaluate_held_out(
     return evaluate_methods(
         model, params, methods, test_episodes_per_seed, inner, max_steps, pad_id,
         inner_lrs=sel.chosen, micro_batch_size=micro_batch_size, min_seeds=min_seeds,
-        lr_selection=sel,
+        lr_selection=sel, progress=progress,
     )

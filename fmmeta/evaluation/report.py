@@ -13,9 +13,13 @@ import json
 import logging
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fmmeta.evaluation.evaluate import IN_CONTEXT, EvalResult
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +109,8 @@ def format_markdown(result: EvalResult) -> str:
     return "\n".join(lines)
 
 
-def _figure(n_axes: int, width_per_axis: float = 4.5):  # type: ignore[no-untyped-def]
+def _figure(n_axes: int, width_per_axis: float = 4.5) -> tuple[Figure, list[Axes]]:
+    """A figure on the Agg canvas (no pyplot, no global backend switch) with ``n_axes`` panels."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

@@ -56,7 +56,8 @@ def test_records_equal_direct_adaptation_and_params_are_restored(optimizer: str)
     inner = InnerLoopConfig(inner_steps=2, inner_lr=0.2, inner_optimizer=optimizer, inner_clip_norm=5.0)
     model.train()
     res = evaluate_methods(
-        model, params, methods, eps, inner, 2, PAD, inner_lrs={"trained": 0.05}, micro_batch_size=8
+        model, params, methods, eps, inner, 2, PAD, inner_lrs={"trained": 0.05}, micro_batch_size=8,
+        progress=True,
     )
     assert model.training  # mode restored
     for p, q in zip(params, before):
