@@ -767,3 +767,4 @@ def describe_config(schema_cls: type, prefix: str = "") -> str:
             f"  {dotted} ({_type_name(hints[f.name])}, default {default!r}): {docs.get(f.name, '')}"
         )
     return "\n".join(lines)
+

@@ -1,0 +1,77 @@
+"""Choosing the engine for a run, from the config and from how the process was launched.
+
+``engine.kind="auto"`` picks what the launch implies: ``accelerate launch`` -> the accelerate path,
+any other distributed launcher (``deepspeed``, ``torchrun``: ``WORLD_SIZE`` > 1) or an explicit
+DeepSpeed config -> DeepSpeed, and a plain ``python`` process -> the local engine.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from fmmeta.config import EngineConfig
+from fmmeta.engine.optim import OuterOptimConfig
+from fmmeta.engine.protocol import Engine
+
+DEFAULT_DS_CONFIG = {
+    "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": "auto"},
+    "steps_per_print": 10**9,
+}
+"""ZeRO-3 with every value fmmeta owns filled in by the engine (used when no JSON is given)."""
+
+
+def resolve_engine_kind(cfg: EngineConfig) -> str:
+    """The engine ``cfg.kind`` names, with ``"auto"`` resolved from the launch environment."""
+    if cfg.kind != "auto":
+        return cfg.kind
+    from fmmeta.engine.accelerate_engine import launched_by_accelerate
+
+    if launched_by_accelerate():
+        return "accelerate"
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 or cfg.deepspeed_config is not None:
+        return "deepspeed"
+    return "local"
+
+
+def build_engine(
+    cfg: EngineConfig, model: nn.Module, optim_cfg: OuterOptimConfig, *, precision: str
+) -> Engine:
+    """Wraps a peft model in the engine ``cfg`` asks for.
+
+    Args:
+        cfg: the engine section (kind, DeepSpeed JSON, collective timeout).
+        model: the peft-wrapped causal LM; activation checkpointing, if wanted, is already enabled
+            on it by :func:`fmmeta.models.build_model_and_tokenizer`.
+        optim_cfg: the outer optimizer, built identically by every engine.
+        precision: ``"fp32"`` or ``"bf16"``.
+
+    Example:
+        >>> engine = build_engine(EngineConfig(kind="local"), peft_model, OuterOptimConfig(), precision="fp32")
+    """
+    kind = resolve_engine_kind(cfg)
+    if kind == "local":
+        from fmmeta.engine.local import LocalEngine
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        return LocalEngine(model.to(_dtype(precision)), optim_cfg, device=device)
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if kind == "accelerate":
+        from fmmeta.engine.accelerate_engine import build_accelerate_engine
+
+        return build_accelerate_engine(
+            model, optim_cfg, precision=precision, dist_backend=backend,
+            dist_timeout_s=cfg.collective_timeout_s,
+        )
+    from fmmeta.engine.deepspeed_engine import DeepSpeedEngine
+
+    return DeepSpeedEngine(
+        model, optim_cfg, cfg.deepspeed_config or DEFAULT_DS_CONFIG, precision=precision,
+        dist_backend=backend, dist_timeout_s=cfg.collective_timeout_s,
+    )
+
+
+def _dtype(precision: str) -> torch.dtype:
+    return torch.bfloat16 if precision == "bf16" else torch.float32

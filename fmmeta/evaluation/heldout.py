@@ -1,0 +1,90 @@
+"""Held-out evaluation of a run: the glue between a config, a task suite and saved adapters.
+
+``recipes/train.py`` calls :func:`evaluate_run` at the end of a run and ``recipes/evaluate.py``
+calls it on saved adapters, so both report the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from fmmeta.evaluation.evaluate import evaluate_held_out
+from fmmeta.evaluation.report import format_markdown, write_report
+from fmmeta.models import add_lora
+from fmmeta.recipe_config import RecipeConfig
+from fmmeta.tasks.episode import Episode
+
+logger = logging.getLogger(__name__)
+
+EVAL_STREAM = 7919
+"""Seed stream of evaluation episode draws, apart from the training draws of the same seed."""
+
+
+def draw_episodes(tasks: Any, seed: int, draw: int, per_task: int) -> list[Episode]:
+    """``per_task`` fresh episodes of every task, from a generator owned by this draw."""
+    rng = np.random.default_rng([seed, EVAL_STREAM, draw])
+    return [task.sample_episode(rng) for task in tasks for _ in range(per_task)]
+
+
+def adapter_tensors(model: torch.nn.Module, folder: Path) -> list[torch.Tensor]:
+    """The adapter saved in ``folder`` (peft format) as tensors in the model's parameter order."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    file = folder / "adapter_model.safetensors"
+    if not file.is_file():
+        raise FileNotFoundError(
+            f"{file} does not exist: pass a folder written by engine.save_adapter / "
+            "PeftModel.save_pretrained"
+        )
+    params = [p for p in model.parameters() if p.requires_grad]
+    initial = [p.detach().clone() for p in params]
+    set_peft_model_state_dict(model, load_file(str(file)))
+    loaded = [p.detach().clone() for p in params]
+    with torch.no_grad():
+        for p, v in zip(params, initial, strict=True):
+            p.copy_(v)
+    if all(torch.equal(a, b) for a, b in zip(loaded, initial, strict=True)):
+        raise ValueError(f"adapter {folder} did not change any adapter tensor: wrong model or LoRA?")
+    return loaded
+
+
+def evaluate_run(
+    cfg: RecipeConfig, base: torch.nn.Module, tokenizer: Any, suite: Any,
+    adapters: Mapping[str, Path], out: Path,
+) -> dict[str, Path]:
+    """Evaluates the base model, in-context demonstrations and every adapter; writes the report.
+
+    Returns:
+        Name -> path of each report file (eval.json, eval.md, PNG plots).
+    """
+    model = add_lora(base, cfg.lora, seed=cfg.train.seed)  # the shared initial adapter (B = 0)
+    model.eval()
+    params = [p for p in model.parameters() if p.requires_grad]
+    methods: dict[str, list[torch.Tensor] | None] = {"base": None}
+    if cfg.eval.in_context:
+        methods["in_context"] = None
+    for name, folder in adapters.items():
+        methods[name] = adapter_tensors(model, Path(folder))
+    seed = cfg.train.seed
+    val = draw_episodes(suite.meta_val, seed, 0, cfg.eval.val_episodes_per_task)
+    test = [draw_episodes(suite.meta_test, seed, 1 + s, cfg.eval.episodes_per_task)
+            for s in range(cfg.eval.seeds)]
+    logger.info(
+        "evaluating %s on %d held-out tasks x %d seeds (lr chosen on %d validation episodes)",
+        ", ".join(methods), len(suite.meta_test), cfg.eval.seeds, len(val),
+    )
+    result = evaluate_held_out(
+        model, params, methods, val, test, cfg.algorithm.inner_loop, cfg.eval.max_steps,
+        tokenizer.pad_token_id, lr_grid=cfg.eval.lr_grid,
+        micro_batch_size=cfg.eval.micro_batch_size, min_seeds=min(3, cfg.eval.seeds),
+    )
+    metrics = out / "metrics.jsonl"
+    paths = write_report(result, out / "eval", metrics_jsonl=metrics if metrics.exists() else None)
+    logger.info("held-out evaluation:\n%s", format_markdown(result))
+    return paths

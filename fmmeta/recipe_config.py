@@ -1,0 +1,115 @@
+"""The recipe's configuration: every section of a run in one typed tree.
+
+The sections live with the layer that owns them (sampler, algorithm, outer optimizer, model, ...);
+this module only assembles them and adds the two sections no layer owns (tasks, evaluation), plus
+the checks that span sections. ``recipes/train.py`` and ``recipes/evaluate.py`` load it with
+:func:`fmmeta.config.load_config`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from fmmeta.algorithms.first_order import ALGORITHMS, AlgorithmConfig
+from fmmeta.config import EngineConfig, LoraConfig, ModelConfig, TrainConfig
+from fmmeta.engine.optim import OuterOptimConfig
+from fmmeta.sampling.sampler import SamplerConfig
+@dataclass(kw_only=True)
+class TasksConfig:
+    """Which task suite to build and how examples are tokenized."""
+
+    suite: str = "cldr"
+    """Registered suite name ("cldr": the built-in CLDR suite; "synthetic": tiny arithmetic tasks)."""
+    max_length: int = 48
+    """Token budget of one example (>= 8); longer prompts are cut from the left, never the answer."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments for the suite builder (e.g. {n_test_languages: 5})."""
+
+    def validate(self) -> list[str]:
+        """Range checks (the suite name is checked against the registry when it is built)."""
+        problems: list[str] = []
+        if not self.max_length >= 8:
+            problems.append(f"max_length={self.max_length} is invalid: must be >= 8 tokens")
+        return problems
+
+
+@dataclass(kw_only=True)
+class EvalConfig:
+    """Held-out evaluation after meta-training (see fmmeta.evaluation)."""
+
+    enabled: bool = True
+    """Evaluate on held-out tasks at the end of the run."""
+    seeds: int = 3
+    """Independent seeds of episode draws on held-out tasks (>= 1; mean and worst case reported)."""
+    episodes_per_task: int = 1
+    """Episodes per held-out task per seed (>= 1)."""
+    val_episodes_per_task: int = 2
+    """Episodes per meta-validation task used to choose each method's adaptation lr (>= 1)."""
+    max_steps: int = 3
+    """Adaptation steps scored: 0..max_steps (>= 0)."""
+    lr_grid: tuple[float, ...] = (0.01, 0.03, 0.1)
+    """Adaptation learning rates tried on meta-validation tasks (each > 0)."""
+    micro_batch_size: int = 8
+    """Sequences per forward pass during evaluation (>= 1)."""
+    in_context: bool = True
+    """Also score the base model with the support set as in-context demonstrations."""
+
+    def validate(self) -> list[str]:
+        """Range checks."""
+        problems: list[str] = []
+        for key in ("seeds", "episodes_per_task", "val_episodes_per_task", "micro_batch_size"):
+            if not getattr(self, key) >= 1:
+                problems.append(f"{key}={getattr(self, key)} is invalid: must be >= 1")
+        if not self.max_steps >= 0:
+            problems.append(f"max_steps={self.max_steps} is invalid: must be >= 0")
+        if not self.lr_grid or any(not lr > 0 for lr in self.lr_grid):
+            problems.append(f"lr_grid={list(self.lr_grid)} is invalid: give one or more lrs > 0")
+        return problems
+
+
+
+
+@dataclass(kw_only=True)
+class RecipeConfig:
+    """Everything one run of ``recipes/train.py`` needs; YAML files hold only what differs."""
+
+    output_dir: str = "runs/default"
+    """Folder the run writes everything into (config, metrics, adapters, checkpoints, report)."""
+    methods: tuple[str, ...] = ("fomaml", "reptile", "multitask")
+    """Adapters to meta-train, one after the other, each from the same initial adapter."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    tasks: TasksConfig = field(default_factory=TasksConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    optim: OuterOptimConfig = field(default_factory=OuterOptimConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def __post_init__(self) -> None:
+        # One home for the inner-step count: the algorithm's. The sampler's cost model needs it
+        # too, so it is copied unless the user set a (then conflicting) value of their own.
+        if self.sampler.inner_steps == SamplerConfig().inner_steps:
+            self.sampler.inner_steps = max(1, self.algorithm.inner_steps)
+
+    def validate(self) -> list[str]:
+        """Cross-section checks; each section checks itself."""
+        problems: list[str] = []
+        bad = [m for m in self.methods if m not in ALGORITHMS]
+        if not self.methods or bad:
+            problems.append(
+                f"methods={list(self.methods)} is invalid: choose one or more of "
+                f"{', '.join(ALGORITHMS)}"
+            )
+        if len(set(self.methods)) != len(self.methods):
+            problems.append(f"methods={list(self.methods)} is invalid: a method is listed twice")
+        if self.sampler.inner_steps != max(1, self.algorithm.inner_steps):
+            problems.append(
+                f"sampler.inner_steps={self.sampler.inner_steps} disagrees with "
+                f"algorithm.inner_steps={self.algorithm.inner_steps}: the sampler weights support "
+                "passes by the inner steps; set only algorithm.inner_steps (the recipe copies it)"
+            )
+        return problems
+
