@@ -86,8 +86,11 @@ class InnerLoopConfig:
 _LOGITS_TO_KEEP: dict[type, bool] = {}
 
 
-def _accepts_logits_to_keep(model: nn.Module) -> bool:
-    """Whether the underlying causal LM takes ``logits_to_keep`` (cached per class)."""
+def accepts_logits_to_keep(model: nn.Module) -> bool:
+    """Whether the underlying causal LM takes ``logits_to_keep`` (cached per class).
+
+    Unwraps framework wrappers and peft, so scoring code can skip the LM head over prompts too.
+    """
     inner = model
     # Unwrap framework wrappers (DeepSpeedEngine/DDP: .module) and peft (get_base_model()).
     for _ in range(4):
@@ -104,6 +107,9 @@ def _accepts_logits_to_keep(model: nn.Module) -> bool:
         except (TypeError, ValueError):
             _LOGITS_TO_KEEP[cls] = False
     return _LOGITS_TO_KEEP[cls]
+
+
+_accepts_logits_to_keep = accepts_logits_to_keep  # older private name, kept for callers
 
 
 def answer_loss_sum(model: nn.Module, batch: Batch) -> torch.Tensor:
@@ -126,7 +132,7 @@ def answer_loss_sum(model: nn.Module, batch: Batch) -> torch.Tensor:
     has_label = (labels != IGNORE_INDEX).any(dim=0)
     kwargs: dict[str, object] = {}
     start = 0
-    if bool(has_label.any()) and _accepts_logits_to_keep(model):
+    if bool(has_label.any()) and accepts_logits_to_keep(model):
         first = int(torch.nonzero(has_label)[0])
         # logits at position t predict token t+1; keep from the position before the first answer.
         start = max(first - 1, 0)
