@@ -1,0 +1,160 @@
+"""Launches ``recipes/train.py`` as a user would (python, deepspeed, accelerate) and fails, never hangs.
+
+Every launch gets ``DS_ACCELERATOR=cpu``, one thread per process, a free rendezvous port, its own
+process group (so a test can SIGKILL the launcher and every worker at once, as a crash would) and a
+subprocess timeout; the recipe itself gets a short collective timeout through the config.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN = REPO / "recipes" / "train.py"
+SMOKE = REPO / "recipes" / "configs" / "smoke.yaml"
+
+SHORT = [
+    "methods=[fomaml]", "eval.enabled=false", "train.meta_steps=8", "train.checkpoint_every=2",
+    "engine.collective_timeout_s=60",
+]
+"""The shared short run: one method, 8 meta-steps, a checkpoint after steps 1, 3, 5 and 7 (0-based)."""
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def command(launcher: str, args: list[str], *, nprocs: int = 1) -> list[str]:
+    """The command line a user types, with a free port for the multi-process launchers."""
+    bindir = Path(sys.executable).parent
+    script = [str(TRAIN), "--config", str(SMOKE), *args]
+    if launcher == "python":
+        return [sys.executable, *script]
+    port = str(_free_port())
+    if launcher == "deepspeed":
+        return [str(bindir / "deepspeed"), "--num_gpus", str(nprocs), "--master_port", port, *script]
+    if launcher == "accelerate":
+        return [str(bindir / "accelerate"), "launch", "--config_file",
+                str(REPO / "recipes" / "accelerate_zero3.yaml"), "--num_processes", str(nprocs),
+                "--main_process_port", port, *script]
+    raise ValueError(f"launcher={launcher!r} is invalid: python, deepspeed or accelerate")
+
+
+def environment() -> dict[str, str]:
+    """CPU-only, single-threaded, unbuffered, with the repository importable and no stray ranks."""
+    env = dict(os.environ)
+    env.update({
+        "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]),
+        "TOKENIZERS_PARALLELISM": "false", "CUDA_VISIBLE_DEVICES": "",
+    })
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    return env
+
+
+def run(launcher: str, args: list[str], *, nprocs: int = 1, timeout_s: float = 180.0,
+        check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Runs the recipe to the end; output is stdout and stderr together. With ``check`` a non-zero
+    exit or a run past ``timeout_s`` (a hang) raises ``AssertionError`` with the output tail."""
+    cmd = command(launcher, args, nprocs=nprocs)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=environment(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        out, _ = proc.communicate()
+        raise AssertionError(f"ran past {timeout_s}s (a hang?): {' '.join(cmd)}\n{out[-4000:]}") from None
+    done = subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+    if check and proc.returncode != 0:
+        raise AssertionError(f"rc={proc.returncode}: {' '.join(cmd)}\n{out[-6000:]}")
+    return done
+
+
+def kill_group(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL to the launcher and every process it started (they share its process group)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def run_and_kill(launcher: str, args: list[str], metrics: Path, *, at_step: int, nprocs: int = 1,
+                 timeout_s: float = 180.0) -> str:
+    """Starts the recipe, SIGKILLs its whole process group once ``metrics`` shows ``at_step``,
+    and returns the output; fails if the run finished (or died) before it could be killed."""
+    cmd = command(launcher, args, nprocs=nprocs)
+    log = metrics.parent.with_name(metrics.parent.name + ".killed.log")
+    with log.open("w") as fh:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=environment(), stdout=fh,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while max(steps(metrics), default=-1) < at_step:
+                if proc.poll() is not None:
+                    raise AssertionError(
+                        f"run ended (rc={proc.returncode}) before step {at_step}: {' '.join(cmd)}\n"
+                        + log.read_text()[-4000:]
+                    )
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"step {at_step} not reached in {timeout_s}s\n{log.read_text()[-4000:]}")
+                time.sleep(0.02)
+        finally:
+            kill_group(proc)
+            proc.wait(timeout=30)
+    # Every worker is gone: no process of the group is left to write after the kill.
+    for _ in range(100):
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"processes of group {proc.pid} survived SIGKILL")
+    return log.read_text()
+
+
+def steps(metrics: Path) -> list[int]:
+    """Steps logged so far (complete lines only: the file may be mid-write)."""
+    if not metrics.exists():
+        return []
+    lines = metrics.read_text().split("\n")[:-1]
+    return [json.loads(line)["step"] for line in lines if line.strip()]
+
+
+def records(metrics: Path) -> list[dict]:
+    """Every line of ``metrics.jsonl``."""
+    return [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+
+
+def adapter(folder: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a saved peft adapter folder."""
+    return load_file(str(folder / "adapter_model.safetensors"))
+
+
+def max_relative_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """max over tensors of max|a - b| / max|b| (keys must match)."""
+    assert sorted(a) == sorted(b), (sorted(a), sorted(b))
+    return max(((a[k] - b[k]).abs().max() / b[k].abs().max().clamp_min(1e-30)).item() for k in b)
+
+
+LOSS_KEYS = ("step", "outer_loss", "query_loss_before", "query_loss_after", "grad_norm", "tasks", "tokens")
+"""The deterministic part of a metrics line (timings differ from run to run)."""
+
+
+def losses(metrics: Path) -> list[tuple]:
+    """Per-step deterministic values, in file order."""
+    return [tuple(r[k] for k in LOSS_KEYS) for r in records(metrics)]

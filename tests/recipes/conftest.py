@@ -1,0 +1,25 @@
+"""Runs shared between the recipe tests (each launch costs seconds to tens of seconds)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.recipes import _recipe
+
+
+@pytest.fixture(scope="session")
+def local_short(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One process, the shared short run, uninterrupted: the reference of every other run."""
+    out = tmp_path_factory.mktemp("recipe") / "local"
+    _recipe.run("python", [*_recipe.SHORT, f"output_dir={out}"], timeout_s=120)
+    return out
+
+
+@pytest.fixture(scope="session")
+def deepspeed_short(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two processes under ``deepspeed`` (ZeRO-3), the shared short run, uninterrupted."""
+    out = tmp_path_factory.mktemp("recipe") / "deepspeed"
+    _recipe.run("deepspeed", [*_recipe.SHORT, f"output_dir={out}"], nprocs=2, timeout_s=180)
+    return out
