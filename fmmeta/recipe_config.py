@@ -8,11 +8,14 @@ the checks that span sections. ``recipes/train.py`` and ``recipes/evaluate.py`` 
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from fmmeta.algorithms.first_order import ALGORITHMS, AlgorithmConfig
 from fmmeta.config import EngineConfig, LoraConfig, ModelConfig, TrainConfig
+from fmmeta.engine.ds_config import DSConfigError, resolve_ds_config
 from fmmeta.engine.optim import OuterOptimConfig
 from fmmeta.sampling.sampler import SamplerConfig
 @dataclass(kw_only=True)
@@ -27,10 +30,22 @@ class TasksConfig:
     """Extra keyword arguments for the suite builder (e.g. {n_test_languages: 5})."""
 
     def validate(self) -> list[str]:
-        """Range checks (the suite name is checked against the registry when it is built)."""
+        """Range checks and the suite name against the registry (before any model is loaded)."""
+        import difflib
+
+        from fmmeta.tasks.suites import available_suites
+
         problems: list[str] = []
         if not self.max_length >= 8:
             problems.append(f"max_length={self.max_length} is invalid: must be >= 8 tokens")
+        suites = available_suites()
+        if self.suite not in suites:
+            close = difflib.get_close_matches(self.suite, suites, n=1)
+            problems.append(
+                f"suite={self.suite!r} is invalid: choose one of {suites}"
+                + (f"; did you mean {close[0]!r}?" if close else "")
+                + " (or register_suite() your own before loading the config)"
+            )
         return problems
 
 
@@ -110,6 +125,44 @@ class RecipeConfig:
                 f"sampler.inner_steps={self.sampler.inner_steps} disagrees with "
                 f"algorithm.inner_steps={self.algorithm.inner_steps}: the sampler weights support "
                 "passes by the inner steps; set only algorithm.inner_steps (the recipe copies it)"
+            )
+        problems.extend(self._launch_problems())
+        return problems
+
+    def _launch_problems(self) -> list[str]:
+        """Checks that need the launch (world size) or the DeepSpeed JSON, done before any rank
+        builds a model: the sampler and the engine would otherwise refuse them only after minutes
+        of model loading and task tokenization."""
+        problems: list[str] = []
+        world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        if self.sampler.on_uneven == "error" and self.sampler.meta_batch_size % world:
+            problems.append(
+                f"sampler.meta_batch_size={self.sampler.meta_batch_size} does not divide by the "
+                f"{world} ranks of this launch and sampler.on_uneven='error': use a multiple of "
+                f"{world} or set sampler.on_uneven=pad"
+            )
+        path = self.engine.deepspeed_config
+        if path is None or not os.path.isfile(os.path.expanduser(path)):
+            return problems  # a missing file is reported by the engine section
+        owned = {  # the values fmmeta.engine.deepspeed_engine fills in (it re-checks them)
+            "train_micro_batch_size_per_gpu": 1,
+            "gradient_accumulation_steps": 1,
+            "train_batch_size": world,
+            "gradient_clipping": float(self.optim.grad_clip),
+            "bf16.enabled": self.model.dtype == "bfloat16",
+            "fp16.enabled": False,
+        }
+        try:
+            resolve_ds_config(os.path.expanduser(path), owned=owned)
+        except json.JSONDecodeError as err:
+            problems.append(
+                f"engine.deepspeed_config={path!r} is not valid JSON ({err}): fix the file"
+            )
+        except DSConfigError as err:
+            problems.extend(
+                f"engine.deepspeed_config={path!r}: {line.strip()[2:]}"
+                for line in str(err).splitlines()[1:]
+                if line.strip().startswith("- ")
             )
         return problems
 

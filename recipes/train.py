@@ -39,7 +39,7 @@ from fmmeta.checkpoint import CheckpointManager, load_rng_state, save_rng_state
 from fmmeta.config import ConfigError, describe_config, load_config, save_resolved
 from fmmeta.engine.build import build_engine, resolve_engine_kind
 from fmmeta.engine.distributed import init_distributed, strip_local_rank
-from fmmeta.engine.guard import NonFiniteGuard
+from fmmeta.engine.guard import NonFiniteError, NonFiniteGuard
 from fmmeta.engine.protocol import Engine
 from fmmeta.evaluation.heldout import evaluate_run
 from fmmeta.models import add_lora, build_model_and_tokenizer, count_parameters
@@ -219,7 +219,15 @@ def train_method(cfg: RecipeConfig, method: str, base: torch.nn.Module, pad_id: 
     with prefetcher:
         for step in range(start, cfg.train.meta_steps):
             item = prefetcher.get()
-            stats = meta_step(engine, algorithm, item.plan)
+            try:
+                stats = meta_step(engine, algorithm, item.plan)
+            except NonFiniteError as err:  # raised on every rank together (train.nonfinite=stop)
+                last = ckpts.latest()
+                raise NonFiniteError(
+                    f"{method}, meta-step {step}: {err}. Last good checkpoint: "
+                    f"{last.path if last else 'none (no checkpoint written yet)'}; after the fix, "
+                    "rerun with the same output_dir to resume from it"
+                ) from err
             summary = {k: getattr(stats, k) for k in (
                 "step", "outer_loss", "query_loss_before", "query_loss_after", "n_real_tasks",
                 "n_tokens", "n_padded_tokens", "seconds", "outer")}
@@ -276,7 +284,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     # ZeRO-3 partitions the module it wraps, so evaluation keeps an untouched copy of the base.
     pristine = copy.deepcopy(base) if cfg.eval.enabled and rank == 0 else None
-    adapters = {m: train_method(cfg, m, base, tokenizer.pad_token_id, suite, out) for m in cfg.methods}
+    try:
+        adapters = {m: train_method(cfg, m, base, tokenizer.pad_token_id, suite, out)
+                    for m in cfg.methods}
+    except NonFiniteError as err:
+        logger.error("stopped: %s", err)
+        return 3
     if rank == 0 and pristine is not None:
         evaluate_run(cfg, pristine, tokenizer, suite, adapters, out)
     logger.info("done in %.1fs; everything is in %s", time.perf_counter() - t0, out)

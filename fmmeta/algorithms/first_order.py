@@ -51,6 +51,7 @@ from fmmeta.algorithms.inner_loop import (
     token_counts,
 )
 from fmmeta.algorithms.protocol import MetaAlgorithm, TaskResult
+from fmmeta.config import ConfigError
 from fmmeta.sampling.plan import TaskSlot
 from fmmeta.tasks.episode import Batch
 
@@ -104,9 +105,13 @@ class AlgorithmConfig:
             value = getattr(self, key)
             if value is not None and value < 1:
                 problems.append(f"{key}={value} is invalid: must be >= 1, or None")
+        try:
+            _ = self.inner_loop  # validates the inner-loop fields (raises ValueError naming them)
+        except ValueError as err:
+            # Reported as this section's own fields, so the recipe names "algorithm.inner_steps".
+            problems.extend(str(err).removeprefix("InnerLoopConfig: ").split("; "))
         if problems:
-            raise ValueError("AlgorithmConfig: " + "; ".join(problems))
-        _ = self.inner_loop  # validates the inner-loop fields (raises ValueError naming them)
+            raise ConfigError(problems)
 
     @property
     def inner_loop(self) -> InnerLoopConfig:

@@ -39,9 +39,9 @@ OWNED_KEYS = (
 """Dotted keys our config owns; ``owned`` passed to :func:`resolve_ds_config` may set any of them."""
 
 _REJECTED_BLOCKS = {
-    "optimizer": "the outer optimizer is built by fmmeta (outer.* in the recipe config) and passed "
+    "optimizer": "the outer optimizer is built by fmmeta (optim.* in the recipe config) and passed "
     "to DeepSpeed as a client optimizer; delete the 'optimizer' block",
-    "scheduler": "the LR schedule is built by fmmeta (outer.warmup_steps / outer.schedule); "
+    "scheduler": "the LR schedule is built by fmmeta (optim.warmup_steps / optim.schedule); "
     "delete the 'scheduler' block",
 }
 
@@ -138,6 +138,12 @@ def resolve_ds_config(
             theirs = node.get(leaf, AUTO)
             if theirs == AUTO or theirs is None:
                 node[leaf] = ours
+            elif key == "fp16.enabled" and theirs is True:
+                problems.append(
+                    "fp16.enabled: DeepSpeed JSON has true but fmmeta does not support fp16 (its "
+                    "loss scaler owns the backward, which the meta-gradient bypasses); fix: set "
+                    "\"fp16.enabled\" to \"auto\" and use model.dtype=bfloat16 (or float32)"
+                )
             elif not _same(theirs, ours):
                 problems.append(
                     f"{key}: DeepSpeed JSON has {theirs!r} but the recipe config has {ours!r}; "

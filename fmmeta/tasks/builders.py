@@ -406,7 +406,10 @@ def tasks_from_column(
             )
         )
     if not tasks:
-        raise ValueError(f"{where}: every task was dropped as too small; no tasks remain")
+        raise ValueError(
+            f"{where}: every task was dropped as too small; no tasks remain: add examples, "
+            f"lower shots/query (each task needs {spec.per_class}), or check {task_column!r}"
+        )
     check_unique_names(tasks, where=where)
     return tasks
 

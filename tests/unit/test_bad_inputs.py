@@ -1,0 +1,418 @@
+"""The bad-input matrix (docs/bad_inputs.md): every case is refused before training starts with a
+message that names the problem and the fix. Plus the recipe's non-finite "stop" path and the
+security checks (safe loading only, safe YAML, no implicit trust_remote_code).
+
+Config cases go through the entry point the recipe uses (``load_config(RecipeConfig, ...)`` or
+the recipe's own ``main``); dataset cases through the public task builders; environment cases
+through the config, the model builder and the checkpoint layer.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import datasets
+import pytest
+import torch
+
+from fmmeta.checkpoint import CheckpointManager
+from fmmeta.checkpoint.manager import CheckpointMismatchError
+from fmmeta.config import ConfigError, ModelConfig, load_config
+from fmmeta.recipe_config import RecipeConfig
+from fmmeta.tasks.builders import (
+    DatasetSpec,
+    classification_tasks,
+    tasks_from_column,
+    tasks_from_datasets,
+    tasks_from_examples,
+)
+from fmmeta.tasks.task import EpisodeSpec
+from fmmeta.tasks.testing import tiny_tokenizer
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = ["model.tiny=true", "model.tokenizer=bytes"]
+TOK = tiny_tokenizer()
+SPEC = EpisodeSpec(shots=2, query=2, ways=2)
+GEN = EpisodeSpec(shots=2, query=2)
+
+
+@pytest.fixture(autouse=True)
+def _one_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.set_num_threads(1)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+
+
+def _problems(overrides: list[str], yaml_path: Path | None = None) -> str:
+    with pytest.raises(ConfigError) as err:
+        load_config(RecipeConfig, yaml_path, TINY + overrides)
+    return str(err.value)
+
+
+def _ds_json(tmp_path: Path, **top: Any) -> str:
+    cfg = json.loads((REPO / "ds_configs" / "zero3.json").read_text())
+    cfg.update(top)
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(cfg))
+    return str(path)
+
+
+def _rows() -> list[dict[str, Any]]:
+    words = {"de": ["Frankreich", "Spanien", "Italien", "Polen"],
+             "fr": ["Allemagne", "Espagne", "Italie", "Pologne"],
+             "es": ["Alemania", "Francia", "Italia", "Polonia"]}  # fmt: skip
+    return [{"text": w, "label": lang} for lang, ws in words.items() for w in ws]
+
+
+def _mix() -> list[dict[str, Any]]:
+    return [{"task": f"add{k}", "input": f"{a}+{k}=", "output": str(a + k)}
+            for k in (1, 2) for a in range(5)]  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# Config problems: (overrides, message pieces). Each piece names the key, the value or the fix.
+# ---------------------------------------------------------------------------------------------
+
+CONFIG_CASES = {
+    "unknown_key": (["train.meta_step=3"],
+                    ["unknown key 'train.meta_step'", "did you mean 'train.meta_steps'?"]),
+    "unknown_section": (["trian.meta_steps=3"], ["unknown key 'trian'", "did you mean 'train'?"]),
+    "wrong_type": (["train.meta_steps=ten"],
+                   ["train.meta_steps='ten' has the wrong type: expected int"]),
+    "not_allowed_value": (["train.nonfinite=ignore"],
+                          ["train.nonfinite='ignore' is invalid: allowed values are 'skip', 'stop'"]),
+    "inner_steps_negative": (["algorithm.inner_steps=-1"],
+                             ["algorithm.inner_steps=-1 is invalid: must be >= 0"]),
+    "lora_rank_zero": (["lora.r=0"], ["lora.r=0 is invalid: the LoRA rank must be >= 1"]),
+    "keep_last_one": (["train.keep_last=1"], ["train.keep_last=1 is invalid: must be >= 2"]),
+    "unknown_method": (["methods=[maml2]"], ["methods=['maml2'] is invalid: choose one or more of fomaml"]),
+    "malformed_override": (["train.meta_steps"], ["override 'train.meta_steps' is malformed: write section.key=value"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONFIG_CASES))
+def test_config_problem_is_refused(case: str) -> None:
+    overrides, pieces = CONFIG_CASES[case]
+    msg = _problems(overrides)
+    for piece in pieces:
+        assert piece in msg, msg
+
+
+def test_meta_batch_not_divisible_by_ranks_when_on_uneven_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    msg = _problems(["sampler.meta_batch_size=3", "sampler.on_uneven=error"])
+    assert "sampler.meta_batch_size=3 does not divide by the 2 ranks" in msg
+    assert "use a multiple of 2 or set sampler.on_uneven=pad" in msg
+    load_config(RecipeConfig, None, TINY + ["sampler.meta_batch_size=3"])  # pad (default): fine
+    load_config(RecipeConfig, None, TINY + ["sampler.meta_batch_size=4", "sampler.on_uneven=error"])
+
+
+def test_zero3_with_optimizer_block_is_refused(tmp_path: Path) -> None:
+    path = _ds_json(tmp_path, optimizer={"type": "AdamW", "params": {"lr": 1e-3}})
+    msg = _problems([f"engine.deepspeed_config={path}"])
+    assert "optimizer: present in the DeepSpeed JSON but not supported" in msg
+    assert "delete the 'optimizer' block" in msg
+
+
+def test_zero3_with_fp16_is_refused(tmp_path: Path) -> None:
+    path = _ds_json(tmp_path, fp16={"enabled": True})
+    msg = _problems([f"engine.deepspeed_config={path}"])
+    assert "fp16.enabled: DeepSpeed JSON has true but fmmeta does not support fp16" in msg
+    assert "use model.dtype=bfloat16" in msg
+
+
+def test_ds_json_conflicting_with_recipe_is_refused(tmp_path: Path) -> None:
+    path = _ds_json(tmp_path, gradient_clipping=0.5, bf16={"enabled": True})
+    msg = _problems([f"engine.deepspeed_config={path}", "optim.grad_clip=1.0"])
+    assert "gradient_clipping: DeepSpeed JSON has 0.5 but the recipe config has 1.0" in msg
+    assert "bf16.enabled: DeepSpeed JSON has True but the recipe config has False" in msg
+    assert 'set "gradient_clipping" to "auto"' in msg
+    load_config(RecipeConfig, None, TINY + [f"engine.deepspeed_config={_ds_json(tmp_path)}"])
+
+
+def test_ds_json_missing_is_refused(tmp_path: Path) -> None:
+    msg = _problems([f"engine.deepspeed_config={tmp_path / 'nope.json'}"])
+    assert "does not exist: give a DeepSpeed JSON file such as ds_configs/zero3.json" in msg
+
+
+def _recipe() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("fmmeta_recipe_train", REPO / "recipes" / "train.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_recipe_reports_every_config_problem_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ds = _ds_json(tmp_path, optimizer={"type": "Adam"})
+    yaml_path = tmp_path / "run.yaml"
+    yaml_path.write_text("train:\n  meta_stepz: 3\nlora:\n  r: four\n")
+    code = _recipe().main([
+        "--config", str(yaml_path), *TINY, f"output_dir={tmp_path / 'out'}",
+        "algorithm.inner_steps=-2", f"engine.deepspeed_config={ds}",
+    ])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "4 problems in the configuration" in err, err
+    for piece in ("unknown key 'train.meta_stepz'", "lora.r='four' has the wrong type",
+                  "algorithm.inner_steps=-2 is invalid: must be >= 0",
+                  "optimizer: present in the DeepSpeed JSON"):
+        assert piece in err, err
+    assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
+# ---------------------------------------------------------------------------------------------
+# Environment problems
+# ---------------------------------------------------------------------------------------------
+
+
+def test_model_path_that_does_not_exist() -> None:
+    msg = _problems(["model.tiny=false", "model.tokenizer=auto", "model.name_or_path=./missing/model"])
+    assert "model.name_or_path='./missing/model' does not exist" in msg
+    assert "give an existing local folder or .gguf file" in msg
+
+
+def test_gguf_without_the_gguf_package(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    real = importlib.util.find_spec
+    import fmmeta.config as config_mod
+
+    monkeypatch.setattr(config_mod.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "gguf" else real(name, *a))  # fmt: skip
+    msg = _problems(["model.tiny=false", "model.tokenizer=auto", f"model.name_or_path={gguf}"])
+    assert "is a GGUF model but the gguf package is not installed: run `pip install gguf`" in msg
+
+
+def test_resume_folder_that_does_not_exist(tmp_path: Path) -> None:
+    msg = _problems([f"train.resume={tmp_path / 'step_00000009'}"])
+    assert "use 'auto', 'never' or an existing checkpoint folder" in msg
+
+
+def _checkpoint(tmp_path: Path, shapes: dict[str, list[int]]) -> CheckpointManager:
+    mgr = CheckpointManager(tmp_path / "ckpts")
+    mgr.save(0, lambda w: w.save_json("state.json", {"step": 0}),
+             meta={"model_id": "tiny-a", "lora_shapes": shapes})  # fmt: skip
+    return mgr
+
+
+def test_checkpoint_from_a_different_model(tmp_path: Path) -> None:
+    ckpt = _checkpoint(tmp_path, {"a.lora_A": [4, 32]}).latest()
+    assert ckpt is not None
+    with pytest.raises(CheckpointMismatchError) as err:
+        ckpt.check_compatible(model_id="tiny-b", lora_shapes={"a.lora_A": [4, 32]})
+    msg = str(err.value)
+    assert "it was written for model 'tiny-a', this run uses 'tiny-b'" in msg
+    assert "train.resume=never" in msg
+
+
+def test_checkpoint_with_a_different_lora_shape(tmp_path: Path) -> None:
+    ckpt = _checkpoint(tmp_path, {"a.lora_A": [4, 32]}).latest()
+    assert ckpt is not None
+    with pytest.raises(CheckpointMismatchError) as err:
+        ckpt.check_compatible(model_id="tiny-a", lora_shapes={"a.lora_A": [8, 32]})
+    msg = str(err.value)
+    assert "adapter tensor 'a.lora_A' has shape [4, 32] there, [8, 32] here" in msg
+    assert "Resume with the same model and lora settings" in msg
+    ckpt.check_compatible(model_id="tiny-a", lora_shapes={"a.lora_A": [4, 32]})  # same: accepted
+
+
+# ---------------------------------------------------------------------------------------------
+# Dataset problems (the builders every suite uses; refused while tasks are built)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_dataset_missing_column_lists_existing() -> None:
+    with pytest.raises(ValueError, match=r"column\(s\) \['sentence'\] not found; the dataset has columns \['text', 'label'\]"):
+        classification_tasks(datasets.Dataset.from_list(_rows()), TOK, spec=SPEC, text_column="sentence")
+
+
+def test_dataset_too_few_examples_per_class_for_the_shots() -> None:
+    rows = _rows() + [{"text": "Tokio", "label": "ja"}]
+    with pytest.raises(ValueError, match=r"'ja' has 1\. .*drop_small_classes=True"):
+        classification_tasks(datasets.Dataset.from_list(rows), TOK, spec=SPEC)
+
+
+def test_dataset_empty_text() -> None:
+    rows = _rows()
+    rows[2]["text"] = "   "
+    with pytest.raises(ValueError, match=r"text\[2\]='   ' is empty.*filter such rows first"):
+        classification_tasks(datasets.Dataset.from_list(rows), TOK, spec=SPEC)
+
+
+def test_dataset_query_answer_fully_truncated() -> None:
+    items = [(f"p{i}", " " + "x" * 40) for i in range(4)]
+    with pytest.raises(ValueError, match=r"example 0 has an answer of \d+ tokens .*raise max_length to at least"):
+        tasks_from_examples("long", items, TOK, spec=GEN, max_length=16, on_too_long="error")
+    with pytest.raises(ValueError, match=r"task 'long' has no examples \(4 dropped as too long for max_length\)"):
+        tasks_from_examples("long", items, TOK, spec=GEN, max_length=16)  # default: drop
+
+
+def test_dataset_mixed_label_types() -> None:
+    items = [{"prompt": f"p{i}", "label": lab} for i, lab in enumerate([1, "one"] * 6)]
+    with pytest.raises(ValueError, match=r"mixes label types \['int', 'str'\]"):
+        tasks_from_examples("t", items, TOK, spec=EpisodeSpec(shots=1, query=1, ways=2))
+
+
+def test_dataset_duplicate_task_names() -> None:
+    ds = datasets.Dataset.from_list(_mix())
+    with pytest.raises(ValueError, match=r"duplicate task names \{'x': 2\} \(name: count\): give each DatasetSpec a unique name"):
+        tasks_from_datasets([DatasetSpec(name="x", source=ds), DatasetSpec(name="x", source=ds)],
+                            TOK, spec=GEN)  # fmt: skip
+
+
+def test_dataset_zero_tasks_after_filtering() -> None:
+    rows = [r for r in _mix() if r["input"] != "0+1="][:7]  # add1: 4 rows, add2: 3 rows; need 5
+    with pytest.raises(ValueError, match=r"every task was dropped as too small; no tasks remain: add examples"):
+        tasks_from_column(datasets.Dataset.from_list(rows), TOK,
+                          spec=EpisodeSpec(shots=3, query=2), drop_small_tasks=True)  # fmt: skip
+
+
+def test_dataset_fewer_classes_than_ways() -> None:
+    with pytest.raises(ValueError, match=r"3 class\(es\) can supply an episode but ways=5"):
+        classification_tasks(datasets.Dataset.from_list(_rows()), TOK,
+                             spec=EpisodeSpec(shots=1, query=1, ways=5))  # fmt: skip
+
+
+def test_unknown_task_suite() -> None:
+    msg = _problems(["tasks.suite=cldrr"])
+    assert "tasks.suite='cldrr' is invalid: choose one of" in msg and "did you mean 'cldr'" in msg
+
+
+# ---------------------------------------------------------------------------------------------
+# Non-finite loss in the recipe: "stop" keeps the last good checkpoint and exits non-zero
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(180)
+def test_recipe_nonfinite_stop_keeps_last_good_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recipe = _recipe()
+    real_guard = recipe.NonFiniteGuard
+
+    class PoisonThirdStep(real_guard):  # type: ignore[misc, valid-type]
+        """The real guard, fed a NaN meta-gradient at the third outer step (meta-step 2)."""
+
+        def outer_step(self, grad_sum, n_real_tasks):  # type: ignore[no-untyped-def]
+            self.calls = getattr(self, "calls", 0) + 1
+            if self.calls == 3:
+                grad_sum = [torch.full_like(g, math.nan) for g in grad_sum]
+            return super().outer_step(grad_sum, n_real_tasks)
+
+    monkeypatch.setattr(recipe, "NonFiniteGuard", PoisonThirdStep)
+    out = tmp_path / "run"
+    args = ["--config", str(REPO / "recipes" / "configs" / "smoke.yaml"), f"output_dir={out}",
+            "methods=[fomaml]", "eval.enabled=false", "train.meta_steps=4",
+            "train.checkpoint_every=2", "train.nonfinite=stop"]
+    assert recipe.main(args) == 3
+    err = capsys.readouterr().err
+    assert "stopped: fomaml, meta-step 2: non-finite meta-gradient on 1 of 1 ranks" in err, err
+    assert "Last good checkpoint:" in err and "step_00000001" in err
+    ckpts = CheckpointManager(out / "fomaml" / "checkpoints")
+    assert ckpts.complete_steps() == [1]
+    assert ckpts.latest() is not None  # complete and verified
+    assert not (out / "fomaml" / "adapter").exists()  # no final adapter from a poisoned run
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1]
+
+    # The same output_dir with another LoRA shape: the kept checkpoint is refused, not loaded.
+    with pytest.raises(CheckpointMismatchError, match=r"has shape \[4, 32\] there, \[8, 32\] here"):
+        _recipe().main(args + ["lora.r=8"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Security
+# ---------------------------------------------------------------------------------------------
+
+
+def unsafe_calls(source: str, filename: str = "<src>") -> list[str]:
+    """Unsafe deserialisation or implicit remote code in ``source``, one line per finding."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source, filename)):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] + ([node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            for name in names:
+                if name.split(".")[0] in ("pickle", "cPickle", "dill", "cloudpickle", "marshal", "shelve"):
+                    found.append(f"{filename}:{node.lineno}: imports {name}")
+        if not isinstance(node, ast.Call):
+            continue
+        func = ast.unparse(node.func)
+        kw = {k.arg: k.value for k in node.keywords}
+        if func.endswith("torch.load"):
+            wo = kw.get("weights_only")
+            if not (isinstance(wo, ast.Constant) and wo.value is True):
+                found.append(f"{filename}:{node.lineno}: torch.load without weights_only=True")
+        if func in ("yaml.load", "yaml.unsafe_load", "yaml.full_load", "yaml.load_all", "yaml.unsafe_load_all"):
+            loader = ast.unparse(kw["Loader"]) if "Loader" in kw else ""
+            if "Safe" not in loader:
+                found.append(f"{filename}:{node.lineno}: {func} without a safe loader")
+        if func.endswith(("pickle.load", "pickle.loads")):
+            found.append(f"{filename}:{node.lineno}: {func}")
+        trc = kw.get("trust_remote_code")
+        if isinstance(trc, ast.Constant) and trc.value is True:
+            found.append(f"{filename}:{node.lineno}: trust_remote_code=True hard-coded")
+    return found
+
+
+def test_scanner_catches_unsafe_code() -> None:
+    bad = ("import pickle\nimport torch, yaml\ntorch.load('x')\ntorch.load('x', weights_only=False)\n"
+           "yaml.load(s)\nyaml.load(s, Loader=yaml.FullLoader)\nf(trust_remote_code=True)\n")
+    assert len(unsafe_calls(bad)) == 6
+    good = "import torch, yaml\ntorch.load('x', weights_only=True)\nyaml.safe_load(s)\nyaml.load(s, Loader=yaml.SafeLoader)\n"
+    assert unsafe_calls(good) == []
+
+
+def test_library_and_recipes_load_only_safely() -> None:
+    files = sorted((REPO / "fmmeta").rglob("*.py")) + sorted((REPO / "recipes").rglob("*.py"))
+    assert len(files) > 20
+    found = [f for path in files for f in unsafe_calls(path.read_text(), str(path.relative_to(REPO)))]
+    assert found == []
+
+
+def test_yaml_with_python_object_tag_is_refused(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "evil.yaml"
+    evil.write_text(f"output_dir: !!python/object/apply:os.system ['touch {marker}']\n")
+    msg = _problems([], evil)
+    assert "is not valid YAML" in msg and "python/object/apply:os.system" in msg
+    assert not marker.exists()
+
+
+def test_trust_remote_code_is_never_implicit(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    assert ModelConfig().trust_remote_code is False
+    import transformers
+
+    from fmmeta.models import build_model_and_tokenizer
+
+    calls: dict[str, dict[str, Any]] = {}
+
+    class _Stop(Exception):
+        pass
+
+    def tok(path: str, **kwargs: Any) -> Any:
+        calls["tokenizer"] = kwargs
+        return tiny_tokenizer()
+
+    def model(path: str, **kwargs: Any) -> Any:
+        calls["model"] = kwargs
+        raise _Stop
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", tok)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", model)
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    cfg = load_config(RecipeConfig, None, [f"model.name_or_path={folder}"]).model
+    with pytest.raises(_Stop):
+        build_model_and_tokenizer(cfg)
+    assert calls["tokenizer"] == {"trust_remote_code": False}
+    assert calls["model"] == {"dtype": torch.float32, "trust_remote_code": False}
