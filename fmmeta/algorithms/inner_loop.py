@@ -415,4 +415,5 @@ def adapt(
         losses.append(sum(s for s in sums if not math.isnan(s)) / n_answer)
         clip_(grads, cfg.inner_clip_norm)
         opt.step(params, grads)
+        del grads  # free before the next step allocates its own: peak memory independent of steps
     return losses
