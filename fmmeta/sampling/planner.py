@@ -25,10 +25,13 @@ which rank gets the heavy work is not predictable from the step.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import itertools
 import operator
+import threading
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Iterator, Literal, Sequence
 
 import numpy as np
 
@@ -41,14 +44,86 @@ _PROMPT = operator.attrgetter("prompt_ids")
 _ANSWER = operator.attrgetter("answer_ids")
 
 
+class _LengthCache:
+    """Token counts of examples seen before, keyed by object identity.
+
+    Reading ``len(prompt_ids) + len(answer_ids)`` touches three scattered objects per example;
+    over the ~32k examples of a 64 x 32 meta-batch that memory latency was the largest single
+    cost of planning. The task layer caches its tokenized examples, so the same
+    :class:`~fmmeta.tasks.episode.Example` objects come back step after step: the cache keeps
+    their ``id`` in a sorted numpy array and finds a whole meta-batch with one ``searchsorted``
+    (a dict keyed by ``id`` is no faster: addresses share their low bits and collide).
+
+    Safety: the cache holds a reference to every example it stores, so a stored id can never be
+    reused by another object, and examples are frozen, so a stored length stays right. It is
+    bounded (cleared when full) and locked (the prefetcher plans in a background thread).
+    """
+
+    def __init__(self, max_entries: int = 1 << 16) -> None:
+        self.max_entries = max_entries
+        self._keys = np.empty(0, dtype=np.int64)  # sorted ids
+        self._values = np.empty(0, dtype=np.int64)  # token counts, aligned with _keys
+        self._keep: dict[int, object] = {}  # id -> example: keeps every stored id alive
+        self._lock = threading.Lock()
+
+    def lengths(self, flat: list) -> np.ndarray:
+        """Token count of every example in ``flat`` (a list of ``Example``)."""
+        n = len(flat)
+        ids = np.fromiter(map(id, flat), dtype=np.int64, count=n)
+        with self._lock:
+            keys = self._keys
+            if keys.size:
+                pos = np.searchsorted(keys, ids)
+                np.minimum(pos, keys.size - 1, out=pos)
+                hit = keys[pos] == ids
+                if hit.all():
+                    return self._values[pos]
+                miss = np.flatnonzero(~hit)
+            else:
+                pos = hit = None
+                miss = np.arange(n)
+            new_ex = list(map(flat.__getitem__, miss.tolist()))
+            # One pass that reads both tuples of an example while it is in cache.
+            new_len = np.fromiter(
+                map(operator.add, map(len, map(_PROMPT, new_ex)), map(len, map(_ANSWER, new_ex))),
+                dtype=np.int64,
+                count=len(new_ex),
+            )
+            if hit is None:
+                out = new_len
+            else:
+                out = self._values[pos]
+                out[miss] = new_len
+            new_ids, first = np.unique(ids[miss], return_index=True)
+            if new_ids.size <= self.max_entries:
+                if keys.size + new_ids.size > self.max_entries:
+                    keys, values = keys[:0], self._values[:0]
+                    self._keep.clear()
+                else:
+                    values = self._values
+                self._keep.update(zip(new_ids.tolist(), map(new_ex.__getitem__, first.tolist())))
+                keys = np.concatenate([keys, new_ids])
+                values = np.concatenate([values, new_len[first]])
+                order = np.argsort(keys, kind="stable")
+                self._keys, self._values = keys[order], values[order]
+            return out
+
+    def clear(self) -> None:
+        """Drops every entry (and the references it held)."""
+        with self._lock:
+            self._keys = self._keys[:0]
+            self._values = self._values[:0]
+            self._keep.clear()
+
+
+_LENGTHS = _LengthCache()
+
+
 def _lengths(sets: Sequence[Sequence]) -> tuple[np.ndarray, np.ndarray]:
     """Flat sequence lengths of every set and the per-set counts (C-level loops: this is hot)."""
     counts = np.fromiter(map(len, sets), dtype=np.int64, count=len(sets))
-    total = int(counts.sum())
-    flat_ex = list(itertools.chain.from_iterable(sets))
-    prompt = np.fromiter(map(len, map(_PROMPT, flat_ex)), dtype=np.int64, count=total)
-    answer = np.fromiter(map(len, map(_ANSWER, flat_ex)), dtype=np.int64, count=total)
-    return prompt + answer, counts
+    flat = list(itertools.chain.from_iterable(sets))
+    return _LENGTHS.lengths(flat), counts
 
 
 @dataclass
@@ -59,6 +134,33 @@ class _Chunking:
     n_chunks: np.ndarray  # K of every set
     real_cost: np.ndarray  # per set: cost of its real chunks
     n_dummy: np.ndarray  # per set: dummy chunks
+
+
+def _chunk_tuples(local: np.ndarray, bounds: np.ndarray) -> tuple[tuple[int, ...], ...]:
+    """The index tuple of every chunk, equal tuples built once and shared.
+
+    ``local[bounds[i]:bounds[i + 1]]`` is chunk ``i``. A 64 x 32 plan has ~19k chunks but only
+    ~3k distinct ones (small sets give the same few permutations), and every tuple made costs an
+    allocation plus a garbage-collector visit. Each chunk is packed into one int64 code (its
+    indices in fixed-width bit fields, plus its size) so numpy finds the distinct ones; where the
+    code would not fit in 63 bits (huge micro-batches or sets) every chunk is built directly.
+    Tuples are immutable, so sharing is invisible to callers.
+    """
+    total = local.size
+    sizes = np.diff(np.append(bounds, total))
+    flat = tuple(local.tolist())
+    bits = max(1, int(local.max()).bit_length())
+    size_bits = int(sizes.max()).bit_length()
+    if int(sizes.max()) * bits + size_bits > 63:
+        ends = bounds + sizes
+        return tuple(map(flat.__getitem__, map(slice, bounds.tolist(), ends.tolist())))
+    chunk_of = np.repeat(np.arange(bounds.size), sizes)
+    shift = (np.arange(total) - bounds[chunk_of]) * bits + size_bits
+    codes = np.add.reduceat(local << shift, bounds) | sizes
+    _, first, inverse = np.unique(codes, return_index=True, return_inverse=True)
+    starts = bounds[first]
+    made = list(map(flat.__getitem__, map(slice, starts.tolist(), (starts + sizes[first]).tolist())))
+    return tuple(map(made.__getitem__, inverse.tolist()))
 
 
 def chunk_sets(
@@ -140,17 +242,17 @@ def chunk_sets(
             bounds, real_cost, _ = priced(np.where(use_b[seg], group_b, group_a))
         else:
             bounds, real_cost = bounds_a, cost_a
-        local = (order - starts[seg]).tolist()
-        bl = bounds.tolist() + [total]
+        every = _chunk_tuples(order - starts[seg], bounds)
     else:
         real_cost = np.zeros(n_sets)
-        local, bl = [], [0]
+        every = ()
     n_dummy = k_all - k
-    every = [tuple(local[lo:hi]) for lo, hi in zip(bl, bl[1:])]
     ends = np.cumsum(k).tolist()
     begins = [0] + ends[:-1]
-    pads = [((),) * d for d in n_dummy.tolist()]
-    chunks = [tuple(every[lo:hi]) + pad for lo, hi, pad in zip(begins, ends, pads)]
+    pad_of = [((),) * d for d in range(int(n_dummy.max()) + 1 if n_sets else 1)]
+    pads = map(pad_of.__getitem__, n_dummy.tolist())
+    # C-level map chains, no bytecode loop; slicing a tuple yields a tuple (no list in between).
+    chunks = list(map(operator.add, map(every.__getitem__, map(slice, begins, ends)), pads))
     return _Chunking(chunks, k_all, real_cost, n_dummy)
 
 
@@ -185,22 +287,29 @@ def assign_balanced(
     mat = costs[assign]
     limit = 4 * world_size if max_swaps is None else max_swaps
     n_partners = min(world_size, 9)
+    bound = lb * (1.0 + tol)
+    # Loads are kept up to date by each swap's delta, and the loop uses array methods, not the
+    # np.* wrappers: at 64 ranks the loop runs ~60 times, so per-iteration overhead is the cost.
+    loads = mat.sum(axis=1)
     for _ in range(limit):
-        loads = mat.sum(axis=1)
-        m = int(np.argmax(loads))
-        top = loads[m]
-        if top <= lb * (1.0 + tol):
+        m = int(loads.argmax())
+        top = float(loads[m])
+        if top <= bound:
             break
         # Partners: the least loaded ranks (where a swap can move the most cost).
-        partners = np.argsort(loads, kind="stable")[:n_partners]
+        partners = loads.argsort(kind="stable")[:n_partners]
         partners = partners[partners != m]
         d = mat[m][:, None, None] - mat[partners][None, :, :]  # (i in m, partner p, j in p)
         new_max = np.maximum(top - d, loads[partners][None, :, None] + d)
-        best = int(np.argmin(new_max))
+        best = int(new_max.argmin())
         if new_max.flat[best] >= top * (1.0 - 1e-12):
             break
-        i, p, j = np.unravel_index(best, new_max.shape)
+        i, rest = divmod(best, partners.size * t)
+        p, j = divmod(rest, t)
         r = int(partners[p])
+        delta = float(d.flat[best])
+        loads[m] -= delta
+        loads[r] += delta
         assign[m, i], assign[r, j] = assign[r, j], assign[m, i]
         mat[m, i], mat[r, j] = mat[r, j], mat[m, i]
     return assign
@@ -259,6 +368,41 @@ def plan_meta_batch(
         )
     if on_uneven not in ("pad", "error"):
         raise ValueError(f"on_uneven={on_uneven!r} is invalid: allowed 'pad' or 'error'")
+    with _gc_paused():
+        return _plan(episodes, task_ids, step, world_size, micro_batch_size, inner_steps, cost_model, rng, tol)
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Holds off the cyclic garbage collector while a plan's ~25k small tuples are built.
+
+    Every 700 new container objects trigger a young-generation collection; a 64 x 32 plan made
+    dozens of them (about 10% of planning time) although index tuples of ints can never form a
+    cycle. The collector is re-enabled afterwards (only if it was on), so the deferred objects are
+    scanned once. Another thread toggling the collector meanwhile only shifts when it runs.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _plan(
+    episodes: Sequence[Episode],
+    task_ids: Sequence[int],
+    step: int,
+    world_size: int,
+    micro_batch_size: int,
+    inner_steps: int,
+    cost_model: CostModel,
+    rng: np.random.Generator,
+    tol: float,
+) -> MetaBatchPlan:
+    """:func:`plan_meta_batch` after its arguments are checked."""
+    n = len(episodes)
     total = -(-n // world_size) * world_size
     sets = [ep.support for ep in episodes] + [ep.query for ep in episodes]
     counts = np.fromiter(map(len, sets), dtype=np.int64, count=2 * n)
@@ -284,7 +428,7 @@ def plan_meta_batch(
         TaskSlot(episodes[i], 1.0, ch[i], ch[n + i], cost_list[i], int(ids[i])) for i in range(n)
     ]
     slots.extend(TaskSlot(None, 0.0, empty_s, empty_q, cost_list[i], -1) for i in range(n, total))
-    ranks = tuple(tuple(slots[i] for i in row) for row in assign.tolist())
+    ranks = tuple(tuple(map(slots.__getitem__, row)) for row in assign.tolist())
     return MetaBatchPlan(step=step, ranks=ranks, n_real_tasks=n)
 
 

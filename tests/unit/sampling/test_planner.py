@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
 
 import numpy as np
 import pytest
 
 from fmmeta.sampling.cost import CostModel
-from fmmeta.sampling.planner import assign_balanced, plan_meta_batch, plan_stats
+from fmmeta.sampling.planner import _LengthCache, assign_balanced, chunk_sets, plan_meta_batch, plan_stats
 from fmmeta.tasks.episode import Episode
 
 from .conftest import make_example
@@ -174,3 +175,110 @@ def test_a_long_outlier_gets_a_chunk_of_its_own() -> None:
     groups = [[outlier.support[i].n_tokens for i in c] for c in slot.support_chunks]
     # equal sizes would give [400, 50], [49, 48], [47, 46, 45]: 1039 padded tokens instead of 692
     assert groups == [[400], [50, 49], [48, 47, 46, 45]]
+
+
+def _reference_chunks(
+    lengths: list[int], k_all: int, mb: int, cm: CostModel
+) -> tuple[tuple[tuple[int, ...], ...], float]:
+    """The chunking rule of the module docstring, one set at a time in plain python."""
+    n = len(lengths)
+    if n == 0:
+        return ((),) * k_all, 0.0
+    order = sorted(range(n), key=lambda i: -lengths[i])  # stable: ties keep episode order
+    k = min(k_all, n)
+    q, rem = divmod(n, k)
+    sizes_a = [q] * (k - rem) + [q + 1] * rem
+    spare = max(mb - 1, 1)
+    full = (n - k) // spare
+    short, left = [], n
+    for size in [mb] * full + [1 + (n - k) - full * spare]:
+        take = min(size, left)
+        if take:
+            short.append(take)
+            left -= take
+    sizes_b = (short + [1] * left)[::-1]
+
+    def cut(sizes: list[int]) -> tuple[tuple[tuple[int, ...], ...], float]:
+        chunks, cost, pos = [], 0.0, 0
+        for s in sizes:
+            chunk = tuple(order[pos : pos + s])
+            chunks.append(chunk)
+            cost += cm.chunk_cost([lengths[i] for i in chunk])
+            pos += s
+        return tuple(chunks), cost
+
+    (ch_a, cost_a), (ch_b, cost_b) = cut(sizes_a), cut(sizes_b)
+    chunks, cost = (ch_b, cost_b) if cost_b < cost_a else (ch_a, cost_a)
+    return chunks + ((),) * (k_all - k), cost
+
+
+@pytest.mark.parametrize("micro_batch_size", [1, 3, 4, 32])
+def test_vectorised_chunking_matches_the_per_set_reference(micro_batch_size: int) -> None:
+    # Ties, outliers, empty sets, sets shorter than K; 32 per chunk exceeds the packed chunk code
+    # (63 bits), so that size exercises the direct tuple path.
+    rng = np.random.default_rng(micro_batch_size)
+    cm = CostModel()
+    sets_len = [rng.integers(2, 60, int(rng.integers(0, 70))).tolist() for _ in range(40)]
+    sets_len += [[7] * 9, [400, 5, 5, 5, 5], []]
+    sets = [tuple(make_example(n) for n in lens) for lens in sets_len]
+    need = max(-(-len(s) // micro_batch_size) for s in sets_len)
+    k_all = [need + int(rng.integers(0, 3)) for _ in sets]
+    got = chunk_sets(sets, micro_batch_size=micro_batch_size, cost_model=cm, n_chunks=k_all)
+    for i, lens in enumerate(sets_len):
+        chunks, cost = _reference_chunks(lens, k_all[i], micro_batch_size, cm)
+        assert got.chunks[i] == chunks, f"set {i}"
+        assert got.real_cost[i] == pytest.approx(cost)
+        assert got.n_dummy[i] == k_all[i] - min(k_all[i], len(lens))
+
+
+def test_length_cache_returns_true_lengths_for_hits_misses_and_after_eviction() -> None:
+    cache = _LengthCache(max_entries=50)
+    pool = [make_example(n) for n in range(2, 42)]  # 40 distinct examples
+    first = [pool[i] for i in (3, 3, 0, 39)]
+    assert cache.lengths(first).tolist() == [5, 5, 2, 41]
+    assert cache.lengths(first[::-1]).tolist() == [41, 2, 5, 5]  # every one a hit
+    mixed = pool[:20] + [make_example(100)]  # hits and misses in one call
+    assert cache.lengths(mixed).tolist() == list(range(2, 22)) + [100]
+    assert cache.lengths(pool).tolist() == list(range(2, 42))  # overflows 50: cleared, refilled
+    # stored examples stay alive, so a new object can never take a stored id
+    assert all(ex in cache._keep.values() for ex in pool)
+    fresh = [make_example(n) for n in (9, 3)]
+    assert cache.lengths(fresh).tolist() == [9, 3]
+    cache.clear()
+    assert cache.lengths(pool[:2]).tolist() == [2, 3]
+    too_many = [make_example(2) for _ in range(60)]  # more than it holds: answered, not stored
+    assert cache.lengths(too_many).tolist() == [2] * 60
+    assert cache._keys.size <= 50 and len(cache._keep) == cache._keys.size
+
+
+def test_planning_leaves_the_garbage_collector_as_it_found_it() -> None:
+    eps = _uneven_episodes(8, seed=4)
+    was = gc.isenabled()
+    try:
+        for state in (True, False):
+            (gc.enable if state else gc.disable)()
+            _plan(eps, 2)
+            assert gc.isenabled() is state
+    finally:
+        (gc.enable if was else gc.disable)()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_two_tasks_per_rank_is_optimal(seed: int) -> None:
+    # LPT in rounds pairs the i-th largest with the i-th smallest of the rest, which is the
+    # optimal pairing, so at 2 tasks per rank nothing (Karmarkar-Karp, swaps) can do better.
+    costs = np.random.default_rng(seed).lognormal(0.0, 1.2, 10)
+    makespan = costs[assign_balanced(costs, 5, tol=0.0)].sum(axis=1).max()
+    assert makespan == pytest.approx(_brute_force_makespan(costs, 5))
+
+
+def test_equal_count_bound_holds_and_balance_reaches_it_on_a_heavy_tail() -> None:
+    # With equal task counts the rank holding the largest task also runs t - 1 others, so no
+    # assignment beats largest + (t - 1) cheapest; on a heavy tail that bound is above LB.
+    rng = np.random.default_rng(11)
+    for _ in range(20):
+        costs = rng.lognormal(0.0, 1.5, 8 * 8)
+        loads = costs[assign_balanced(costs, 8)].sum(axis=1)
+        srt = np.sort(costs)
+        tight = max(costs.sum() / 8, srt[-1] + srt[:7].sum())
+        assert tight - 1e-9 <= loads.max() <= tight * 1.02
