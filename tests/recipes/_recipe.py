@@ -29,6 +29,9 @@ SHORT = [
 ]
 """The shared short run: one method, 8 meta-steps, a checkpoint after steps 1, 3, 5 and 7 (0-based)."""
 
+DROPOUT = ["lora.dropout=0.1"]
+"""Makes the losses depend on the torch RNG stream (one process only: ranks draw different masks)."""
+
 
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -18,6 +18,15 @@ def local_short(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def local_dropout(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The one-process reference with LoRA dropout on, so the losses depend on the torch RNG
+    stream too and a resume that failed to restore it would show."""
+    out = tmp_path_factory.mktemp("recipe") / "local_dropout"
+    _recipe.run("python", [*_recipe.SHORT, *_recipe.DROPOUT, f"output_dir={out}"], timeout_s=120)
+    return out
+
+
+@pytest.fixture(scope="session")
 def deepspeed_short(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two processes under ``deepspeed`` (ZeRO-3), the shared short run, uninterrupted."""
     out = tmp_path_factory.mktemp("recipe") / "deepspeed"

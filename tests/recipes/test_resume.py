@@ -35,8 +35,8 @@ def _resumed_from(log: str) -> int:
     return int(found[0][1])
 
 
-def _kill_and_resume(launcher: str, nprocs: int, out: Path, reference: Path) -> None:
-    args = [*_recipe.SHORT, f"output_dir={out}", "train.resume=auto"]
+def _kill_and_resume(launcher: str, nprocs: int, out: Path, reference: Path, extra: list[str]) -> None:
+    args = [*_recipe.SHORT, *extra, f"output_dir={out}", "train.resume=auto"]
     killed_log = _recipe.run_and_kill(launcher, args, out / "metrics.jsonl", at_step=4, nprocs=nprocs)
     assert not (out / "fomaml" / "adapter").exists(), "killed too late: the run had finished"
     assert "done in" not in killed_log
@@ -49,19 +49,20 @@ def _kill_and_resume(launcher: str, nprocs: int, out: Path, reference: Path) -> 
 
 
 @pytest.mark.timeout(240)
-def test_kill_and_resume_one_process(tmp_path: Path, local_short: Path) -> None:
-    _kill_and_resume("python", 1, tmp_path / "run", local_short)
+def test_kill_and_resume_one_process(tmp_path: Path, local_dropout: Path) -> None:
+    # With LoRA dropout on, a resume that skipped the RNG restore fails this test (checked).
+    _kill_and_resume("python", 1, tmp_path / "run", local_dropout, _recipe.DROPOUT)
 
 
 @pytest.mark.timeout(360)
 def test_kill_and_resume_deepspeed_zero3_two_processes(tmp_path: Path, deepspeed_short: Path) -> None:
-    _kill_and_resume("deepspeed", 2, tmp_path / "run", deepspeed_short)
+    _kill_and_resume("deepspeed", 2, tmp_path / "run", deepspeed_short, [])
 
 
 @pytest.mark.timeout(240)
-def test_corrupt_newest_checkpoint_falls_back_to_previous(tmp_path: Path, local_short: Path) -> None:
+def test_corrupt_newest_checkpoint_falls_back_to_previous(tmp_path: Path, local_dropout: Path) -> None:
     out = tmp_path / "run"
-    shutil.copytree(local_short, out)
+    shutil.copytree(local_dropout, out)
     checkpoints = out / "fomaml" / "checkpoints"
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step_00000005", "step_00000007"]
     bad = checkpoints / "step_00000007" / "adapter" / "adapter_model.safetensors"
@@ -70,11 +71,12 @@ def test_corrupt_newest_checkpoint_falls_back_to_previous(tmp_path: Path, local_
     bad.write_bytes(bytes(data))
     shutil.rmtree(out / "fomaml" / "adapter")
 
-    proc = _recipe.run("python", [*_recipe.SHORT, f"output_dir={out}", "train.resume=auto"], timeout_s=120)
+    proc = _recipe.run("python", [*_recipe.SHORT, *_recipe.DROPOUT, f"output_dir={out}", "train.resume=auto"],
+                       timeout_s=120)
     log = proc.stdout
     assert "adapter/adapter_model.safetensors" in log and "step_00000007" in log, log[-3000:]
     assert re.search(r"falling back to checkpoint step_00000005 \(skipped unusable newer: step_00000007\)", log), log[-3000:]
     assert _resumed_from(log) == 5
     # Steps 6 and 7 ran again from step 5's state: the same losses and adapter as the reference.
-    _assert_same_run(out, local_short)
+    _assert_same_run(out, local_dropout)
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step_00000005", "step_00000007"]
