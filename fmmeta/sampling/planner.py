@@ -1,7 +1,10 @@
 """Turns a meta-batch of episodes into a :class:`MetaBatchPlan`: balanced ranks, little padding.
 
-Two problems, both solved with numpy over the whole meta-batch at once (64 ranks x 32 tasks plan
-in a few milliseconds):
+Two problems, both solved with numpy over the whole meta-batch at once. A 64 ranks x 32 tasks
+plan (2048 episodes, ~32k sequences, ~19k chunks) takes under 20 ms of CPU: sequence lengths come
+from a cache keyed by example identity (:class:`_LengthCache`), both chunking candidates are
+priced per chunk in closed form, equal chunk tuples are built once and shared, and the garbage
+collector waits until the plan's small tuples are built.
 
 1. **Chunking (padding).** Every slot of a plan must run the same number of support chunks ``K_s``
    and query chunks ``K_q`` (ZeRO-3 lockstep), where ``K = max over tasks of ceil(n / micro_batch)``.
@@ -50,14 +53,17 @@ class _LengthCache:
     Reading ``len(prompt_ids) + len(answer_ids)`` touches three scattered objects per example;
     over the ~32k examples of a 64 x 32 meta-batch that memory latency was the largest single
     cost of planning. The task layer caches its tokenized examples, so the same
-    :class:`~fmmeta.tasks.episode.Example` objects come back step after step: the cache keeps
-    their ``id`` in a sorted numpy array and finds a whole meta-batch with one ``searchsorted``
-    (a dict keyed by ``id`` is no faster: addresses share their low bits and collide).
+    :class:`~fmmeta.tasks.episode.Example` objects come back step after step: the cache finds a
+    whole meta-batch's ids with numpy alone, in a direct-mapped table (multiplicative hash of the
+    id) and, for the few ids that lost a table slot to a collision, a ``searchsorted`` over all
+    stored ids. (A python dict keyed by ``id`` is no faster: addresses share their low bits.)
 
     Safety: the cache holds a reference to every example it stores, so a stored id can never be
     reused by another object, and examples are frozen, so a stored length stays right. It is
     bounded (cleared when full) and locked (the prefetcher plans in a background thread).
     """
+
+    _MULT = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: the high bits mix every id bit
 
     def __init__(self, max_entries: int = 1 << 16) -> None:
         self.max_entries = max_entries
@@ -65,23 +71,45 @@ class _LengthCache:
         self._values = np.empty(0, dtype=np.int64)  # token counts, aligned with _keys
         self._keep: dict[int, object] = {}  # id -> example: keeps every stored id alive
         self._lock = threading.Lock()
+        self._index(self._keys, self._values)
+
+    def _slots(self, ids: np.ndarray) -> np.ndarray:
+        return ((ids.view(np.uint64) * self._MULT) >> self._shift).astype(np.intp)
+
+    def _index(self, keys: np.ndarray, values: np.ndarray) -> None:
+        """Stores sorted ``keys``/``values`` and rebuilds the table (about 4 slots per key)."""
+        self._keys, self._values = keys, values
+        bits = max(4, (4 * keys.size).bit_length())
+        self._shift = np.uint64(64 - bits)
+        self._table_keys = np.full(1 << bits, -1, dtype=np.int64)  # -1 is no object's id
+        self._table_values = np.zeros(1 << bits, dtype=np.int64)
+        slot = self._slots(keys)
+        self._table_keys[slot] = keys  # on a collision the last key wins the slot
+        self._table_values[slot] = values
+
+    def _lookup(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Stored lengths of ``ids`` (0 where absent) and whether each was found."""
+        slot = self._slots(ids)
+        hit = self._table_keys[slot] == ids
+        out = self._table_values[slot]
+        rest = np.flatnonzero(~hit)
+        if rest.size and self._keys.size:
+            pos = np.searchsorted(self._keys, ids[rest])
+            np.minimum(pos, self._keys.size - 1, out=pos)
+            found = self._keys[pos] == ids[rest]
+            out[rest[found]] = self._values[pos[found]]
+            hit[rest[found]] = True
+        return out, hit
 
     def lengths(self, flat: list) -> np.ndarray:
         """Token count of every example in ``flat`` (a list of ``Example``)."""
         n = len(flat)
         ids = np.fromiter(map(id, flat), dtype=np.int64, count=n)
         with self._lock:
-            keys = self._keys
-            if keys.size:
-                pos = np.searchsorted(keys, ids)
-                np.minimum(pos, keys.size - 1, out=pos)
-                hit = keys[pos] == ids
-                if hit.all():
-                    return self._values[pos]
-                miss = np.flatnonzero(~hit)
-            else:
-                pos = hit = None
-                miss = np.arange(n)
+            out, hit = self._lookup(ids)
+            if hit.all():
+                return out
+            miss = np.flatnonzero(~hit)
             new_ex = list(map(flat.__getitem__, miss.tolist()))
             # One pass that reads both tuples of an example while it is in cache.
             new_len = np.fromiter(
@@ -89,31 +117,25 @@ class _LengthCache:
                 dtype=np.int64,
                 count=len(new_ex),
             )
-            if hit is None:
-                out = new_len
-            else:
-                out = self._values[pos]
-                out[miss] = new_len
+            out[miss] = new_len
             new_ids, first = np.unique(ids[miss], return_index=True)
             if new_ids.size <= self.max_entries:
+                keys, values = self._keys, self._values
                 if keys.size + new_ids.size > self.max_entries:
-                    keys, values = keys[:0], self._values[:0]
+                    keys, values = keys[:0], values[:0]
                     self._keep.clear()
-                else:
-                    values = self._values
                 self._keep.update(zip(new_ids.tolist(), map(new_ex.__getitem__, first.tolist())))
                 keys = np.concatenate([keys, new_ids])
                 values = np.concatenate([values, new_len[first]])
                 order = np.argsort(keys, kind="stable")
-                self._keys, self._values = keys[order], values[order]
+                self._index(keys[order], values[order])
             return out
 
     def clear(self) -> None:
         """Drops every entry (and the references it held)."""
         with self._lock:
-            self._keys = self._keys[:0]
-            self._values = self._values[:0]
             self._keep.clear()
+            self._index(self._keys[:0], self._values[:0])
 
 
 _LENGTHS = _LengthCache()
@@ -157,7 +179,15 @@ def _chunk_tuples(local: np.ndarray, bounds: np.ndarray) -> tuple[tuple[int, ...
     chunk_of = np.repeat(np.arange(bounds.size), sizes)
     shift = (np.arange(total) - bounds[chunk_of]) * bits + size_bits
     codes = np.add.reduceat(local << shift, bounds) | sizes
-    _, first, inverse = np.unique(codes, return_index=True, return_inverse=True)
+    # np.unique without its stable sort: any member of a group of equal codes will do.
+    perm = codes.argsort()
+    sorted_codes = codes[perm]
+    is_new = np.empty(codes.size, dtype=bool)
+    is_new[0] = True
+    np.not_equal(sorted_codes[1:], sorted_codes[:-1], out=is_new[1:])
+    inverse = np.empty(codes.size, dtype=np.int64)
+    inverse[perm] = np.cumsum(is_new) - 1
+    first = perm[is_new]
     starts = bounds[first]
     made = list(map(flat.__getitem__, map(slice, starts.tolist(), (starts + sizes[first]).tolist())))
     return tuple(map(made.__getitem__, inverse.tolist()))
@@ -204,44 +234,37 @@ def chunk_sets(
         # One int64 key (set, then longest first); the stable sort keeps ties in episode order.
         order = np.argsort(seg * top + (top - 1 - flat), kind="stable")
         sorted_len = flat[order]
-        rank = np.arange(total) - starts[seg]
-        n_e, k_e = counts[seg], k[seg]
         a, b, c = cost_model.coefficients
-
-        def priced(group: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-            """Chunk starts and every set's cost for a labelling of the sorted positions."""
-            is_start = np.ones(total, dtype=bool)
-            is_start[1:] = (seg[1:] != seg[:-1]) | (group[1:] != group[:-1])
-            bounds = np.flatnonzero(is_start)
-            sizes = np.diff(np.append(bounds, total))
-            widths = sorted_len[bounds].astype(np.float64)
-            chunk_cost = a + b * sizes * widths + c * sizes * widths * widths
-            return bounds, np.bincount(seg[bounds], weights=chunk_cost, minlength=n_sets), is_start
-
+        # Both candidates are described per chunk (its set, its index j in the set, its start in
+        # the set and its size), in closed form: ~19k chunks instead of ~32k labelled positions.
+        cset = np.repeat(np.arange(n_sets), k)
+        j = np.arange(cset.size) - (np.cumsum(k) - k)[cset]
+        n_c, k_c, q_c = counts[cset], k[cset], q[cset]
+        off = starts[cset]
         # Candidate A: sizes as equal as possible, the larger groups at the short end.
-        q_e, rem_e = q[seg], rem[seg]
-        small = (k_e - rem_e) * q_e  # positions held by the groups of size q
-        group_a = np.where(
-            rank < small,
-            rank // np.maximum(q_e, 1),
-            (k_e - rem_e) + (rank - small) // (q_e + 1),
-        )
+        n_small = k_c - rem[cset]  # chunks of size q come first
+        start_a = j * q_c + np.maximum(j - n_small, 0)
+        size_a = q_c + (j >= n_small)
         # Candidate B: full groups at the short end, singletons at the long end, which isolates
         # the long right tail of a length distribution (a lone 400-token outlier pads no one).
-        spare = np.maximum(micro_batch_size - 1, 1)
-        full = (n_e - k_e) // spare  # groups of micro_batch_size
-        part = 1 + (n_e - k_e) - full * spare  # size of the one partial group
-        back = n_e - 1 - rank  # position counted from the short end
-        past = back - full * micro_batch_size
-        from_end = np.where(past < 0, back // micro_batch_size, np.where(past < part, full, full + 1 + past - part))
-        group_b = k_e - 1 - from_end
-        bounds_a, cost_a, _ = priced(group_a)
-        bounds_b, cost_b, _ = priced(group_b)
+        spare = max(micro_batch_size - 1, 1)
+        full = (n_c - k_c) // spare  # groups of micro_batch_size
+        part = 1 + (n_c - k_c) - full * spare  # size of the one partial group
+        e = k_c - 1 - j  # chunk index counted from the short end
+        past = e - full
+        start_b = n_c - micro_batch_size * np.minimum(e + 1, full) - np.where(past >= 0, part + past, 0)
+        size_b = np.where(past < 0, micro_batch_size, np.where(past == 0, part, 1))
+
+        def priced(start: np.ndarray, size: np.ndarray) -> np.ndarray:
+            """Every set's cost for the chunks ``(start, size)``."""
+            widths = sorted_len[off + start].astype(np.float64)
+            chunk_cost = a + b * size * widths + c * size * widths * widths
+            return np.bincount(cset, weights=chunk_cost, minlength=n_sets)
+
+        cost_a, cost_b = priced(start_a, size_a), priced(start_b, size_b)
         use_b = cost_b < cost_a
-        if use_b.any():
-            bounds, real_cost, _ = priced(np.where(use_b[seg], group_b, group_a))
-        else:
-            bounds, real_cost = bounds_a, cost_a
+        real_cost = np.where(use_b, cost_b, cost_a)
+        bounds = off + np.where(use_b[cset], start_b, start_a)
         every = _chunk_tuples(order - starts[seg], bounds)
     else:
         real_cost = np.zeros(n_sets)

@@ -231,8 +231,11 @@ def test_vectorised_chunking_matches_the_per_set_reference(micro_batch_size: int
         assert got.n_dummy[i] == k_all[i] - min(k_all[i], len(lens))
 
 
-def test_length_cache_returns_true_lengths_for_hits_misses_and_after_eviction() -> None:
+@pytest.mark.parametrize("collide", [False, True])
+def test_length_cache_returns_true_lengths_for_hits_misses_and_after_eviction(collide: bool) -> None:
     cache = _LengthCache(max_entries=50)
+    if collide:  # every id hashes to one table slot: all but one are found by searchsorted
+        cache._MULT = np.uint64(0)
     pool = [make_example(n) for n in range(2, 42)]  # 40 distinct examples
     first = [pool[i] for i in (3, 3, 0, 39)]
     assert cache.lengths(first).tolist() == [5, 5, 2, 41]
