@@ -69,7 +69,7 @@ class _LengthCache:
         self.max_entries = max_entries
         self._keys = np.empty(0, dtype=np.int64)  # sorted ids
         self._values = np.empty(0, dtype=np.int64)  # token counts, aligned with _keys
-        self._keep: dict[int, object] = {}  # id -> example: keeps every stored id alive
+        self._keep: list[list] = []  # the stored examples, so no stored id can be reused
         self._lock = threading.Lock()
         self._index(self._keys, self._values)
 
@@ -118,15 +118,15 @@ class _LengthCache:
                 count=len(new_ex),
             )
             out[miss] = new_len
-            new_ids, first = np.unique(ids[miss], return_index=True)
-            if new_ids.size <= self.max_entries:
+            # Repeated ids are stored twice (searchsorted finds either): cheaper than deduping.
+            if miss.size <= self.max_entries:
                 keys, values = self._keys, self._values
-                if keys.size + new_ids.size > self.max_entries:
+                if keys.size + miss.size > self.max_entries:
                     keys, values = keys[:0], values[:0]
                     self._keep.clear()
-                self._keep.update(zip(new_ids.tolist(), map(new_ex.__getitem__, first.tolist())))
-                keys = np.concatenate([keys, new_ids])
-                values = np.concatenate([values, new_len[first]])
+                self._keep.append(new_ex)
+                keys = np.concatenate([keys, ids[miss]])
+                values = np.concatenate([values, new_len])
                 order = np.argsort(keys, kind="stable")
                 self._index(keys[order], values[order])
             return out
