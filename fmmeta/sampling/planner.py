@@ -110,7 +110,7 @@ class _LengthCache:
             if hit.all():
                 return out
             miss = np.flatnonzero(~hit)
-            new_ex = list(map(flat.__getitem__, miss.tolist()))
+            new_ex = list(flat) if miss.size == n else list(map(flat.__getitem__, miss.tolist()))
             # One pass that reads both tuples of an example while it is in cache.
             new_len = np.fromiter(
                 map(operator.add, map(len, map(_PROMPT, new_ex)), map(len, map(_ANSWER, new_ex))),
