@@ -21,8 +21,10 @@ from fmmeta.models import build_model_and_tokenizer
 from fmmeta.recipe_config import RecipeConfig
 from tests.recipes import _recipe
 
-METHODS = ("fomaml", "reptile", "multitask")
-STEPS = 4  # smoke.yaml's train.meta_steps
+SMOKE = load_config(RecipeConfig, _recipe.SMOKE)
+METHODS = SMOKE.methods
+STEPS = SMOKE.train.meta_steps
+TASKS = SMOKE.sampler.meta_batch_size
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +39,7 @@ def test_config_yaml_loads_back_to_the_same_config(smoke) -> None:
     assert proc.returncode == 0
     written = load_config(RecipeConfig, out / "config.yaml")
     assert written == load_config(RecipeConfig, _recipe.SMOKE, [f"output_dir={out}"])
-    assert written.methods == METHODS and written.model.tiny
+    assert written.methods == ("fomaml", "reptile", "multitask") and written.model.tiny
 
 
 @pytest.mark.timeout(240)
@@ -51,7 +53,7 @@ def test_metrics_one_finite_line_per_method_and_step(smoke) -> None:
             assert isinstance(r[key], float) and math.isfinite(r[key]), (key, r)
         # Not measured by default (algorithm.measure_query_before=false): null, never a bogus number.
         assert r["query_loss_before"] is None or math.isfinite(r["query_loss_before"])
-        assert 0 < r["padding_efficiency"] <= 1 and r["tasks"] == 4 and r["tokens"] > 0
+        assert 0 < r["padding_efficiency"] <= 1 and r["tasks"] == TASKS and r["tokens"] > 0
         assert 0 < r["outer_loss"] < 10  # a byte-level LM starts near ln(vocab)
     # Meta-training learns something: every method ends with a lower outer loss than it started.
     for m in METHODS:
@@ -65,7 +67,7 @@ def test_log_shows_banner_and_one_line_per_step(smoke) -> None:
     log = proc.stdout
     for m in METHODS:
         banner = re.search(rf"== {m} \| model tiny-llama.*\| params trainable ([\d,]+) / total ([\d,]+)"
-                           r".*\| world size 1 .*\| tasks per meta-step 4 \(4 per rank\)", log)
+                           rf".*\| world size 1 .*\| tasks per meta-step {TASKS} \({TASKS} per rank\)", log)
         assert banner, f"no banner for {m}:\n{log[-3000:]}"
         lines = re.findall(rf"^{m} step (\d+)/{STEPS} \| outer [\d.]+ \| query \S+ -> [\d.]+ \| \d+ tok/s"
                            r" \| pad eff [\d.]+ \| data wait [\d.]+%", log, flags=re.M)
