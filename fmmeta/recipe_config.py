@@ -102,7 +102,9 @@ class RecipeConfig:
     # lr 0.03, outer lr 3e-3). "diversity" puts both task families in every meta-batch: the
     # language-id family has 3 of the 33 meta-training tasks and would be rare under uniform.
     sampler: SamplerConfig = field(
-        default_factory=lambda: SamplerConfig(meta_batch_size=4, strategy="diversity")
+        default_factory=lambda: SamplerConfig(
+            meta_batch_size=4, micro_batch_size=8, strategy="diversity"
+        )
     )
     algorithm: AlgorithmConfig = field(
         default_factory=lambda: AlgorithmConfig(inner_clip_norm=1.0, measure_query_before=True)

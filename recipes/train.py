@@ -242,7 +242,8 @@ def train_method(cfg: RecipeConfig, method: str, base: torch.nn.Module, pad_id: 
                 bar.write(
                     f"{method} step {step + 1}/{cfg.train.meta_steps} | outer {record['outer_loss']:.3f}"
                     f" | query {record['query_loss_before']:.3f} -> {record['query_loss_after']:.3f}"
-                    f" | {record['tokens_per_s']:.0f} tok/s | pad eff {record['padding_efficiency']:.3f}"
+                    f" | {record['tokens']} tok, {record['tokens_per_s']:.0f} tok/s"
+                    f" | pad eff {record['padding_efficiency']:.3f}"
                     f" | data wait {record['data_wait_fraction']:.1%}"
                     + (" | SKIPPED (non-finite)" if record["skipped"] else "")
                 )

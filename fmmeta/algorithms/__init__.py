@@ -5,11 +5,11 @@ Nothing here imports DeepSpeed or accelerate; the engine (``fmmeta.engine``) hid
 
 from fmmeta.algorithms.first_order import FOMAML, AlgorithmConfig, MultiTask, Reptile, build_algorithm
 from fmmeta.algorithms.inner_loop import InnerLoopConfig, adapt, answer_loss_sum, restore, snapshot
-from fmmeta.algorithms.meta_step import StepStats, TaskObservation, meta_step
+from fmmeta.algorithms.meta_step import StepStats, TaskRecord, meta_step
 from fmmeta.algorithms.protocol import MetaAlgorithm, TaskResult
 
 __all__ = [
     "FOMAML", "AlgorithmConfig", "InnerLoopConfig", "MetaAlgorithm", "MultiTask", "Reptile",
-    "StepStats", "TaskObservation", "TaskResult", "adapt", "answer_loss_sum", "build_algorithm",
+    "StepStats", "TaskRecord", "TaskResult", "adapt", "answer_loss_sum", "build_algorithm",
     "meta_step", "restore", "snapshot",
 ]

@@ -70,10 +70,6 @@ class AlgorithmConfig:
         inner_lr: inner learning rate (> 0).
         inner_optimizer: "sgd" or "adam" (fresh moments per task).
         inner_clip_norm: per-inner-step global gradient-norm clip; ``None`` = off.
-        support_micro_batch: support examples per micro-batch when the sampler cuts a slot's
-            support chunks (``None`` = the whole support set in one chunk). Read by the sampler;
-            the algorithm runs whatever chunks the plan holds.
-        query_micro_batch: query examples per micro-batch, as above, for query chunks.
         pad_to_multiple_of: pad each micro-batch's length to a multiple of this (``None`` = exact).
         measure_query_before: also measure the query loss at theta (q extra forward passes per
             task). Must be the same on every rank (ZeRO-3 lockstep).
@@ -90,8 +86,6 @@ class AlgorithmConfig:
     inner_lr: float = 0.03
     inner_optimizer: str = "sgd"
     inner_clip_norm: float | None = None
-    support_micro_batch: int | None = None
-    query_micro_batch: int | None = None
     pad_to_multiple_of: int | None = None
     measure_query_before: bool = False
     reptile_query_step: bool = False
@@ -101,7 +95,7 @@ class AlgorithmConfig:
         problems: list[str] = []
         if self.name not in ALGORITHMS:
             problems.append(f"name={self.name!r} is invalid: allowed {list(ALGORITHMS)}")
-        for key in ("support_micro_batch", "query_micro_batch", "pad_to_multiple_of"):
+        for key in ("pad_to_multiple_of",):
             value = getattr(self, key)
             if value is not None and value < 1:
                 problems.append(f"{key}={value} is invalid: must be >= 1, or None")

@@ -24,8 +24,9 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class TaskObservation:
-    """What one real task did on this rank (the recipe gathers these for the sampler).
+class TaskRecord:
+    """What one real task did on this rank (the recipe turns these into the sampler's
+    ``fmmeta.sampling.TaskObservation`` and gathers them from every rank).
 
     Attributes:
         task_id: index of the task in the sampler's pool.
@@ -78,7 +79,7 @@ class StepStats:
     n_passes: int
     seconds: float
     outer: dict[str, float] = field(default_factory=dict)
-    tasks: tuple[TaskObservation, ...] = ()
+    tasks: tuple[TaskRecord, ...] = ()
 
 
 def _mean(values: list[float]) -> float:
@@ -123,7 +124,7 @@ def meta_step(engine: Engine, algorithm: MetaAlgorithm, plan: MetaBatchPlan) -> 
     params = engine.adapter_parameters()
     device = params[0].device if params else engine.device
     grad_sum = [torch.zeros_like(p) for p in params]
-    tasks: list[TaskObservation] = []
+    tasks: list[TaskRecord] = []
     n_tokens = n_padded = n_passes = 0
     for slot in plan.for_rank(engine.rank):
         t0 = time.perf_counter()
@@ -140,7 +141,7 @@ def meta_step(engine: Engine, algorithm: MetaAlgorithm, plan: MetaBatchPlan) -> 
             continue
         n_tokens += result.n_tokens
         tasks.append(
-            TaskObservation(
+            TaskRecord(
                 task_id=slot.task_id,
                 task=slot.episode.task if slot.episode is not None else "",
                 query_loss_before=result.query_loss_before,

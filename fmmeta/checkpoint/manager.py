@@ -305,7 +305,8 @@ class CheckpointManager:
                 f"world_size={world_size} needs a barrier (e.g. engine.barrier) so rank 0 writes "
                 "the manifest only after every rank finished writing"
             )
-        self.root = Path(root)
+        # Absolute, so files reported relative to the working directory resolve the same way.
+        self.root = Path(root).resolve()
         self.keep_last = keep_last
         self.rank = rank
         self.world_size = world_size

@@ -170,8 +170,8 @@ def test_dummy_chunks_and_slots_contribute_nothing(peft_factory, episodes, name)
 def test_algorithm_config_errors_name_the_key() -> None:
     with pytest.raises(ValueError, match="name='maml'"):
         AlgorithmConfig(name="maml")
-    with pytest.raises(ValueError, match="query_micro_batch=0"):
-        AlgorithmConfig(query_micro_batch=0)
+    with pytest.raises(ValueError, match="pad_to_multiple_of=0"):
+        AlgorithmConfig(pad_to_multiple_of=0)
     with pytest.raises(ValueError, match="inner_lr"):
         AlgorithmConfig(inner_lr=-1.0)
 
