@@ -301,3 +301,20 @@ def test_safe_torch_load_refuses_pickled_objects(tmp_path: Path) -> None:
     torch.save({"obj": Crash("x")}, path)
     with pytest.raises(Exception, match="[Ww]eights only"):
         safe_torch_load(path)
+
+
+def test_relative_root_accepts_files_reported_by_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A relative output_dir (the recipe's default ``runs/default``) must work: files an engine
+    writes into ``writer.directory`` come back as paths relative to the working directory."""
+    monkeypatch.chdir(tmp_path)
+    manager = CheckpointManager("runs/ckpts", keep_last=2)
+
+    def write(w: CheckpointWriter) -> None:
+        target = w.directory / "engine" / "state.bin"  # as engine.save_optimizer(w.directory) does
+        target.parent.mkdir(parents=True)
+        target.write_bytes(b"abc")
+        w.add_files([target, *(p for p in (w.directory / "engine").iterdir())])
+
+    ckpt = manager.save(0, write)
+    assert ckpt.file("engine/state.bin").read_bytes() == b"abc"
+    assert manager.latest() is not None and manager.latest().step == 0
