@@ -299,4 +299,9 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except Exception:
+        # Under a launcher every rank's traceback lands in one interleaved log: name the rank.
+        logger.exception("rank %s failed", os.environ.get("RANK", "0"))
+        sys.exit(1)
