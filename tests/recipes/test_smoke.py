@@ -69,7 +69,7 @@ def test_log_shows_banner_and_one_line_per_step(smoke) -> None:
         banner = re.search(rf"== {m} \| model tiny-llama.*\| params trainable ([\d,]+) / total ([\d,]+)"
                            rf".*\| world size 1 .*\| tasks per meta-step {TASKS} \({TASKS} per rank\)", log)
         assert banner, f"no banner for {m}:\n{log[-3000:]}"
-        lines = re.findall(rf"^{m} step (\d+)/{STEPS} \| outer [\d.]+ \| query \S+ -> [\d.]+ \| \d+ tok/s"
+        lines = re.findall(rf"^{m} step (\d+)/{STEPS} \| outer [\d.]+ \| query \S+ -> [\d.]+ \| \d+ tok, \d+ tok/s"
                            r" \| pad eff [\d.]+ \| data wait [\d.]+%", log, flags=re.M)
         assert lines == [str(s) for s in range(1, STEPS + 1)], (m, lines)
     assert "done in" in log and "Traceback" not in log
