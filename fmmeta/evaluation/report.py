@@ -164,14 +164,15 @@ def plot_training_curves(metrics_jsonl: str | Path, path: str | Path) -> Path:
     """Meta-training curves: outer loss and query loss before/after adaptation vs meta-step.
 
     Reads one JSON object per line; draws whichever of :data:`TRAINING_CURVE_KEYS` are present,
-    against the first of :data:`STEP_KEYS` (or the line number). Lines without a curve key (a
-    banner, an eval line) are skipped.
+    against the first of :data:`STEP_KEYS` (or the line number), one panel per ``method`` (a run
+    trains several methods into one file; their steps restart at 0). Lines without a curve key
+    (a banner, an eval line) are skipped.
 
     Raises:
         ValueError: if a line is not JSON or no line has any curve key.
     """
     metrics_jsonl, path = Path(metrics_jsonl), Path(path)
-    series: dict[str, tuple[list[float], list[float]]] = {}
+    panels: dict[str, dict[str, tuple[list[float], list[float]]]] = {}
     with metrics_jsonl.open() as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -181,28 +182,31 @@ def plot_training_curves(metrics_jsonl: str | Path, path: str | Path) -> Path:
             except json.JSONDecodeError as e:
                 raise ValueError(f"{metrics_jsonl}:{lineno} is not JSON ({e}): expected one object per line") from None
             x = next((row[k] for k in STEP_KEYS if k in row), lineno)
+            series = panels.setdefault(str(row.get("method", "")), {})
             for key in TRAINING_CURVE_KEYS:
                 v = row.get(key)
                 if isinstance(v, (int, float)) and math.isfinite(v):
                     xs, ys = series.setdefault(key, ([], []))
                     xs.append(float(x))
                     ys.append(float(v))
-    if not series:
+    panels = {m: series for m, series in panels.items() if series}
+    if not panels:
         raise ValueError(
             f"{metrics_jsonl} has no field among {list(TRAINING_CURVE_KEYS)}: it is not a "
             "meta-training metrics file (pass the run's metrics.jsonl)"
         )
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig, (ax,) = _figure(1, width_per_axis=6.0)
-    for key in TRAINING_CURVE_KEYS:
-        if key in series:
-            xs, ys = series[key]
-            ax.plot(xs, ys, label=key.replace("_", " "))
-    ax.set_xlabel("meta-step")
-    ax.set_ylabel("loss per answer token (nats)")
-    ax.set_title("meta-training")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
+    fig, axes = _figure(len(panels), width_per_axis=5.0)
+    for ax, (method, series) in zip(axes, panels.items()):
+        for key in TRAINING_CURVE_KEYS:
+            if key in series:
+                xs, ys = series[key]
+                ax.plot(xs, ys, label=key.replace("_", " "))
+        ax.set_xlabel("meta-step")
+        ax.set_ylabel("loss per answer token (nats)")
+        ax.set_title(f"meta-training: {method}" if method else "meta-training")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     return path

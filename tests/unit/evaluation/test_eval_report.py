@@ -106,3 +106,23 @@ def test_training_curves_reject_a_file_without_curves(tmp_path: Path) -> None:
     bad.write_text("{not json\n")
     with pytest.raises(ValueError, match=":1 is not JSON"):
         plot_training_curves(bad, tmp_path / "x.png")
+
+
+def test_training_curves_draw_one_panel_per_method(tmp_path) -> None:
+    """A run trains several methods into one metrics.jsonl; their steps restart at 0, so one
+    line across methods would zig-zag back. Each method gets its own panel."""
+    import json as _json
+    import struct
+
+    def png_width(path) -> int:
+        return struct.unpack(">I", path.read_bytes()[16:20])[0]
+
+    rows = [{"method": m, "step": s, "outer_loss": 3.0 - 0.1 * s} for m in ("a", "b", "c") for s in range(4)]
+    three, one = tmp_path / "three.jsonl", tmp_path / "one.jsonl"
+    three.write_text("".join(_json.dumps(r) + "\n" for r in rows))
+    one.write_text("".join(_json.dumps(r) + "\n" for r in rows if r["method"] == "a"))
+    from fmmeta.evaluation.report import plot_training_curves
+
+    w3 = png_width(plot_training_curves(three, tmp_path / "three.png"))
+    w1 = png_width(plot_training_curves(one, tmp_path / "one.png"))
+    assert w3 == 3 * w1
