@@ -214,8 +214,8 @@ def train_method(cfg: RecipeConfig, method: str, base: torch.nn.Module, pad_id: 
     start = restore(ckpts, cfg, engine, prefetcher, model)
     metrics = MetricsLog(out / "metrics.jsonl", rank=engine.rank, method=method, keep_until=start - 1)
     every = cfg.train.checkpoint_every
-    bar = tqdm(total=cfg.train.meta_steps, initial=start, desc=method, disable=engine.rank != 0 or not sys.stderr.isatty(),
-               dynamic_ncols=True, file=sys.stderr)
+    bar = tqdm(total=cfg.train.meta_steps, initial=start, desc=method, dynamic_ncols=True,
+               file=sys.stderr, disable=engine.rank != 0 or not sys.stderr.isatty())
     with prefetcher:
         for step in range(start, cfg.train.meta_steps):
             item = prefetcher.get()
