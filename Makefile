@@ -1,7 +1,8 @@
 # Each target sets up .venv itself (scripts/setup.sh), so these work on a fresh machine.
 PY := .venv/bin/python
 export PYTHONUNBUFFERED := 1
-export OMP_NUM_THREADS ?= 1
+# Tests run several processes on few cores: one thread each avoids oversubscription.
+TEST_ENV := OMP_NUM_THREADS=1 DS_ACCELERATOR=$${DS_ACCELERATOR:-cpu}
 
 .PHONY: setup train test test-unit test-distributed test-recipes bench
 
@@ -13,16 +14,16 @@ train: setup
 	$(PY) recipes/train.py $(ARGS)
 
 test: setup
-	$(PY) -m pytest tests -q $(ARGS)
+	$(TEST_ENV) $(PY) -m pytest tests -q $(ARGS)
 
 test-unit: setup
-	$(PY) -m pytest tests/unit -q $(ARGS)
+	$(TEST_ENV) $(PY) -m pytest tests/unit -q $(ARGS)
 
 test-distributed: setup
-	$(PY) -m pytest tests/distributed -q $(ARGS)
+	$(TEST_ENV) $(PY) -m pytest tests/distributed -q $(ARGS)
 
 test-recipes: setup
-	$(PY) -m pytest tests/recipes -q $(ARGS)
+	$(TEST_ENV) $(PY) -m pytest tests/recipes -q $(ARGS)
 
 bench: setup
 	for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
