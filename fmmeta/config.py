@@ -23,9 +23,9 @@ Example:
     ... class Run:
     ...     output_dir: str = "runs/default"
     ...     train: TrainConfig = field(default_factory=TrainConfig)
-    >>> cfg = load_config(Run, None, ["train.meta_steps=5", "output_dir=/tmp/run"])
+    >>> cfg = load_config(Run, None, ["train.meta_steps=5", "output_dir=runs/example"])
     >>> cfg.train.meta_steps, cfg.output_dir
-    (5, '/tmp/run')
+    (5, 'runs/example')
 """
 
 from __future__ import annotations
