@@ -15,7 +15,7 @@ from typing import Any
 
 from fmmeta.algorithms.first_order import ALGORITHMS, AlgorithmConfig
 from fmmeta.config import EngineConfig, LoraConfig, ModelConfig, TrainConfig
-from fmmeta.engine.ds_config import DSConfigError, resolve_ds_config
+from fmmeta.engine.ds_config import DSConfigError, owned_values, resolve_ds_config
 from fmmeta.engine.optim import OuterOptimConfig
 from fmmeta.sampling.sampler import SamplerConfig
 @dataclass(kw_only=True)
@@ -118,9 +118,8 @@ class RecipeConfig:
 
     def __post_init__(self) -> None:
         # One home for the inner-step count: the algorithm's. The sampler's cost model needs it
-        # too, so it is copied unless the user set a (then conflicting) value of their own.
-        if self.sampler.inner_steps == SamplerConfig().inner_steps:
-            self.sampler.inner_steps = max(1, self.algorithm.inner_steps)
+        # too, so the recipe always copies it there (also over a value a saved config.yaml holds).
+        self.sampler.inner_steps = max(1, self.algorithm.inner_steps)
 
     def validate(self) -> list[str]:
         """Cross-section checks; each section checks itself."""
@@ -133,12 +132,6 @@ class RecipeConfig:
             )
         if len(set(self.methods)) != len(self.methods):
             problems.append(f"methods={list(self.methods)} is invalid: a method is listed twice")
-        if self.sampler.inner_steps != max(1, self.algorithm.inner_steps):
-            problems.append(
-                f"sampler.inner_steps={self.sampler.inner_steps} disagrees with "
-                f"algorithm.inner_steps={self.algorithm.inner_steps}: the sampler weights support "
-                "passes by the inner steps; set only algorithm.inner_steps (the recipe copies it)"
-            )
         problems.extend(self._launch_problems())
         return problems
 
@@ -157,14 +150,10 @@ class RecipeConfig:
         path = self.engine.deepspeed_config
         if path is None or not os.path.isfile(os.path.expanduser(path)):
             return problems  # a missing file is reported by the engine section
-        owned = {  # the values fmmeta.engine.deepspeed_engine fills in (it re-checks them)
-            "train_micro_batch_size_per_gpu": 1,
-            "gradient_accumulation_steps": 1,
-            "train_batch_size": world,
-            "gradient_clipping": float(self.optim.grad_clip),
-            "bf16.enabled": self.model.dtype == "bfloat16",
-            "fp16.enabled": False,
-        }
+        owned = owned_values(  # what the engine will fill in; checked here before any model
+            world_size=world, grad_clip=self.optim.grad_clip,
+            precision="bf16" if self.model.dtype == "bfloat16" else "fp32",
+        )
         try:
             resolve_ds_config(os.path.expanduser(path), owned=owned)
         except json.JSONDecodeError as err:
