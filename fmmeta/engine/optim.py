@@ -16,6 +16,8 @@ from typing import Callable, Iterable, Sequence
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
+from fmmeta.config import ConfigError
+
 logger = logging.getLogger(__name__)
 
 _SCHEDULES = ("constant", "cosine")
@@ -69,7 +71,7 @@ class OuterOptimConfig:
                 f"meta-steps, greater than warmup_steps={self.warmup_steps}"
             )
         if problems:
-            raise ValueError("OuterOptimConfig: " + "; ".join(problems))
+            raise ConfigError(problems)  # one line per problem; the config loader adds "optim."
 
 
 def outer_lr_lambda(cfg: OuterOptimConfig) -> Callable[[int], float]:

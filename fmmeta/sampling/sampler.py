@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from fmmeta.config import ConfigError
 from fmmeta.sampling.cost import CostModel
 from fmmeta.sampling.plan import MetaBatchPlan
 from fmmeta.sampling.planner import plan_meta_batch
@@ -97,7 +98,7 @@ class SamplerConfig:
         def need(ok: bool, key: str, allowed: str, fix: str = "") -> None:
             if not ok:
                 problems.append(
-                    f"sampler.{key}={getattr(self, key)!r} is invalid: {allowed}" + (f"; {fix}" if fix else "")
+                    f"{key}={getattr(self, key)!r} is invalid: {allowed}" + (f"; {fix}" if fix else "")
                 )
 
         def is_int(v: Any) -> bool:
@@ -119,7 +120,7 @@ class SamplerConfig:
         need(0.0 <= self.cost_damping < 1.0, "cost_damping", "must be in [0, 1)")
         need(self.balance_tol >= 0, "balance_tol", "must be >= 0")
         if problems:
-            raise ValueError("invalid SamplerConfig: " + "; ".join(problems))
+            raise ConfigError(problems)  # one line per problem; the config loader adds "sampler."
 
     def build_strategy(self) -> Strategy:
         """The strategy object this config names."""

@@ -112,12 +112,15 @@ def test_state_from_another_pool_or_seed_is_rejected() -> None:
 
 
 def test_config_errors_name_key_value_and_fix() -> None:
-    with pytest.raises(ValueError) as err:
+    from fmmeta.config import ConfigError
+
+    with pytest.raises(ConfigError) as err:
         SamplerConfig(meta_batch_size=0, strategy="greedy", hard_floor=0.0)
-    msg = str(err.value)
-    assert "sampler.meta_batch_size=0" in msg and ">= 1" in msg
-    assert "sampler.strategy='greedy'" in msg and "uniform_difficulty" in msg
-    assert "sampler.hard_floor=0.0" in msg and "starve" in msg
+    problems = err.value.problems  # one line each; the config loader prefixes "sampler."
+    assert len(problems) == 3
+    assert any(p.startswith("meta_batch_size=0") and ">= 1" in p for p in problems)
+    assert any(p.startswith("strategy='greedy'") and "uniform_difficulty" in p for p in problems)
+    assert any(p.startswith("hard_floor=0.0") and "starve" in p for p in problems)
     with pytest.raises(ValueError, match="on_uneven='pad'"):
         CostAwareSampler(_pool(), SamplerConfig(meta_batch_size=5, on_uneven="error"), world_size=2, seed=0)
     with pytest.raises(TypeError):
