@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fmmeta.engine.optim import clip_grad_norm
 from fmmeta.sampling.plan import TaskSlot
 from fmmeta.tasks.episode import IGNORE_INDEX, Batch, Example, collate
 
@@ -109,7 +110,6 @@ def accepts_logits_to_keep(model: nn.Module) -> bool:
     return _LOGITS_TO_KEEP[cls]
 
 
-_accepts_logits_to_keep = accepts_logits_to_keep  # older private name, kept for callers
 
 
 def answer_loss_sum(model: nn.Module, batch: Batch) -> torch.Tensor:
@@ -321,17 +321,6 @@ def evaluate_loss(model: nn.Module, params: Sequence[torch.Tensor], batches: Seq
     return total / n if n else math.nan
 
 
-def clip_(grads: Sequence[torch.Tensor], max_norm: float | None) -> float:
-    """Scales ``grads`` in place to global L2 norm <= ``max_norm`` (``None`` = off); returns the norm before."""
-    norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))
-    if max_norm is not None:
-        coef = max_norm / (norm + 1e-6)
-        if coef < 1.0:
-            for g in grads:
-                g.mul_(coef)
-    return norm
-
-
 class InnerOptimizer:
     """The inner update rule (SGD or Adam) on plain tensors, updated in place under ``no_grad``.
 
@@ -413,7 +402,7 @@ def adapt(
             losses.append(math.nan)
             continue  # a dummy set: passes run for lockstep, weights untouched
         losses.append(sum(s for s in sums if not math.isnan(s)) / n_answer)
-        clip_(grads, cfg.inner_clip_norm)
+        clip_grad_norm(grads, cfg.inner_clip_norm or 0.0)
         opt.step(params, grads)
         del grads  # free before the next step allocates its own: peak memory independent of steps
     return losses

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from torch import nn
 
 from fmmeta.engine.distributed import init_distributed
-from fmmeta.engine.ds_config import resolve_ds_config, zero_stage
+from fmmeta.engine.ds_config import owned_values, resolve_ds_config, zero_stage
 from fmmeta.engine.optim import OuterOptimConfig, build_outer_optimizer
 from fmmeta.engine.zero import check_resident, ensure_resident, gather_adapter, pin_adapter, scatter_adapter
 
@@ -102,28 +102,18 @@ class DeepSpeedEngine:
         if precision == "bf16":
             model = model.to(torch.bfloat16)
         if activation_checkpointing:
-            enable = getattr(model, "gradient_checkpointing_enable", None)
-            if enable is None:
-                raise TypeError(
-                    f"activation_checkpointing=True needs a transformers model; got {type(model).__name__}"
-                )
-            enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            if hasattr(model, "config"):
-                model.config.use_cache = False
+            from fmmeta.models.build import enable_activation_checkpointing
+
+            enable_activation_checkpointing(model)
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         if not named:
             raise ValueError(
                 "DeepSpeedEngine got a model with no trainable parameters: wrap it with "
                 "peft.get_peft_model(model, LoraConfig(...)) first"
             )
-        owned = {
-            "train_micro_batch_size_per_gpu": 1,
-            "gradient_accumulation_steps": 1,
-            "train_batch_size": self.world_size,
-            "gradient_clipping": float(optim_cfg.grad_clip),
-            "bf16.enabled": precision == "bf16",
-            "fp16.enabled": False,
-        }
+        owned = owned_values(
+            world_size=self.world_size, grad_clip=optim_cfg.grad_clip, precision=precision
+        )
         self.ds_config = resolve_ds_config(
             ds_config, owned=owned, max_adapter_numel=max(p.numel() for _, p in named)
         )

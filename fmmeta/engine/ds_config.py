@@ -79,6 +79,23 @@ def zero_stage(cfg: Mapping[str, Any]) -> int:
     return int(cfg.get("zero_optimization", {}).get("stage", 0) or 0)
 
 
+def owned_values(*, world_size: int, grad_clip: float, precision: str) -> dict[str, Any]:
+    """The DeepSpeed values fmmeta owns, as dotted keys for :func:`resolve_ds_config`.
+
+    One micro-batch and no accumulation per engine step: the meta-gradient is accumulated by
+    ``meta_step`` before the single ``engine.step()`` of a meta-step. The recipe checks a JSON
+    against these before loading a model; the engine fills them in.
+    """
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": world_size,
+        "gradient_clipping": float(grad_clip),
+        "bf16.enabled": precision == "bf16",
+        "fp16.enabled": False,
+    }
+
+
 def resolve_ds_config(
     source: str | Path | Mapping[str, Any],
     *,

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 # One unwrapping rule (engine/peft wrappers) for both loss paths.
-from fmmeta.algorithms.inner_loop import _accepts_logits_to_keep
+from fmmeta.algorithms.inner_loop import accepts_logits_to_keep
 from fmmeta.tasks.episode import IGNORE_INDEX, Batch, Episode, Example, collate
 
 logger = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ def _score_batch(model: nn.Module, batch: Batch) -> _SequenceScores:
     first = int(torch.nonzero((labels != IGNORE_INDEX).any(dim=0))[0])
     start = max(first - 1, 0)
     kwargs: dict[str, object] = {"use_cache": False}
-    if _accepts_logits_to_keep(model):
+    if accepts_logits_to_keep(model):
         kwargs["logits_to_keep"] = width - start
     out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **kwargs)
     logits = out.logits if hasattr(out, "logits") else out[0]

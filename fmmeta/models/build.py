@@ -244,19 +244,30 @@ def build_model_and_tokenizer(cfg: ModelConfig) -> tuple[nn.Module, Any]:
     if getattr(model.config, "pad_token_id", None) is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     if cfg.gradient_checkpointing:
-        # Reentrant checkpointing breaks torch.autograd.grad (the inner loop); use non-reentrant.
-        # transformers >= 5.x renamed the API (the old name warns); both take the same kwargs.
-        if hasattr(model, "activation_checkpointing_enable"):
-            model.activation_checkpointing_enable(
-                activation_checkpointing_kwargs={"use_reentrant": False}
-            )
-        else:
-            model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False}
-            )
-        model.config.use_cache = False
+        enable_activation_checkpointing(model)
     model.train()
     return model, tokenizer
+
+
+def enable_activation_checkpointing(model: nn.Module) -> None:
+    """Turns on non-reentrant activation checkpointing (the one place that does).
+
+    Reentrant checkpointing breaks ``torch.autograd.grad``, which the inner loop uses.
+    transformers >= 5 renamed the API (the old name warns); both take the same kwargs.
+
+    Raises:
+        TypeError: if ``model`` is not a transformers model.
+    """
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    elif hasattr(model, "gradient_checkpointing_enable"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        raise TypeError(
+            f"activation checkpointing needs a transformers model; got {type(model).__name__}"
+        )
+    if hasattr(model, "config"):
+        model.config.use_cache = False
 
 
 def add_lora(model: nn.Module, cfg: LoraConfig, *, seed: int = 0) -> nn.Module:
