@@ -51,8 +51,8 @@ def test_metrics_one_finite_line_per_method_and_step(smoke) -> None:
         for key in ("outer_loss", "query_loss_after", "tokens_per_s", "padding_efficiency",
                     "data_wait_fraction", "grad_norm"):
             assert isinstance(r[key], float) and math.isfinite(r[key]), (key, r)
-        # Not measured by default (algorithm.measure_query_before=false): null, never a bogus number.
-        assert r["query_loss_before"] is None or math.isfinite(r["query_loss_before"])
+        # The recipe measures it by default (algorithm.measure_query_before=true).
+        assert isinstance(r["query_loss_before"], float) and math.isfinite(r["query_loss_before"])
         assert 0 < r["padding_efficiency"] <= 1 and r["tasks"] == TASKS and r["tokens"] > 0
         assert 0 < r["outer_loss"] < 10  # a byte-level LM starts near ln(vocab)
     # Meta-training learns something: every method ends with a lower outer loss than it started.
