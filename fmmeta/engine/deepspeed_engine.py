@@ -35,13 +35,17 @@ from torch import nn
 
 from fmmeta.engine.distributed import init_distributed
 from fmmeta.engine.ds_config import owned_values, resolve_ds_config, zero_stage
-from fmmeta.engine.optim import OuterOptimConfig, build_outer_optimizer
+from fmmeta.engine.optim import (
+    OuterOptimConfig,
+    build_outer_optimizer,
+    optimizer_file,
+    read_optimizer_state,
+)
 from fmmeta.engine.zero import check_resident, ensure_resident, gather_adapter, pin_adapter, scatter_adapter
 
 logger = logging.getLogger(__name__)
 
 PRECISIONS = ("fp32", "bf16")
-OPTIMIZER_FILE = "outer_optimizer_rank{rank}.pt"
 """File name (per rank) that :meth:`DeepSpeedEngine.save_optimizer` writes."""
 
 _SAFE_SCALARS = (int, float, bool, str, type(None))
@@ -258,7 +262,7 @@ class DeepSpeedEngine:
         """
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        file = directory / OPTIMIZER_FILE.format(rank=self.rank)
+        file = optimizer_file(directory, self.rank)
         state = {
             "optimizer": _plain(self._optimizer.state_dict()),
             "scheduler": self.scheduler.state_dict(),
@@ -271,12 +275,8 @@ class DeepSpeedEngine:
 
     def load_optimizer(self, directory: str | Path) -> None:
         """Restores what :meth:`save_optimizer` wrote (same world size, ZeRO stage and adapter)."""
-        file = Path(directory) / OPTIMIZER_FILE.format(rank=self.rank)
-        if not file.is_file():
-            raise FileNotFoundError(
-                f"load_optimizer: {file} does not exist; pass the directory save_optimizer() wrote"
-            )
-        state = torch.load(file, map_location=self.device, weights_only=True)
+        file = optimizer_file(directory, self.rank)
+        state = read_optimizer_state(directory, self.rank, self.device)
         for key, ours in (("world_size", self.world_size), ("zero_stage", self.zero_stage)):
             if state.get(key) != ours:
                 raise ValueError(

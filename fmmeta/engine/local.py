@@ -16,11 +16,16 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from fmmeta.engine.optim import OuterOptimConfig, build_outer_optimizer, clip_grad_norm
+from fmmeta.engine.optim import (
+    OuterOptimConfig,
+    build_outer_optimizer,
+    clip_grad_norm,
+    optimizer_file,
+    read_optimizer_state,
+)
 
 logger = logging.getLogger(__name__)
 
-OPTIMIZER_FILE = "outer_optimizer_rank{rank}.pt"
 """File name (per rank) that :meth:`LocalEngine.save_optimizer` writes."""
 
 
@@ -150,7 +155,7 @@ class LocalEngine:
         """Writes the outer AdamW and schedule state (loadable with ``torch.load(weights_only=True)``)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        file = directory / OPTIMIZER_FILE.format(rank=self.rank)
+        file = optimizer_file(directory, self.rank)
         torch.save(
             {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
             file,
@@ -159,11 +164,6 @@ class LocalEngine:
 
     def load_optimizer(self, directory: str | Path) -> None:
         """Restores what :meth:`save_optimizer` wrote."""
-        file = Path(directory) / OPTIMIZER_FILE.format(rank=self.rank)
-        if not file.is_file():
-            raise FileNotFoundError(
-                f"load_optimizer: {file} does not exist; pass the directory save_optimizer() wrote"
-            )
-        state = torch.load(file, map_location=self.device, weights_only=True)
+        state = read_optimizer_state(directory, self.rank, self.device)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])

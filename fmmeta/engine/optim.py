@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 import torch
@@ -72,6 +73,29 @@ class OuterOptimConfig:
             )
         if problems:
             raise ConfigError(problems)  # one line per problem; the config loader adds "optim."
+
+
+OPTIMIZER_FILE = "outer_optimizer_rank{rank}.pt"
+"""Each rank's outer-optimizer state file inside a checkpoint folder (every engine uses it)."""
+
+
+def optimizer_file(directory: str | Path, rank: int) -> Path:
+    """Where ``rank`` writes its outer-optimizer state inside ``directory``."""
+    return Path(directory) / OPTIMIZER_FILE.format(rank=rank)
+
+
+def read_optimizer_state(directory: str | Path, rank: int, device: torch.device | str) -> dict:
+    """Loads ``rank``'s outer-optimizer state (tensors only: ``weights_only=True``).
+
+    Raises:
+        FileNotFoundError: naming the missing file and what to pass instead.
+    """
+    file = optimizer_file(directory, rank)
+    if not file.is_file():
+        raise FileNotFoundError(
+            f"load_optimizer: {file} does not exist; pass the directory save_optimizer() wrote"
+        )
+    return torch.load(file, map_location=device, weights_only=True)
 
 
 def outer_lr_lambda(cfg: OuterOptimConfig) -> Callable[[int], float]:
