@@ -2,7 +2,11 @@
 PY := .venv/bin/python
 export PYTHONUNBUFFERED := 1
 # Tests run several processes on few cores: one thread each avoids oversubscription.
-TEST_ENV := OMP_NUM_THREADS=1 DS_ACCELERATOR=$${DS_ACCELERATOR:-cpu}
+# DeepSpeed JIT-builds its CPU comm op into torch's extension cache, which is keyed by name only:
+# two checkouts sharing one home directory would rebuild it over each other and can leave a stale
+# lock that hangs every later launch, so each checkout builds into its own venv.
+TEST_ENV := OMP_NUM_THREADS=1 DS_ACCELERATOR=$${DS_ACCELERATOR:-cpu} \
+	TORCH_EXTENSIONS_DIR=$${TORCH_EXTENSIONS_DIR:-$(CURDIR)/.venv/torch_extensions}
 
 .PHONY: setup train test test-unit test-distributed test-recipes bench
 

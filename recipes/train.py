@@ -34,7 +34,7 @@ import torch
 from tqdm import tqdm
 
 from fmmeta.algorithms.first_order import build_algorithm
-from fmmeta.algorithms.meta_step import StepStats, meta_step
+from fmmeta.algorithms.meta_step import meta_step
 from fmmeta.checkpoint import CheckpointManager, load_rng_state, save_rng_state
 from fmmeta.config import ConfigError, describe_config, load_config, save_resolved
 from fmmeta.engine.build import build_engine, resolve_engine_kind
@@ -45,7 +45,7 @@ from fmmeta.evaluation.heldout import evaluate_run
 from fmmeta.models import add_lora, build_model_and_tokenizer, count_parameters
 from fmmeta.models import lora_shapes, model_id
 from fmmeta.recipe_config import RecipeConfig
-from fmmeta.sampling import CostAwareSampler, MetaBatchPlan, Prefetcher, TaskObservation
+from fmmeta.sampling import CostAwareSampler, Prefetcher, observation_from_dict
 from fmmeta.tasks.suites import build_suite
 
 logger = logging.getLogger("fmmeta.train")
@@ -80,26 +80,16 @@ def setup_logging(rank: int) -> None:
 def banner(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.Module) -> None:
     """The facts a person checks first: what runs where, and how much of it."""
     trainable, total = count_parameters(model)
-    per_rank = math.ceil(cfg.sampler.meta_batch_size / engine.world_size)
+    per_rank = cfg.sampler.meta_batch_size / engine.world_size
+    budget = cfg.sampler.tokens_per_pass or f"{cfg.sampler.micro_batch_size} x longest sequence"
     logger.info(
         "== %s | model %s | params trainable %s / total %s (%.3f%%) | world size %d | ZeRO stage %s"
-        " | tasks per meta-step %d (%d per rank) | inner steps %d | meta-steps %d",
+        " | tasks per meta-step %d (~%.1f per rank, packed into passes of %s tokens)"
+        " | inner steps %d | meta-steps %d",
         method, model_id(cfg.model), f"{trainable:,}", f"{total:,}", 100 * trainable / total,
         engine.world_size, getattr(engine, "zero_stage", "-"), cfg.sampler.meta_batch_size,
-        per_rank, cfg.algorithm.inner_steps, cfg.train.meta_steps,
+        per_rank, budget, cfg.algorithm.inner_steps, cfg.train.meta_steps,
     )
-
-
-def observations(plan: MetaBatchPlan, rank: int, stats: StepStats, inner_steps: int) -> list[dict]:
-    """This rank's per-task feedback for the sampler, as plain dicts ready to gather."""
-    real = [s for s in plan.for_rank(rank) if not s.is_dummy]
-    return [
-        TaskObservation.from_slot(
-            slot, inner_steps=inner_steps, query_loss=t.query_loss_after, seconds=t.seconds,
-            step=plan.step,
-        ).to_dict()
-        for slot, t in zip(real, stats.tasks, strict=True)
-    ]
 
 
 def step_record(method: str, gathered: list[tuple[list[dict], dict]], item_wait: float) -> dict:
@@ -206,7 +196,9 @@ def train_method(cfg: RecipeConfig, method: str, base: torch.nn.Module, pad_id: 
     sampler = CostAwareSampler(
         suite.meta_train, cfg.sampler, world_size=engine.world_size, seed=cfg.train.seed
     )
-    prefetcher = Prefetcher(sampler, stop_step=cfg.train.meta_steps)
+    # The next step's passes are collated in the prefetcher's thread while this one trains.
+    prefetcher = Prefetcher(sampler, stop_step=cfg.train.meta_steps,
+                            prepare=lambda plan: algorithm.prepare(plan.for_rank(engine.rank)))
     ckpts = CheckpointManager(
         method_dir / "checkpoints", keep_last=cfg.train.keep_last, rank=engine.rank,
         world_size=engine.world_size, barrier=engine.barrier,
@@ -220,7 +212,7 @@ def train_method(cfg: RecipeConfig, method: str, base: torch.nn.Module, pad_id: 
         for step in range(start, cfg.train.meta_steps):
             item = prefetcher.get()
             try:
-                stats = meta_step(engine, algorithm, item.plan)
+                stats = meta_step(engine, algorithm, item.plan, item.prepared)
             except NonFiniteError as err:  # raised on every rank together (train.nonfinite=stop)
                 last = ckpts.latest()
                 raise NonFiniteError(
@@ -231,9 +223,9 @@ def train_method(cfg: RecipeConfig, method: str, base: torch.nn.Module, pad_id: 
             summary = {k: getattr(stats, k) for k in (
                 "step", "outer_loss", "query_loss_before", "query_loss_after", "n_real_tasks",
                 "n_tokens", "n_padded_tokens", "seconds", "outer")}
-            mine = observations(item.plan, engine.rank, stats, cfg.sampler.inner_steps)
+            mine = [o.to_dict() for o in stats.observations]
             gathered = engine.all_gather_object((mine, summary))
-            prefetcher.observe([TaskObservation.from_dict(o) for obs, _ in gathered for o in obs])
+            prefetcher.observe([observation_from_dict(o) for obs, _ in gathered for o in obs])
             record = step_record(method, gathered, item.wait_seconds)
             record["data_wait_fraction"] = prefetcher.wait_fraction
             metrics.write(record)

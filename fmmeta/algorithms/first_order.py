@@ -1,31 +1,33 @@
 """First-order meta-algorithms over adapter parameters: FOMAML, Reptile and the multi-task baseline.
 
-Each class turns one :class:`~fmmeta.sampling.plan.TaskSlot` into that task's meta-gradient
-(:class:`~fmmeta.algorithms.protocol.TaskResult`) and leaves the adapter exactly at theta. They share
-the one inner loop (:mod:`fmmeta.algorithms.inner_loop`) and differ only in what they return:
+Each turns one rank's packed work (:class:`RankWork`: its tasks and passes) into the sum of its
+tasks' meta-gradients and leaves the adapter exactly at theta. They share the one inner loop
+(:mod:`fmmeta.algorithms.inner_loop`), run every task of the rank in the same passes (each row
+through its own task's fast weights, :mod:`fmmeta.algorithms.task_lora`) and differ only in what
+they return:
 
 ========== ============================================== ==========================================
-algorithm  meta-gradient                                  forward passes per task (s, q = chunks)
+algorithm  meta-gradient per task                         passes (S, Q = the rank's support and
+                                                          query passes)
 ========== ============================================== ==========================================
-FOMAML     query-loss gradient at phi                     k*s (fwd+bwd) + q (fwd+bwd)
-Reptile    theta - phi                                    k*s (fwd+bwd) + q (fwd only, or fwd+bwd
+FOMAML     query-loss gradient at phi                     k*S (fwd+bwd) + Q (fwd+bwd)
+Reptile    theta - phi                                    k*S (fwd+bwd) + Q (fwd only, or fwd+bwd
                                                           when the query step is folded in)
-MultiTask  pooled support+query loss gradient at theta    k*s + q (fwd+bwd) when ``multitask_match_
-                                                          passes``, else s + q
+MultiTask  pooled support+query loss gradient at theta    k*S + Q (fwd+bwd) when ``multitask_match_
+                                                          passes``, else S + Q
 ========== ============================================== ==========================================
 
 ``k`` is ``inner_steps``. Measuring the query loss before adaptation (``measure_query_before``)
-adds q forward-only passes to FOMAML and Reptile; every rank must use the same setting, because
+adds Q forward-only passes to FOMAML and Reptile; every rank must use the same setting, because
 under ZeRO-3 every forward is a collective.
 
 How the multi-task baseline's compute is matched to FOMAML's: with ``multitask_match_passes``
-(default) it runs exactly FOMAML's passes on exactly FOMAML's sequences -- every support chunk
-``k`` times, then every query chunk once -- all at theta. Each of the ``k`` support repetitions is
-weighted ``1/k`` and the sum is divided by the pooled answer-token count (support + query), so the
-gradient is the plain pooled mean gradient, independent of ``k``; only the spent compute matches.
-(With ``k = 0`` the support is never visited, as in FOMAML, and the gradient is the query
-gradient: multi-task and FOMAML coincide.) With ``multitask_match_passes=False`` it runs each
-chunk once (s + q passes, same gradient), and a recipe matches compute by other means.
+(default) it runs exactly FOMAML's passes -- every support pass ``k`` times, then every query
+pass once -- all at theta. Each of the ``k`` support repetitions is weighted ``1/k`` and each
+task's sum is divided by its pooled answer-token count (support + query), so the gradient is the
+plain pooled mean gradient, independent of ``k``; only the spent compute matches. (With ``k = 0``
+the support is never visited, as in FOMAML, and the gradient is the query gradient.) It needs no
+fast weights: all tasks share theta, so it runs the model's own LoRA forward.
 """
 
 from __future__ import annotations
@@ -41,19 +43,13 @@ from torch import nn
 from fmmeta.algorithms.inner_loop import (
     InnerLoopConfig,
     InnerOptimizer,
-    adapt,
-    answer_tokens,
-    evaluate_loss,
-    loss_and_grad,
-    restore,
-    slot_batches,
-    snapshot,
-    token_counts,
+    adapt_tasks,
+    run_passes,
 )
-from fmmeta.algorithms.protocol import MetaAlgorithm, TaskResult
+from fmmeta.algorithms.protocol import MetaAlgorithm, RankResult, RankWork, prepare_rank
+from fmmeta.algorithms.task_lora import TaskLoRA, stack_adapters
 from fmmeta.config import ConfigError
-from fmmeta.sampling.plan import TaskSlot
-from fmmeta.tasks.episode import Batch
+from fmmeta.sampling.plan import RankPlan
 
 logger = logging.getLogger(__name__)
 
@@ -118,39 +114,47 @@ class AlgorithmConfig:
         )
 
 
-def _sum_real(values: Sequence[float]) -> float:
-    return sum(v for v in values if not math.isnan(v))
+def _per_token(sums: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    return torch.where(n > 0, sums / n.clamp(min=1.0), torch.full_like(sums, math.nan))
 
 
-def _mean_loss(sums: Sequence[float], batches: Sequence[Batch | None]) -> float:
-    n = answer_tokens(batches)
-    return _sum_real(sums) / n if n else math.nan
+def _inverse(n: torch.Tensor) -> torch.Tensor:
+    return torch.where(n > 0, 1.0 / n.clamp(min=1.0), torch.zeros_like(n))
 
 
-def _slot_batches(
-    cfg: AlgorithmConfig, pad_id: int, slot: TaskSlot
-) -> tuple[list[Batch | None], list[Batch | None]]:
-    return slot_batches(slot, pad_id, pad_to_multiple_of=cfg.pad_to_multiple_of)
+def _mean_seconds(per_step: list[list[float]]) -> list[float]:
+    if not per_step:
+        return []
+    return [sum(col) / len(col) for col in zip(*per_step)]
 
 
-def _query_before(
-    cfg: AlgorithmConfig,
-    model: nn.Module,
-    params: Sequence[torch.Tensor],
-    query: Sequence[Batch | None],
-) -> tuple[float, int]:
-    """Query loss at theta and the forward passes it cost (none when not measured)."""
+class _LoraCache:
+    """The model's :class:`TaskLoRA`, built once per model (it walks every module)."""
+
+    def __init__(self) -> None:
+        self._entry: tuple[int, TaskLoRA] | None = None
+
+    def get(self, model: nn.Module, params: Sequence[torch.Tensor]) -> TaskLoRA:
+        if self._entry is None or self._entry[0] != id(model):
+            self._entry = (id(model), TaskLoRA(model, params))
+        return self._entry[1]
+
+
+def _query_before(cfg: AlgorithmConfig, model: nn.Module, fast: Sequence[torch.Tensor],
+                  lora: TaskLoRA, work: RankWork) -> torch.Tensor:
+    """Query loss per task at theta (forward only), or ``nan`` when not measured."""
     if not cfg.measure_query_before:
-        return math.nan, 0
-    return evaluate_loss(model, params, query), len(query)
+        return torch.full((work.n_tasks,), math.nan, dtype=torch.float64)
+    res = run_passes(model, fast, work.query, torch.ones(len(fast[0])), lora=lora, grad=False)
+    return _per_token(res.task_sums[: work.n_tasks], work.query_answers[: work.n_tasks])
 
 
 class FOMAML:
     """First-order MAML: the meta-gradient is the query-loss gradient at the adapted weights phi.
 
     Example:
-        >>> algo = FOMAML(AlgorithmConfig(name="fomaml", inner_steps=3, inner_lr=0.03), pad_id=0)
-        >>> result = algo.task_gradient(engine.model, engine.adapter_parameters(), slot)
+        >>> algo = FOMAML(AlgorithmConfig(name="fomaml", inner_steps=3, inner_lr=0.03))
+        >>> result = algo.rank_gradient(engine.model, engine.adapter_parameters(), work)
     """
 
     name = "fomaml"
@@ -159,22 +163,26 @@ class FOMAML:
         self.cfg = cfg
         self.inner = cfg.inner_loop
         self.pad_id = pad_id
+        self._lora = _LoraCache()
 
-    def task_gradient(
-        self, model: nn.Module, params: Sequence[nn.Parameter], slot: TaskSlot
-    ) -> TaskResult:
-        """Adapts on the support set, takes the query gradient at phi, restores theta."""
-        support, query = _slot_batches(self.cfg, self.pad_id, slot)
-        theta = snapshot(params)
-        try:
-            before, passes = _query_before(self.cfg, model, params, query)
-            adapt(model, params, support, self.inner)
-            grads, sums = loss_and_grad(model, params, query)
-        finally:
-            restore(params, theta)
-        passes += self.inner.inner_steps * len(support) + len(query)
-        return _result(grads, before, _mean_loss(sums, query), passes, support, query,
-                       self.inner.inner_steps, self.cfg.measure_query_before)
+    def prepare(self, plan: RankPlan) -> RankWork:
+        """Collates a rank's plan (see :func:`prepare_rank`)."""
+        return prepare_rank(plan, self.pad_id, pad_to_multiple_of=self.cfg.pad_to_multiple_of)
+
+    def rank_gradient(self, model: nn.Module, params: Sequence[nn.Parameter], work: RankWork) -> RankResult:
+        """Adapts every task on its support rows, then takes the query gradients at phi."""
+        lora = self._lora.get(model, params)
+        fast = stack_adapters(params, max(work.n_tasks, 1))
+        with lora.active(fast):
+            before = _query_before(self.cfg, model, fast, lora, work)
+            adaptation = adapt_tasks(model, fast, work.support, work.support_answers, self.inner, lora=lora)
+            res = run_passes(model, fast, work.query, _inverse(work.query_answers), lora=lora)
+        assert res.grads is not None
+        grads = [g[: work.n_tasks].sum(dim=0) for g in res.grads]
+        after = _per_token(res.task_sums[: work.n_tasks], work.query_answers[: work.n_tasks])
+        return RankResult(grads, before, after,
+                          _mean_seconds(adaptation.seconds), res.seconds, self.inner.inner_steps,
+                          1 + self.cfg.measure_query_before)
 
 
 class Reptile:
@@ -190,29 +198,36 @@ class Reptile:
         self.cfg = cfg
         self.inner = cfg.inner_loop
         self.pad_id = pad_id
+        self._lora = _LoraCache()
 
-    def task_gradient(
-        self, model: nn.Module, params: Sequence[nn.Parameter], slot: TaskSlot
-    ) -> TaskResult:
-        """Adapts on the support (and optionally query) set and returns theta - phi, restoring theta."""
-        support, query = _slot_batches(self.cfg, self.pad_id, slot)
-        theta = snapshot(params)
-        try:
-            before, passes = _query_before(self.cfg, model, params, query)
-            opt = InnerOptimizer(self.inner, params)
-            adapt(model, params, support, self.inner, optimizer=opt)
+    def prepare(self, plan: RankPlan) -> RankWork:
+        """Collates a rank's plan (see :func:`prepare_rank`)."""
+        return prepare_rank(plan, self.pad_id, pad_to_multiple_of=self.cfg.pad_to_multiple_of)
+
+    def rank_gradient(self, model: nn.Module, params: Sequence[nn.Parameter], work: RankWork) -> RankResult:
+        """Adapts every task on its support (and optionally query) rows and returns sum(theta - phi)."""
+        lora = self._lora.get(model, params)
+        fast = stack_adapters(params, max(work.n_tasks, 1))
+        with lora.active(fast):
+            before = _query_before(self.cfg, model, fast, lora, work)
+            opt = InnerOptimizer(self.inner, fast)
+            adaptation = adapt_tasks(model, fast, work.support, work.support_answers, self.inner,
+                                     lora=lora, optimizer=opt)
             if self.cfg.reptile_query_step:
                 # The loss reported is measured before the query step's update, i.e. at phi.
-                after = adapt(model, params, query, self.inner, steps=1, optimizer=opt)[0]
+                step = adapt_tasks(model, fast, work.query, work.query_answers, self.inner,
+                                   lora=lora, steps=1, optimizer=opt)
+                after, q_seconds = step.losses[0][: work.n_tasks], step.seconds[0]
             else:
-                after = evaluate_loss(model, params, query)
-            with torch.no_grad():
-                grads = [t - p.detach() for t, p in zip(theta, params)]
-        finally:
-            restore(params, theta)
-        passes += self.inner.inner_steps * len(support) + len(query)
-        return _result(grads, before, after, passes, support, query,
-                       self.inner.inner_steps, self.cfg.measure_query_before)
+                res = run_passes(model, fast, work.query, torch.ones(len(fast[0])), lora=lora, grad=False)
+                after = _per_token(res.task_sums[: work.n_tasks], work.query_answers[: work.n_tasks])
+                q_seconds = None
+        with torch.no_grad():
+            # Difference first, then sum: theta - phi is small next to theta, and n * theta - sum(phi)
+            # would lose its digits to cancellation.
+            grads = [(p.detach().unsqueeze(0) - f[: work.n_tasks]).sum(dim=0) for p, f in zip(params, fast)]
+        return RankResult(grads, before, after, _mean_seconds(adaptation.seconds), q_seconds,
+                          self.inner.inner_steps, 1 + self.cfg.measure_query_before)
 
 
 class MultiTask:
@@ -229,47 +244,24 @@ class MultiTask:
         self.inner = cfg.inner_loop
         self.pad_id = pad_id
 
-    def task_gradient(
-        self, model: nn.Module, params: Sequence[nn.Parameter], slot: TaskSlot
-    ) -> TaskResult:
-        """Returns the gradient of the pooled support+query loss at theta (params untouched)."""
-        support, query = _slot_batches(self.cfg, self.pad_id, slot)
-        k = self.inner.inner_steps
-        repeats = k if self.cfg.multitask_match_passes else 1
-        batches = list(support) * repeats + list(query)
-        scales = [1.0 / repeats] * (len(support) * repeats) + [1.0] * len(query)
-        normaliser = (answer_tokens(support) if repeats else 0) + answer_tokens(query)
-        theta = snapshot(params)
-        try:
-            grads, sums = loss_and_grad(model, params, batches, scales=scales, normaliser=normaliser)
-        finally:
-            restore(params, theta)  # nothing should change; cheap insurance for the contract
-        q_loss = _mean_loss(sums[len(batches) - len(query) :], query)
-        before = q_loss if self.cfg.measure_query_before else math.nan
-        return _result(grads, before, q_loss, len(batches), support, query, repeats, False)
+    def prepare(self, plan: RankPlan) -> RankWork:
+        """Collates a rank's plan (see :func:`prepare_rank`)."""
+        return prepare_rank(plan, self.pad_id, pad_to_multiple_of=self.cfg.pad_to_multiple_of)
 
-
-def _result(
-    grads: list[torch.Tensor],
-    before: float,
-    after: float,
-    passes: int,
-    support: Sequence[Batch | None],
-    query: Sequence[Batch | None],
-    support_repeats: int,
-    query_twice: bool,
-) -> TaskResult:
-    s_real, s_pad = token_counts(support)
-    q_real, q_pad = token_counts(query)
-    q_times = 2 if query_twice else 1
-    return TaskResult(
-        grads=grads,
-        query_loss_before=before,
-        query_loss_after=after,
-        n_passes=passes,
-        n_tokens=support_repeats * s_real + q_times * q_real,
-        n_padded_tokens=support_repeats * s_pad + q_times * q_pad,
-    )
+    def rank_gradient(self, model: nn.Module, params: Sequence[nn.Parameter], work: RankWork) -> RankResult:
+        """Returns the sum over tasks of each task's pooled support+query loss gradient at theta."""
+        repeats = self.inner.inner_steps if self.cfg.multitask_match_passes else 1
+        scale = _inverse((work.support_answers if repeats else 0) + work.query_answers)
+        support = run_passes(model, params, list(work.support) * repeats, scale,
+                             pass_scales=[1.0 / max(repeats, 1)] * (len(work.support) * repeats))
+        query = run_passes(model, params, work.query, scale)
+        assert support.grads is not None and query.grads is not None
+        grads = [a.add_(b) for a, b in zip(support.grads, query.grads)]
+        q_loss = _per_token(query.task_sums[: work.n_tasks], work.query_answers[: work.n_tasks])
+        before = q_loss if self.cfg.measure_query_before else torch.full_like(q_loss, math.nan)
+        per_step = [support.seconds[i * len(work.support):(i + 1) * len(work.support)]
+                    for i in range(repeats)]
+        return RankResult(grads, before, q_loss, _mean_seconds(per_step), query.seconds, repeats, 1)
 
 
 def build_algorithm(cfg: AlgorithmConfig, pad_id: int) -> MetaAlgorithm:
@@ -277,7 +269,7 @@ def build_algorithm(cfg: AlgorithmConfig, pad_id: int) -> MetaAlgorithm:
 
     Args:
         cfg: algorithm settings (identical on every rank).
-        pad_id: the tokenizer's padding id, used when collating micro-batches.
+        pad_id: the tokenizer's padding id, used when collating passes.
 
     Example:
         >>> algo = build_algorithm(AlgorithmConfig(name="reptile", inner_steps=5), pad_id=tok.pad_token_id)

@@ -1,17 +1,20 @@
-"""The one inner loop: adapt the adapter on a support set, used by training and by evaluation.
+"""The one inner loop: adapt adapters on support sets, used by training and by evaluation.
 
-Everything here works on a list of adapter tensors (``params``) that are plain, resident
-``nn.Parameter`` objects updated in place. Gradients come from ``torch.autograd.grad`` over
-``params`` only, never from ``.backward()``: under DeepSpeed ZeRO-2/3 every ``engine.backward()``
-reduce-scatters across ranks, and inner loops are rank-local (design notes, trap 1). The only
-state an adaptation needs beyond the live weights is one snapshot of the adapter (a few MB for
-LoRA), so peak memory does not grow with ``inner_steps`` and no model copy is ever made.
+A loop runs over *passes*: :class:`PackedBatch` micro-batches whose rows may belong to several
+tasks (``rows`` names each row's task). The weights it differentiates are either
 
-Micro-batches: a support or query set is a sequence of :class:`~fmmeta.tasks.episode.Batch`
-(or ``None``). Losses are *sums* of token NLL over answer tokens, divided once by the set's total
-answer-token count, so any split into micro-batches gives the same gradient up to float rounding.
-``None`` is a dummy pass: one forward+backward on a 2-token sequence with weight 0, which keeps
-ZeRO-3's per-pass collectives in lockstep across ranks without changing any result (trap 3).
+* stacked fast weights ``[T, *shape]`` of ``T`` tasks, routed per row by
+  :class:`~fmmeta.algorithms.task_lora.TaskLoRA` (training: many tasks per pass), or
+* the adapter parameters themselves with one task (evaluation: :func:`adapt` updates them in
+  place, the caller snapshots and restores theta).
+
+Gradients come from ``torch.autograd.grad`` over those weights only, never from ``.backward()``:
+under DeepSpeed ZeRO-2/3 every ``engine.backward()`` reduce-scatters across ranks, and inner
+loops are rank-local. Losses are *sums* of token NLL over answer tokens, weighted per row by its
+task's scale (``1 / the task's answer tokens``), so each task's gradient is its own mean loss's
+gradient whatever the split into passes or the other tasks sharing them. A ``None`` pass is a
+dummy: one forward+backward on a 2-token sequence with weight 0, which keeps ZeRO-3's per-pass
+collectives in lockstep across ranks without changing any result.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -26,9 +30,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fmmeta.algorithms.task_lora import TaskLoRA
 from fmmeta.engine.optim import clip_grad_norm
-from fmmeta.sampling.plan import TaskSlot
-from fmmeta.tasks.episode import IGNORE_INDEX, Batch, Example, collate
+from fmmeta.sampling.plan import PackedPass, TaskSlot
+from fmmeta.tasks.episode import IGNORE_INDEX, Batch, collate
 
 logger = logging.getLogger(__name__)
 
@@ -112,11 +117,11 @@ def accepts_logits_to_keep(model: nn.Module) -> bool:
 
 
 
-def answer_loss_sum(model: nn.Module, batch: Batch) -> torch.Tensor:
-    """Sum of next-token NLL over the batch's answer tokens, in fp32.
+def answer_loss_rows(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """Per-row sum of next-token NLL over the batch's answer tokens, in fp32 (``[B]``).
 
-    A sum (not HF's mean) so that micro-batches of one set can be added and divided once by the
-    set's answer-token count: the result does not depend on how the set was split. The LM head
+    Sums (not HF's mean) so that passes can be added and each task divided once by its own
+    answer-token count: the result does not depend on how a set was split or packed. The LM head
     only runs from the first answer position on (``logits_to_keep``), which saves the vocabulary
     projection over prompts when the model supports it.
 
@@ -125,7 +130,7 @@ def answer_loss_sum(model: nn.Module, batch: Batch) -> torch.Tensor:
         batch: a collated micro-batch on the model's device.
 
     Returns:
-        A 0-dim fp32 tensor connected to the graph (zero, still connected, if no answer tokens).
+        ``[B]`` fp32 tensor connected to the graph (zeros, still connected, where no answer tokens).
     """
     labels = batch.labels
     width = labels.shape[1]
@@ -144,9 +149,17 @@ def answer_loss_sum(model: nn.Module, batch: Batch) -> torch.Tensor:
     targets = labels[:, start + 1 :]
     pred = logits[:, :-1]
     mask = targets != IGNORE_INDEX
+    zero = logits.float().sum() * 0.0  # keeps the result connected to the graph
     if not bool(mask.any()):
-        return logits.float().sum() * 0.0
-    return F.cross_entropy(pred[mask].float(), targets[mask], reduction="sum")
+        return zero.expand(labels.shape[0])
+    nll = F.cross_entropy(pred[mask].float(), targets[mask], reduction="none")
+    row = torch.nonzero(mask)[:, 0]
+    return torch.zeros(labels.shape[0], device=nll.device).index_add(0, row, nll) + zero
+
+
+def answer_loss_sum(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """Sum of next-token NLL over all of the batch's answer tokens, in fp32 (0-dim)."""
+    return answer_loss_rows(model, batch).sum()
 
 
 def dummy_batch(device: torch.device | str) -> Batch:
@@ -180,65 +193,53 @@ def restore(params: Sequence[torch.Tensor], saved: Sequence[torch.Tensor]) -> No
 
 
 # --------------------------------------------------------------------------------------------
-# Slot -> micro-batches
+# Passes
 # --------------------------------------------------------------------------------------------
 
 
-def chunk_batches(
-    examples: Sequence[Example] | None,
-    chunks: Sequence[Sequence[int]],
-    pad_id: int,
-    *,
-    pad_to_multiple_of: int | None = None,
-) -> list[Batch | None]:
-    """Turns a plan's chunks (indices into ``examples``) into micro-batches.
+@dataclass(frozen=True)
+class PackedBatch:
+    """One pass: a collated micro-batch and the task (index into the rank's tasks) of each row."""
 
-    An empty chunk, or any chunk when ``examples`` is ``None`` (a dummy slot), becomes ``None``:
-    a dummy pass. The number of returned items always equals ``len(chunks)``, which is what keeps
-    pass counts equal across ranks.
-    """
-    out: list[Batch | None] = []
-    for chunk in chunks:
-        if examples is None or len(chunk) == 0:
-            out.append(None)
-            continue
-        try:
-            selected = [examples[i] for i in chunk]
-        except IndexError:
-            raise ValueError(
-                f"chunk {tuple(chunk)} indexes past the {len(examples)} examples of the set: the "
-                "plan does not match its episode; rebuild the plan from this episode"
-            ) from None
-        out.append(collate(selected, pad_id, pad_to_multiple_of))
+    batch: Batch
+    rows: torch.Tensor
+
+    @classmethod
+    def one_task(cls, batch: Batch) -> "PackedBatch":
+        """Every row belongs to task 0."""
+        return cls(batch, torch.zeros(batch.input_ids.shape[0], dtype=torch.long))
+
+    def to(self, device: torch.device | str) -> "PackedBatch":
+        """The pass on ``device``."""
+        return PackedBatch(self.batch.to(device), self.rows.to(device))
+
+
+Pass = PackedBatch | None
+"""A pass of a loop; ``None`` is a dummy pass."""
+
+
+def pack_pass(p: PackedPass, slots: Sequence[TaskSlot], pad_id: int, *, query: bool,
+              pad_to_multiple_of: int | None = None) -> Pass:
+    """Collates a plan's :class:`~fmmeta.sampling.plan.PackedPass` (``None`` for a dummy pass)."""
+    if p.is_dummy:
+        return None
+    examples = p.rows(tuple(slots), query=query)
+    return PackedBatch(collate(examples, pad_id, pad_to_multiple_of), torch.tensor(p.slots, dtype=torch.long))
+
+
+def answer_tokens_per_task(passes: Sequence[Pass], n_tasks: int) -> torch.Tensor:
+    """``[n_tasks]`` answer tokens of each task over ``passes`` (a task's loss normaliser)."""
+    out = torch.zeros(n_tasks, dtype=torch.float64)
+    for p in passes:
+        if p is not None:
+            per_row = (p.batch.labels != IGNORE_INDEX).sum(dim=1).to(torch.float64)
+            out.index_add_(0, p.rows, per_row)
     return out
 
 
-def slot_batches(
-    slot: TaskSlot, pad_id: int, *, pad_to_multiple_of: int | None = None
-) -> tuple[list[Batch | None], list[Batch | None]]:
-    """The slot's support and query micro-batches (``None`` entries are dummy passes)."""
-    ep = slot.episode
-    support = chunk_batches(
-        None if ep is None else ep.support, slot.support_chunks, pad_id,
-        pad_to_multiple_of=pad_to_multiple_of,
-    )
-    query = chunk_batches(
-        None if ep is None else ep.query, slot.query_chunks, pad_id,
-        pad_to_multiple_of=pad_to_multiple_of,
-    )
-    return support, query
-
-
 def answer_tokens(batches: Sequence[Batch | None]) -> int:
-    """Total answer tokens of the real micro-batches (the set's loss normaliser)."""
+    """Total answer tokens of the real micro-batches (a set's loss normaliser)."""
     return sum(b.n_answer_tokens for b in batches if b is not None)
-
-
-def token_counts(batches: Sequence[Batch | None]) -> tuple[int, int]:
-    """``(real tokens, padded tokens)`` one pass over ``batches`` processes (dummies count as padding)."""
-    real = sum(b.n_tokens for b in batches if b is not None)
-    padded = sum(DUMMY_PASS_TOKENS if b is None else b.n_padded_tokens for b in batches)
-    return real, padded
 
 
 # --------------------------------------------------------------------------------------------
@@ -246,86 +247,121 @@ def token_counts(batches: Sequence[Batch | None]) -> tuple[int, int]:
 # --------------------------------------------------------------------------------------------
 
 
-def _device_of(params: Sequence[torch.Tensor]) -> torch.device:
-    if not params:
+def _device_of(weights: Sequence[torch.Tensor]) -> torch.device:
+    if not weights:
         raise ValueError(
             "got no adapter parameters: pass engine.adapter_parameters() (the trainable LoRA tensors)"
         )
-    return params[0].device
+    return weights[0].device
 
 
-def loss_and_grad(
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class PassResult:
+    """What a sweep over passes produced.
+
+    Attributes:
+        grads: one gradient per weight (``None`` for a forward-only sweep).
+        task_sums: ``[T]`` unscaled answer-loss sum of each task's rows.
+        seconds: wall seconds of every pass, in order.
+    """
+
+    grads: list[torch.Tensor] | None
+    task_sums: torch.Tensor
+    seconds: list[float]
+
+
+def run_passes(
     model: nn.Module,
-    params: Sequence[torch.Tensor],
-    batches: Sequence[Batch | None],
+    weights: Sequence[torch.Tensor],
+    passes: Sequence[Pass],
+    task_scale: torch.Tensor,
     *,
-    scales: Sequence[float] | None = None,
-    normaliser: int | None = None,
-) -> tuple[list[torch.Tensor], list[float]]:
-    """Gradient w.r.t. ``params`` of ``sum_b scales[b] * loss_sum(b) / normaliser``, accumulated over micro-batches.
+    lora: TaskLoRA | None = None,
+    pass_scales: Sequence[float] | None = None,
+    grad: bool = True,
+) -> PassResult:
+    """One sweep: ``grad of sum_p pass_scales[p] * sum_rows task_scale[row task] * row loss``.
 
-    One forward and one ``torch.autograd.grad`` per entry, so the graph of only one micro-batch is
-    alive at a time. ``None`` entries run a zero-weight dummy pass.
+    One forward (and one ``torch.autograd.grad``) per pass, so the graph of only one pass is alive
+    at a time.
 
     Args:
         model: the causal LM.
-        params: tensors to differentiate (the adapter), in the engine's order.
-        batches: micro-batches of one set; ``None`` is a dummy pass.
-        scales: per-entry weight (default 1.0 each).
-        normaliser: divisor (default: the answer tokens of the real entries; 1 if none).
-
-    Returns:
-        ``(grads, loss_sums)``: one gradient per parameter (zeros if every entry is a dummy), and
-        each entry's unscaled answer-loss sum (``nan`` for dummies).
+        weights: tensors to differentiate: stacked fast weights (with ``lora``) or the adapter
+            parameters (one task).
+        passes: the passes; ``None`` runs a zero-weight dummy pass.
+        task_scale: ``[T]`` weight of a row's loss by its task (e.g. ``1 / answer tokens``).
+        lora: routes rows to their task's slice of ``weights`` (already :meth:`TaskLoRA.active`).
+        pass_scales: per-pass weight (default 1.0 each).
+        grad: ``False`` runs forward only (no gradient, ``grads`` is ``None``).
     """
-    device = _device_of(params)
-    if scales is None:
-        scales = [1.0] * len(batches)
-    if normaliser is None:
-        normaliser = answer_tokens(batches)
-    denom = float(max(normaliser, 1))
+    device = _device_of(weights)
+    scale = task_scale.to(device=device, dtype=torch.float32)
+    sums = torch.zeros(task_scale.shape[0], dtype=torch.float64)
     grads: list[torch.Tensor] | None = None
-    sums: list[float] = []
-    for batch, scale in zip(batches, scales, strict=True):
-        dummy = batch is None
-        b = dummy_batch(device) if batch is None else batch.to(device)
-        loss_sum = answer_loss_sum(model, b)
-        weight = 0.0 if dummy else scale / denom
-        g = torch.autograd.grad(loss_sum * weight, params, allow_unused=True)
-        sums.append(math.nan if dummy else float(loss_sum.detach()))
-        if grads is None:
-            grads = [torch.zeros_like(p) if gi is None else gi.detach() for p, gi in zip(params, g)]
-        elif not dummy:
-            for acc, gi in zip(grads, g):
-                if gi is not None:
-                    acc.add_(gi)
-    if grads is None:  # no batches at all
-        grads = [torch.zeros_like(p) for p in params]
-    return grads, sums
+    seconds: list[float] = []
+    for i, p in enumerate(passes):
+        t0 = time.perf_counter()
+        if p is None:
+            batch, rows, weight = dummy_batch(device), torch.zeros(1, dtype=torch.long, device=device), 0.0
+        else:
+            p = p.to(device)
+            batch, rows, weight = p.batch, p.rows, 1.0 if pass_scales is None else pass_scales[i]
+        if lora is not None:
+            lora.rows = rows
+        with torch.set_grad_enabled(grad):
+            per_row = answer_loss_rows(model, batch)
+            if grad:
+                loss = (per_row * scale.index_select(0, rows)).sum() * weight
+                g = torch.autograd.grad(loss, list(weights), allow_unused=True)
+        if p is not None:
+            sums.index_add_(0, rows.cpu(), per_row.detach().to("cpu", torch.float64))
+        if grad:
+            if grads is None:
+                grads = [torch.zeros_like(w) if gi is None else gi.detach() for w, gi in zip(weights, g)]
+            elif p is not None:
+                for acc, gi in zip(grads, g):
+                    if gi is not None:
+                        acc.add_(gi)
+        _sync(device)
+        seconds.append(time.perf_counter() - t0)
+    if grad and grads is None:  # no passes at all
+        grads = [torch.zeros_like(w) for w in weights]
+    return PassResult(grads, sums, seconds)
 
 
-@torch.no_grad()
-def evaluate_loss(model: nn.Module, params: Sequence[torch.Tensor], batches: Sequence[Batch | None]) -> float:
-    """Mean loss per answer token over ``batches`` (forward only; ``nan`` if all are dummies).
+def _at_least_fp32(g: torch.Tensor) -> torch.Tensor:
+    return g.detach().to(torch.promote_types(g.dtype, torch.float32))
 
-    ``params`` only tells the device; dummies still run a forward so ranks stay in lockstep.
+
+def clip_per_task(grads: Sequence[torch.Tensor], max_norm: float, *, stacked: bool) -> None:
+    """Clips each task's gradient to global L2 norm ``max_norm`` in place (``<= 0``: off).
+
+    Same coefficient as :func:`~fmmeta.engine.optim.clip_grad_norm` (``max_norm / (norm +
+    1e-6)``, capped at 1), computed per task over the leading dimension of stacked gradients.
     """
-    device = _device_of(params)
-    total = 0.0
-    for batch in batches:
-        b = dummy_batch(device) if batch is None else batch.to(device)
-        loss_sum = answer_loss_sum(model, b)
-        if batch is not None:
-            total += float(loss_sum)
-    n = answer_tokens(batches)
-    return total / n if n else math.nan
+    if max_norm <= 0 or not grads:
+        return
+    if not stacked:
+        clip_grad_norm(grads, max_norm)
+        return
+    sq = sum(_at_least_fp32(g).flatten(1).pow(2).sum(dim=1) for g in grads)
+    coef = (max_norm / (sq.sqrt() + 1e-6)).clamp(max=1.0)
+    for g in grads:
+        g.mul_(coef.view(-1, *([1] * (g.dim() - 1))).to(g.dtype))
 
 
 class InnerOptimizer:
     """The inner update rule (SGD or Adam) on plain tensors, updated in place under ``no_grad``.
 
-    Adam keeps its moments here, fresh per task; create one per adaptation (``adapt`` does) or
-    pass the same one to successive ``adapt`` calls to continue a trajectory.
+    Every operation is elementwise, so the same rule serves stacked ``[T, ...]`` fast weights (each
+    task its own moments) and single adapters. Adam keeps its moments here, fresh per task; create
+    one per adaptation or pass the same one to successive calls to continue a trajectory.
     """
 
     def __init__(self, cfg: InnerLoopConfig, params: Sequence[torch.Tensor]) -> None:
@@ -357,6 +393,68 @@ class InnerOptimizer:
             p.addcdiv_(m, denom, value=-lr / c1)
 
 
+@dataclass
+class Adaptation:
+    """What an inner loop did.
+
+    Attributes:
+        losses: per step, ``[T]`` support loss per answer token before that step's update
+            (``nan`` for a task without support tokens).
+        seconds: per step, the wall seconds of each support pass.
+    """
+
+    losses: list[torch.Tensor]
+    seconds: list[list[float]]
+
+
+def adapt_tasks(
+    model: nn.Module,
+    weights: Sequence[torch.Tensor],
+    support: Sequence[Pass],
+    n_answer: torch.Tensor,
+    cfg: InnerLoopConfig,
+    *,
+    lora: TaskLoRA | None = None,
+    steps: int | None = None,
+    optimizer: InnerOptimizer | None = None,
+) -> Adaptation:
+    """Adapts every task's weights in place on its support rows: theta -> phi. The one inner loop.
+
+    Each step runs every support pass, giving each task the gradient of its own ``sum answer
+    loss / its support answer tokens``, clips each task's gradient to ``cfg.inner_clip_norm``
+    and applies one inner-optimizer update to all tasks at once. A task without support tokens
+    gets a zero gradient and keeps its weights (SGD and Adam both leave it unchanged).
+
+    Args:
+        model: the causal LM.
+        weights: stacked ``[T, ...]`` fast weights (with ``lora`` active) or the adapter itself.
+        support: the support passes; ``None`` entries are dummy passes.
+        n_answer: ``[T]`` support answer tokens of each task.
+        cfg: inner-loop settings.
+        lora: the active :class:`TaskLoRA` for stacked weights; ``None`` for a single adapter.
+        steps: number of inner steps (default ``cfg.inner_steps``).
+        optimizer: continue with this inner optimizer's state (default: a fresh one).
+    """
+    n_steps = cfg.inner_steps if steps is None else steps
+    if n_steps < 0:
+        raise ValueError(f"adapt(steps={n_steps}) is invalid: steps must be >= 0")
+    opt = optimizer if optimizer is not None else InnerOptimizer(cfg, weights)
+    n = n_answer.to(torch.float64)
+    scale = torch.where(n > 0, 1.0 / n.clamp(min=1.0), torch.zeros_like(n))
+    out = Adaptation([], [])
+    for _ in range(n_steps):
+        res = run_passes(model, weights, support, scale, lora=lora)
+        out.losses.append(torch.where(n > 0, res.task_sums / n.clamp(min=1.0), torch.full_like(n, math.nan)))
+        out.seconds.append(res.seconds)
+        if not bool((n > 0).any()):
+            continue  # dummy passes only: they ran for lockstep, weights untouched
+        assert res.grads is not None
+        clip_per_task(res.grads, cfg.inner_clip_norm or 0.0, stacked=lora is not None)
+        opt.step(weights, res.grads)
+        del res  # free this step's gradient before the next step allocates its own
+    return out
+
+
 def adapt(
     model: nn.Module,
     params: Sequence[torch.Tensor],
@@ -366,20 +464,10 @@ def adapt(
     steps: int | None = None,
     optimizer: InnerOptimizer | None = None,
 ) -> list[float]:
-    """Adapts ``params`` in place on a support set: theta -> phi. The one inner loop.
+    """Adapts one task's adapter ``params`` in place on its support set (evaluation's entry point).
 
-    Each step runs every support micro-batch, accumulating the gradient of
-    ``sum answer loss / support answer tokens``, clips it to ``cfg.inner_clip_norm`` and applies
-    one inner-optimizer update. The caller owns theta: take a :func:`snapshot` before and
-    :func:`restore` after.
-
-    Args:
-        model: the causal LM whose adapter is ``params``.
-        params: adapter tensors, updated in place.
-        support_batches: support micro-batches; ``None`` entries are zero-weight dummy passes.
-        cfg: inner-loop settings.
-        steps: number of inner steps (default ``cfg.inner_steps``).
-        optimizer: continue with this inner optimizer's state (default: a fresh one).
+    :func:`adapt_tasks` with one task and the model's own LoRA forward. The caller owns theta:
+    take a :func:`snapshot` before and :func:`restore` after.
 
     Returns:
         The support loss per answer token before each step's update (``nan`` for a dummy set).
@@ -390,19 +478,19 @@ def adapt(
         >>> ...  # evaluate phi on the query set
         >>> restore(params, theta)
     """
-    n_steps = cfg.inner_steps if steps is None else steps
-    if n_steps < 0:
-        raise ValueError(f"adapt(steps={n_steps}) is invalid: steps must be >= 0")
-    opt = optimizer if optimizer is not None else InnerOptimizer(cfg, params)
-    n_answer = answer_tokens(support_batches)
-    losses: list[float] = []
-    for _ in range(n_steps):
-        grads, sums = loss_and_grad(model, params, support_batches, normaliser=n_answer)
-        if n_answer == 0:
-            losses.append(math.nan)
-            continue  # a dummy set: passes run for lockstep, weights untouched
-        losses.append(sum(s for s in sums if not math.isnan(s)) / n_answer)
-        clip_grad_norm(grads, cfg.inner_clip_norm or 0.0)
-        opt.step(params, grads)
-        del grads  # free before the next step allocates its own: peak memory independent of steps
-    return losses
+    passes = [None if b is None else PackedBatch.one_task(b) for b in support_batches]
+    n_answer = torch.tensor([float(answer_tokens(support_batches))], dtype=torch.float64)
+    result = adapt_tasks(model, params, passes, n_answer, cfg, steps=steps, optimizer=optimizer)
+    return [float(x[0]) for x in result.losses]
+
+
+@torch.no_grad()
+def evaluate_loss(model: nn.Module, params: Sequence[torch.Tensor], batches: Sequence[Batch | None]) -> float:
+    """Mean loss per answer token over ``batches`` (forward only; ``nan`` if all are dummies).
+
+    ``params`` only tells the device; dummies still run a forward so ranks stay in lockstep.
+    """
+    passes = [None if b is None else PackedBatch.one_task(b) for b in batches]
+    res = run_passes(model, params, passes, torch.ones(1), grad=False)
+    n = answer_tokens(batches)
+    return float(res.task_sums[0]) / n if n else math.nan

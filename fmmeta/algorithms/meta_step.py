@@ -1,9 +1,9 @@
-"""One meta-step: run this rank's slots one task at a time, then one outer update.
+"""One meta-step: run this rank's packed passes, then one outer update.
 
-Peak memory is one task's, not ``meta_batch_size`` tasks': each task's meta-gradient is added,
-times its weight, into a single buffer and then dropped. The engine is touched exactly once, by
-``engine.outer_step(grad_sum, plan.n_real_tasks)``, which averages over every rank's real tasks.
-Every rank runs the same number of slots with the same pass counts (the plan guarantees it), so
+The rank's tasks share every pass (each row through its own task's fast weights), so peak memory
+follows the pass's token budget and the rank's adapters, not the tasks' activations. The engine
+is touched exactly once, by ``engine.outer_step(grad_sum, plan.n_real_tasks)``, which averages
+over every rank's tasks. Every rank runs the same number of passes (the plan guarantees it), so
 ZeRO-3's per-pass collectives stay in lockstep.
 """
 
@@ -16,38 +16,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fmmeta.algorithms.protocol import MetaAlgorithm
+from fmmeta.algorithms.protocol import MetaAlgorithm, RankResult, RankWork
 from fmmeta.engine.protocol import Engine
-from fmmeta.sampling.plan import MetaBatchPlan
+from fmmeta.sampling.plan import MetaBatchPlan, PackedPass
+from fmmeta.sampling.source import PassObservation, TaskObservation
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TaskRecord:
-    """What one real task did on this rank (the recipe turns these into the sampler's
-    ``fmmeta.sampling.TaskObservation`` and gathers them from every rank).
-
-    Attributes:
-        task_id: index of the task in the sampler's pool.
-        task: the episode's task name.
-        query_loss_before: query loss per answer token at theta (``nan`` if not measured).
-        query_loss_after: query loss per answer token after adaptation.
-        n_tokens: real tokens processed; n_padded_tokens: including padding.
-        n_passes: forward passes run.
-        cost: the cost model's estimate the plan carried (to calibrate it against ``seconds``).
-        seconds: wall time of the task on this rank.
-    """
-
-    task_id: int
-    task: str
-    query_loss_before: float
-    query_loss_after: float
-    n_tokens: int
-    n_padded_tokens: int
-    n_passes: int
-    cost: float
-    seconds: float
 
 
 @dataclass(frozen=True)
@@ -56,17 +30,18 @@ class StepStats:
 
     Attributes:
         step: the plan's meta-step.
-        outer_loss: mean over this rank's real tasks of the loss the meta-gradient follows
+        outer_loss: mean over this rank's tasks of the loss the meta-gradient follows
             (the query loss after adaptation; for multi-task, the query loss at theta).
-        query_loss_before: mean over this rank's real tasks (``nan`` if not measured or none).
-        query_loss_after: mean over this rank's real tasks (``nan`` if none).
-        n_real_tasks: real tasks on this rank.
+        query_loss_before: mean over this rank's tasks (``nan`` if not measured or none).
+        query_loss_after: mean over this rank's tasks (``nan`` if none).
+        n_real_tasks: tasks on this rank.
         n_tokens: real tokens processed on this rank (dummies excluded).
         n_padded_tokens: tokens processed including padding and dummy passes.
         n_passes: forward passes on this rank (equal on every rank by construction).
         seconds: wall time of the whole meta-step on this rank, outer step included.
         outer: what ``engine.outer_step`` returned (``grad_norm``, ``lr``, ...).
-        tasks: one observation per real task, in slot order.
+        tasks: one observation per task of this rank, in slot order (for the sampler).
+        passes: one observation per forward+backward pass of this rank (for the cost fit).
     """
 
     step: int
@@ -79,26 +54,46 @@ class StepStats:
     n_passes: int
     seconds: float
     outer: dict[str, float] = field(default_factory=dict)
-    tasks: tuple[TaskRecord, ...] = ()
+    tasks: tuple[TaskObservation, ...] = ()
+    passes: tuple[PassObservation, ...] = ()
+
+    @property
+    def observations(self) -> tuple[TaskObservation | PassObservation, ...]:
+        """Everything the sampler learns from this rank's step."""
+        return self.tasks + self.passes
 
 
-def _mean(values: list[float]) -> float:
-    real = [v for v in values if not math.isnan(v)]
-    return sum(real) / len(real) if real else math.nan
+def _mean(values: torch.Tensor) -> float:
+    real = values[~torch.isnan(values)]
+    return float(real.mean()) if real.numel() else math.nan
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def _tokens(passes: tuple[PackedPass, ...], repeats: int) -> tuple[int, int]:
+    real = sum(p.n_tokens for p in passes)
+    padded = sum(p.n_padded_tokens for p in passes)
+    return repeats * real, repeats * padded
 
 
-def meta_step(engine: Engine, algorithm: MetaAlgorithm, plan: MetaBatchPlan) -> StepStats:
+def _pass_observations(
+    step: int, rank: int, phase: str, passes: tuple[PackedPass, ...], seconds: list[float] | None
+) -> list[PassObservation]:
+    if not seconds:
+        return []
+    return [PassObservation(step=step, rank=rank, phase=phase, index=i, features=p.features, seconds=s)
+            for i, (p, s) in enumerate(zip(passes, seconds, strict=True))]
+
+
+def meta_step(
+    engine: Engine, algorithm: MetaAlgorithm, plan: MetaBatchPlan, work: RankWork | None = None
+) -> StepStats:
     """Runs this rank's share of ``plan`` and applies one outer update.
 
     Args:
         engine: the backend (adapter parameters, model, outer optimizer).
         algorithm: FOMAML, Reptile or MultiTask (see ``build_algorithm``).
         plan: the meta-batch plan; identical on every rank.
+        work: this rank's passes already collated (``algorithm.prepare(plan.for_rank(rank))``,
+            e.g. by the prefetcher's thread); collated here when ``None``.
 
     Returns:
         This rank's :class:`StepStats`.
@@ -120,52 +115,35 @@ def meta_step(engine: Engine, algorithm: MetaAlgorithm, plan: MetaBatchPlan) -> 
             f"world_size={engine.world_size}: build the plan with the engine's world size"
         )
     start = time.perf_counter()
-    model = engine.model
-    params = engine.adapter_parameters()
-    device = params[0].device if params else engine.device
-    grad_sum = [torch.zeros_like(p) for p in params]
-    tasks: list[TaskRecord] = []
-    n_tokens = n_padded = n_passes = 0
-    for slot in plan.for_rank(engine.rank):
-        t0 = time.perf_counter()
-        result = algorithm.task_gradient(model, params, slot)
-        if slot.weight != 0.0:
-            for acc, g in zip(grad_sum, result.grads, strict=True):
-                acc.add_(g, alpha=slot.weight)
-        result.grads = []  # drop the task's gradient now: peak memory stays one task
-        _sync(device)
-        seconds = time.perf_counter() - t0
-        n_passes += result.n_passes
-        n_padded += result.n_padded_tokens
-        if slot.is_dummy:
-            continue
-        n_tokens += result.n_tokens
-        tasks.append(
-            TaskRecord(
-                task_id=slot.task_id,
-                task=slot.episode.task if slot.episode is not None else "",
-                query_loss_before=result.query_loss_before,
-                query_loss_after=result.query_loss_after,
-                n_tokens=result.n_tokens,
-                n_padded_tokens=result.n_padded_tokens,
-                n_passes=result.n_passes,
-                cost=slot.cost,
-                seconds=seconds,
-            )
-        )
-    outer = engine.outer_step(grad_sum, plan.n_real_tasks)
-    _sync(device)
-    after = _mean([t.query_loss_after for t in tasks])
+    mine = plan.for_rank(engine.rank)
+    if work is None:
+        work = algorithm.prepare(mine)
+    result: RankResult = algorithm.rank_gradient(engine.model, engine.adapter_parameters(), work)
+    outer = engine.outer_step(result.grads, plan.n_real_tasks)
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize(engine.device)
+    s_real, s_pad = _tokens(mine.support, result.support_repeats)
+    q_real, q_pad = _tokens(mine.query, result.query_repeats)
+    after = result.query_loss_after
+    tasks = tuple(
+        TaskObservation(task_id=slot.task_id, query_loss=float(after[i]), step=plan.step)
+        for i, slot in enumerate(mine.slots)
+    )
+    passes = tuple(
+        _pass_observations(plan.step, engine.rank, "support", mine.support, result.support_seconds)
+        + _pass_observations(plan.step, engine.rank, "query", mine.query, result.query_seconds)
+    )
     return StepStats(
         step=plan.step,
-        outer_loss=after,
-        query_loss_before=_mean([t.query_loss_before for t in tasks]),
-        query_loss_after=after,
-        n_real_tasks=len(tasks),
-        n_tokens=n_tokens,
-        n_padded_tokens=n_padded,
-        n_passes=n_passes,
+        outer_loss=_mean(after),
+        query_loss_before=_mean(result.query_loss_before),
+        query_loss_after=_mean(after),
+        n_real_tasks=len(mine.slots),
+        n_tokens=s_real + q_real,
+        n_padded_tokens=s_pad + q_pad,
+        n_passes=result.support_repeats * len(mine.support) + result.query_repeats * len(mine.query),
         seconds=time.perf_counter() - start,
         outer=dict(outer),
-        tasks=tuple(tasks),
+        tasks=tasks,
+        passes=passes,
     )

@@ -1,8 +1,8 @@
-"""The meta-algorithm interface.
+"""The meta-algorithm interface: a rank's packed work in, the sum of its tasks' meta-gradients out.
 
-A meta-algorithm turns one :class:`~fmmeta.sampling.plan.TaskSlot` into that task's meta-gradient
-for the adapter parameters. FOMAML, Reptile and the multi-task baseline differ only here; the loop
-over a rank's slots, the accumulation and the outer step live in ``fmmeta.algorithms.meta_step``.
+FOMAML, Reptile and the multi-task baseline differ only in :meth:`MetaAlgorithm.rank_gradient`;
+the plan, the collation of passes (:func:`prepare_rank`), the outer step and the observations
+live in ``fmmeta.algorithms.meta_step``.
 """
 
 from __future__ import annotations
@@ -13,36 +13,78 @@ from typing import Protocol, Sequence
 import torch
 from torch import nn
 
-from fmmeta.sampling.plan import TaskSlot
+from fmmeta.algorithms.inner_loop import Pass, answer_tokens_per_task, pack_pass
+from fmmeta.sampling.plan import RankPlan
 
 
 @dataclass
-class TaskResult:
-    """What one task contributes to a meta-step.
+class RankWork:
+    """One rank's packed work for a meta-step, collated (see :func:`prepare_rank`).
 
     Attributes:
-        grads: the task's meta-gradient, one tensor per adapter parameter (unweighted).
-        query_loss_before: mean query loss per answer token at theta (``nan`` if not measured).
-        query_loss_after: mean query loss per answer token at the adapted weights phi.
-        n_passes: forward+backward passes run (equal for every slot of a plan).
-        n_tokens: real tokens processed; n_padded_tokens: tokens including padding.
+        n_tasks: tasks on this rank (may be 0: then every pass is a dummy).
+        support: support passes (``None`` = dummy), run once per inner step.
+        query: query passes.
+        support_answers: support answer tokens per task, ``[max(n_tasks, 1)]`` (a rank without
+            tasks gets one all-zero entry, which its dummy passes route to).
+        query_answers: query answer tokens per task, same shape.
+    """
+
+    n_tasks: int
+    support: list[Pass]
+    query: list[Pass]
+    support_answers: torch.Tensor
+    query_answers: torch.Tensor
+
+
+def prepare_rank(plan: RankPlan, pad_id: int, *, pad_to_multiple_of: int | None = None) -> RankWork:
+    """Collates a rank's plan into tensors (cheap enough to run in the prefetcher's thread)."""
+    n = len(plan.slots)
+    support = [pack_pass(p, plan.slots, pad_id, query=False, pad_to_multiple_of=pad_to_multiple_of)
+               for p in plan.support]
+    query = [pack_pass(p, plan.slots, pad_id, query=True, pad_to_multiple_of=pad_to_multiple_of)
+             for p in plan.query]
+    return RankWork(n, support, query, answer_tokens_per_task(support, max(n, 1)),
+                    answer_tokens_per_task(query, max(n, 1)))
+
+
+@dataclass
+class RankResult:
+    """What one rank's tasks contribute to a meta-step.
+
+    Attributes:
+        grads: the sum of the rank's task meta-gradients, one tensor per adapter parameter.
+        query_loss_before: ``[n_tasks]`` query loss per answer token at theta (``nan`` if not
+            measured).
+        query_loss_after: ``[n_tasks]`` query loss per answer token at phi.
+        support_seconds: per support pass, wall seconds (mean over its inner-step repeats;
+            empty when no support pass ran).
+        query_seconds: per query pass, wall seconds of its forward+backward; ``None`` when the
+            query passes ran forward only (their times would mislead the cost fit).
+        support_repeats: how many times each support pass ran.
+        query_repeats: how many times each query pass ran (forward-only runs included).
     """
 
     grads: list[torch.Tensor]
-    query_loss_before: float
-    query_loss_after: float
-    n_passes: int
-    n_tokens: int
-    n_padded_tokens: int
+    query_loss_before: torch.Tensor
+    query_loss_after: torch.Tensor
+    support_seconds: list[float]
+    query_seconds: list[float] | None
+    support_repeats: int
+    query_repeats: int
 
 
 class MetaAlgorithm(Protocol):
-    """Computes one task's meta-gradient; leaves the adapter parameters exactly as it found them."""
+    """Computes one rank's summed meta-gradient; leaves the adapter parameters as it found them."""
 
     name: str
 
-    def task_gradient(
-        self, model: nn.Module, params: Sequence[nn.Parameter], slot: TaskSlot
-    ) -> TaskResult:
-        """Runs the slot's inner loop and query passes and returns its meta-gradient."""
+    def prepare(self, plan: RankPlan) -> RankWork:
+        """Collates a rank's plan into the passes :meth:`rank_gradient` runs."""
         ...
+
+    def rank_gradient(self, model: nn.Module, params: Sequence[nn.Parameter], work: RankWork) -> RankResult:
+        """Runs the rank's inner loops and query passes and returns the summed meta-gradient."""
+        ...
+
+

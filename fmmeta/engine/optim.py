@@ -171,7 +171,8 @@ def clip_grad_norm(grads: Sequence[torch.Tensor], max_norm: float) -> float:
     if not grads:
         return 0.0
     total = torch.linalg.vector_norm(
-        torch.stack([torch.linalg.vector_norm(g.detach().float()) for g in grads])
+        torch.stack([torch.linalg.vector_norm(g.detach().to(torch.promote_types(g.dtype, torch.float32)))
+                     for g in grads])
     )
     norm = float(total)
     if max_norm > 0:

@@ -1,29 +1,42 @@
-"""Task sampling: which tasks run each meta-step, on which rank, in which micro-batches."""
+"""Task sampling: which tasks run each meta-step, on which rank, packed into which passes."""
 
-from fmmeta.sampling.cost import CostModel, slot_features
-from fmmeta.sampling.plan import MetaBatchPlan, TaskSlot
-from fmmeta.sampling.planner import PlanStats, assign_balanced, plan_meta_batch, plan_stats
+from fmmeta.sampling.cost import CostModel
+from fmmeta.sampling.one_task import plan_one_task_per_pass
+from fmmeta.sampling.plan import DUMMY_PASS, MetaBatchPlan, PackedPass, RankPlan, TaskSlot
+from fmmeta.sampling.planner import PlanStats, assign_tasks, plan_meta_batch, plan_stats
 from fmmeta.sampling.prefetch import Prefetched, Prefetcher
 from fmmeta.sampling.sampler import CostAwareSampler, SamplerConfig
-from fmmeta.sampling.source import EpisodeSource, TaskObservation
+from fmmeta.sampling.source import (
+    EpisodeSource,
+    Observation,
+    PassObservation,
+    TaskObservation,
+    observation_from_dict,
+)
 from fmmeta.sampling.strategies import STRATEGIES, PoolView, Strategy
 
 __all__ = [
+    "DUMMY_PASS",
     "STRATEGIES",
     "CostAwareSampler",
     "CostModel",
     "EpisodeSource",
     "MetaBatchPlan",
+    "Observation",
+    "PackedPass",
+    "PassObservation",
     "PlanStats",
     "PoolView",
     "Prefetched",
     "Prefetcher",
+    "RankPlan",
     "SamplerConfig",
     "Strategy",
     "TaskObservation",
     "TaskSlot",
-    "assign_balanced",
+    "assign_tasks",
+    "observation_from_dict",
     "plan_meta_batch",
+    "plan_one_task_per_pass",
     "plan_stats",
-    "slot_features",
 ]

@@ -5,8 +5,8 @@ A forward+backward pass over a micro-batch of ``n`` sequences padded to length `
     a + b * (n * L) + c * (n * L**2)
 
 ``a`` is the per-pass overhead (kernel launches, ZeRO-3 parameter all-gathers, which do not depend
-on the batch), ``b`` the per-token work of the linear layers and ``c`` the attention term. A task
-slot costs ``inner_steps * sum(support chunks) + sum(query chunks)``. Dummy passes run one token.
+on the batch), ``b`` the per-token work of the linear layers and ``c`` the attention term. A
+packed pass's regressors are ``PackedPass.features``; a dummy pass counts as one token.
 
 The defaults are in *token-equivalents* (``b = 1``): ``a = 64`` says a pass has the fixed overhead
 of 64 tokens, ``c = 1/2048`` makes attention match the linear layers at 2048 tokens, about right
@@ -24,36 +24,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from fmmeta.sampling.plan import TaskSlot
 
 logger = logging.getLogger(__name__)
-
-
-def slot_features(slot: TaskSlot, *, inner_steps: int) -> tuple[int, int, float, int]:
-    """Counts what a slot runs: ``(passes, padded tokens, sum len^2, real tokens)``.
-
-    Support chunks run once per inner step, query chunks once; a dummy chunk ``()`` is one
-    forward+backward on a one-token sequence.
-    """
-    passes = padded = real = 0
-    attn = 0.0
-    ep = slot.episode
-    for chunks, examples, mult in (
-        (slot.support_chunks, ep.support if ep else (), inner_steps),
-        (slot.query_chunks, ep.query if ep else (), 1),
-    ):
-        for chunk in chunks:
-            passes += mult
-            if not chunk:
-                padded += mult
-                attn += mult
-                continue
-            lens = [examples[i].n_tokens for i in chunk]
-            width = max(lens)
-            padded += mult * width * len(lens)
-            attn += mult * float(width) * width * len(lens)
-            real += mult * sum(lens)
-    return passes, padded, attn, real
 
 
 @dataclass(kw_only=True)
@@ -111,11 +83,6 @@ class CostModel:
             return self.dummy_pass_cost
         n, width = len(lengths), max(lengths)
         return self.a + self.b * n * width + self.c * n * float(width) * width
-
-    def slot_cost(self, slot: TaskSlot, *, inner_steps: int) -> float:
-        """Cost of a whole slot (``inner_steps`` x support chunks + query chunks)."""
-        passes, padded, attn, _ = slot_features(slot, inner_steps=inner_steps)
-        return self.a * passes + self.b * padded + self.c * attn
 
     def predict(self, features: np.ndarray) -> np.ndarray:
         """Costs of rows ``(passes, padded tokens, sum len^2)``."""

@@ -1,12 +1,18 @@
-"""The meta-batch plan: which task runs on which rank, in which micro-batches.
+"""The meta-batch plan: which task runs on which rank, and which sequences share each pass.
 
 This is the contract between the sampler (which builds plans) and the meta-algorithms (which run
-them). Under DeepSpeed ZeRO-3 every forward and backward pass all-gathers parameters, so every rank
-must run the same number of passes in lockstep. A plan guarantees it by construction: every rank
-holds the same number of :class:`TaskSlot`, and every slot of a plan has the same number of
-support chunks and of query chunks. A slot without real work (``episode is None``) or a chunk
-without examples (``()``) is a *dummy pass*: the algorithm runs one forward and backward on a
-one-token sequence with zero weight, so the collectives stay matched and the result is unchanged.
+them). Under DeepSpeed ZeRO-3 every forward and backward all-gathers each layer's parameters, so
+ranks meet at every pass: a meta-step costs about the *sum over passes of the slowest rank's
+pass*, and a rank that runs one pass fewer than the others hangs them. A plan therefore fixes the
+passes, not only the tasks:
+
+* every rank holds any number of :class:`TaskSlot` (whole tasks: a task's fast weights live on
+  one rank), chosen so that ranks carry about the same tokens;
+* every rank runs the same number of support passes (repeated once per inner step) and of query
+  passes. A :class:`PackedPass` holds sequences of *several* tasks, each row tagged with the
+  slot whose fast adapter it runs through, so every pass can be filled to one token budget;
+* a pass without rows is a *dummy pass*: one forward and backward on a 2-token sequence with
+  zero weight, which keeps the collectives matched without changing any result.
 """
 
 from __future__ import annotations
@@ -14,35 +20,87 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from fmmeta.tasks.episode import Episode
+from fmmeta.tasks.episode import Episode, Example
 
 
 @dataclass(frozen=True)
 class TaskSlot:
-    """One task's work on one rank within a meta-step.
+    """One task's episode on one rank within a meta-step.
 
     Attributes:
-        episode: the episode to adapt on and score; ``None`` for a zero-weight dummy task.
-        weight: 1.0 for a real task, 0.0 for a dummy; the meta-gradient is the weighted mean.
-        support_chunks: micro-batches of the support set for one inner step, as indices into
-            ``episode.support``; every inner step runs all of them, accumulating one gradient.
-            ``()`` marks a dummy pass.
-        query_chunks: micro-batches of the query set, as indices into ``episode.query``.
-        cost: the cost model's estimate for this slot (arbitrary units, comparable within a plan).
-        task_id: index of the task in the sampler's pool (-1 for a dummy).
+        episode: the episode to adapt on and score.
+        task_id: index of the task in the sampler's pool.
+        cost: the cost model's estimate of the task's own work (its sequences, unpadded), in the
+            cost model's unit; what the assignment balanced.
     """
 
-    episode: Episode | None
-    weight: float
-    support_chunks: tuple[tuple[int, ...], ...]
-    query_chunks: tuple[tuple[int, ...], ...]
+    episode: Episode
+    task_id: int
     cost: float = 0.0
-    task_id: int = -1
+
+
+@dataclass(frozen=True)
+class PackedPass:
+    """The sequences one forward+backward pass runs: rows of several tasks, padded to one width.
+
+    Attributes:
+        slots: ``slots[i]`` is the index (into the rank's slots) of row ``i``'s task.
+        examples: ``examples[i]`` indexes that task's support set (support passes) or query set
+            (query passes).
+        width: padded length of the pass (its longest row); 0 for a dummy pass.
+        n_tokens: real tokens of the pass (sum of row lengths).
+    """
+
+    slots: tuple[int, ...]
+    examples: tuple[int, ...]
+    width: int
+    n_tokens: int
 
     @property
     def is_dummy(self) -> bool:
-        """Whether this slot only keeps the collectives in lockstep."""
-        return self.episode is None or self.weight == 0.0
+        """Whether this pass only keeps the collectives in lockstep."""
+        return not self.slots
+
+    @property
+    def n_rows(self) -> int:
+        """Sequences in the pass."""
+        return len(self.slots)
+
+    @property
+    def n_padded_tokens(self) -> int:
+        """Tokens processed, padding included (a dummy pass counts as 1)."""
+        return self.n_rows * self.width if self.slots else 1
+
+    @property
+    def features(self) -> tuple[float, float, float]:
+        """The cost model's regressors ``(passes, padded tokens, sum of padded length^2)``."""
+        if not self.slots:
+            return (1.0, 1.0, 1.0)
+        return (1.0, float(self.n_rows * self.width), float(self.n_rows * self.width * self.width))
+
+    def rows(self, slots: tuple[TaskSlot, ...], *, query: bool) -> list[Example]:
+        """The examples of the pass, in row order."""
+        if query:
+            return [slots[s].episode.query[e] for s, e in zip(self.slots, self.examples)]
+        return [slots[s].episode.support[e] for s, e in zip(self.slots, self.examples)]
+
+
+DUMMY_PASS = PackedPass((), (), 0, 0)
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """One rank's share of a meta-step.
+
+    Attributes:
+        slots: the tasks this rank adapts (possibly none).
+        support: support passes; every inner step runs all of them, in order.
+        query: query passes, run once after the inner steps.
+    """
+
+    slots: tuple[TaskSlot, ...]
+    support: tuple[PackedPass, ...]
+    query: tuple[PackedPass, ...]
 
 
 @dataclass(frozen=True)
@@ -51,31 +109,45 @@ class MetaBatchPlan:
 
     Attributes:
         step: the meta-step this plan is for.
-        ranks: ``ranks[r]`` is the ordered tuple of slots rank ``r`` runs; all of equal length.
-        n_real_tasks: number of non-dummy slots over all ranks (the meta-gradient's divisor).
+        ranks: ``ranks[r]`` is rank ``r``'s :class:`RankPlan`; all have the same pass counts.
+        n_real_tasks: tasks over all ranks (the meta-gradient's divisor).
+
+    Raises:
+        ValueError: if the ranks' pass counts differ (a plan that would hang ZeRO-3).
     """
 
     step: int
-    ranks: tuple[tuple[TaskSlot, ...], ...]
+    ranks: tuple[RankPlan, ...]
     n_real_tasks: int
 
-    def for_rank(self, rank: int) -> tuple[TaskSlot, ...]:
-        """The slots ``rank`` runs, in order."""
+    def __post_init__(self) -> None:
+        counts = {(len(r.support), len(r.query)) for r in self.ranks}
+        if len(counts) > 1:
+            raise ValueError(
+                f"plan for step {self.step} has unequal (support, query) pass counts across ranks "
+                f"{sorted(counts)}: every rank must run the same passes or ZeRO-3 hangs"
+            )
+
+    def for_rank(self, rank: int) -> RankPlan:
+        """The work ``rank`` runs."""
         return self.ranks[rank]
+
+    @property
+    def slots(self) -> tuple[TaskSlot, ...]:
+        """Every rank's slots, rank by rank."""
+        return tuple(s for r in self.ranks for s in r.slots)
 
     def digest(self) -> str:
         """SHA-256 of the plan's structure; equal on every rank when samplers agree."""
         h = hashlib.sha256(f"step={self.step};n={self.n_real_tasks}".encode())
-        for r, slots in enumerate(self.ranks):
-            for s in slots:
+        for r, rank in enumerate(self.ranks):
+            for s in rank.slots:
                 ep = s.episode
-                ids = (
-                    ""
-                    if ep is None
-                    else f"{ep.task}|{[e.prompt_ids + e.answer_ids for e in ep.support]}|"
-                    f"{[e.prompt_ids + e.answer_ids for e in ep.query]}"
-                )
                 h.update(
-                    f"r{r}:{s.task_id}:{s.weight}:{s.support_chunks}:{s.query_chunks}:{ids};".encode()
+                    f"r{r}:{s.task_id}:{ep.task}|{[e.prompt_ids + e.answer_ids for e in ep.support]}|"
+                    f"{[e.prompt_ids + e.answer_ids for e in ep.query]};".encode()
                 )
+            for name, passes in (("s", rank.support), ("q", rank.query)):
+                for p in passes:
+                    h.update(f"{name}:{p.slots}:{p.examples};".encode())
         return h.hexdigest()

@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 
 from fmmeta.sampling.plan import MetaBatchPlan
 from fmmeta.sampling.sampler import CostAwareSampler
-from fmmeta.sampling.source import TaskObservation
+from fmmeta.sampling.source import Observation, observation_from_dict
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class _Job:
     step: int
     sampled: threading.Event = field(default_factory=threading.Event)
     snapshot: dict[str, Any] | None = None
-    pending: list[TaskObservation] = field(default_factory=list)
+    pending: list[Observation] = field(default_factory=list)
     future: Future | None = None
 
 
@@ -95,7 +95,7 @@ class Prefetcher:
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fmmeta-prefetch") if background else None
         self._job: _Job | None = None
-        self._resume_pending: list[TaskObservation] = []
+        self._resume_pending: list[Observation] = []
         self._started = False
         self._wait_total = 0.0
         self._t_first: float | None = None
@@ -161,7 +161,7 @@ class Prefetcher:
         self._t_last = t1
         return Prefetched(job.step, plan, prepared, t1 - t0)
 
-    def observe(self, observations: Sequence[TaskObservation]) -> None:
+    def observe(self, observations: Sequence[Observation]) -> None:
         """Feeds gathered observations to the sampler (after the in-flight plan was sampled)."""
         job = self._job
         if job is not None:
@@ -213,7 +213,7 @@ class Prefetcher:
         with self._lock:
             self._sampler.load_state_dict(state["sampler"])
             self._next_step = int(state["next_step"])
-            self._resume_pending = [TaskObservation.from_dict(o) for o in state["pending"]]
+            self._resume_pending = [observation_from_dict(o) for o in state["pending"]]
 
     def close(self) -> None:
         """Waits for the in-flight job and stops the worker thread."""

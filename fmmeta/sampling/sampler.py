@@ -27,7 +27,7 @@ from fmmeta.config import ConfigError
 from fmmeta.sampling.cost import CostModel
 from fmmeta.sampling.plan import MetaBatchPlan
 from fmmeta.sampling.planner import plan_meta_batch
-from fmmeta.sampling.source import EpisodeSource, TaskObservation
+from fmmeta.sampling.source import EpisodeSource, Observation, PassObservation, TaskObservation
 from fmmeta.sampling.strategies import (
     STRATEGIES,
     Curriculum,
@@ -51,11 +51,15 @@ class SamplerConfig:
 
     Attributes:
         meta_batch_size: tasks per outer step, over all ranks (>= 1).
-        micro_batch_size: most sequences per forward/backward pass (>= 1).
+        micro_batch_size: with tokens_per_pass = 0, a pass holds at most this many of the
+            meta-batch's longest sequences (>= 1).
+        tokens_per_pass: padded tokens per forward/backward pass, over all the tasks it packs
+            (>= 0; 0 = micro_batch_size x the meta-batch's longest sequence). Peak activation
+            memory follows it, not the number of tasks.
         inner_steps: inner-loop steps per task; weights the support cost (>= 1).
         strategy: task selection: uniform | curriculum | diversity | hard | uniform_difficulty.
-        on_uneven: when meta_batch_size does not divide by world size: ``pad`` with zero-weight
-            dummy tasks, or ``error``.
+        on_uneven: when meta_batch_size does not divide by world size: ``pad`` (ranks hold
+            different task counts; packing keeps their pass counts equal) or ``error``.
         difficulty: difficulty measure for curriculum and uniform_difficulty: shots | lengths | loss.
         pacing_start: curriculum: fraction of the pool admitted at step 0, in (0, 1].
         pacing_steps: curriculum: step at which the whole pool is admitted (>= 1).
@@ -64,7 +68,9 @@ class SamplerConfig:
         hard_temperature: hard: softmax temperature on the query loss (> 0).
         difficulty_bins: uniform_difficulty: equal-width difficulty bins (>= 1).
         loss_ema: weight of a new loss observation in a task's running estimate, in (0, 1].
-        fit_cost: fit the cost model to observed seconds after each ``observe``.
+        fit_cost: fit the cost model to measured pass times after each ``observe``. Plans then
+            follow the hardware, but depend on timing: two runs (or a run and its resume) pack
+            passes differently and agree only to float rounding, not bitwise. Off by default.
         cost_a: initial per-pass cost (token-equivalents, >= 0).
         cost_b: initial per-token cost (>= 0).
         cost_c: initial per-squared-length cost (attention, >= 0).
@@ -74,6 +80,7 @@ class SamplerConfig:
 
     meta_batch_size: int = 8
     micro_batch_size: int = 4
+    tokens_per_pass: int = 0
     inner_steps: int = 1
     strategy: str = "uniform"
     on_uneven: str = "pad"
@@ -85,7 +92,7 @@ class SamplerConfig:
     hard_temperature: float = 1.0
     difficulty_bins: int = 4
     loss_ema: float = 0.5
-    fit_cost: bool = True
+    fit_cost: bool = False
     cost_a: float = 64.0
     cost_b: float = 1.0
     cost_c: float = 1.0 / 2048.0
@@ -106,6 +113,8 @@ class SamplerConfig:
 
         for key in ("meta_batch_size", "micro_batch_size", "inner_steps", "pacing_steps", "difficulty_bins"):
             need(is_int(getattr(self, key)) and getattr(self, key) >= 1, key, "must be an integer >= 1")
+        need(is_int(self.tokens_per_pass) and self.tokens_per_pass >= 0, "tokens_per_pass",
+             "must be an integer >= 0", "0 derives it from micro_batch_size")
         need(self.strategy in STRATEGIES, "strategy", f"allowed: {', '.join(STRATEGIES)}")
         need(self.on_uneven in ("pad", "error"), "on_uneven", "allowed: pad, error")
         need(self.difficulty in ("shots", "lengths", "loss"), "difficulty", "allowed: shots, lengths, loss")
@@ -251,6 +260,7 @@ class CostAwareSampler:
             step=step,
             world_size=self.world_size,
             micro_batch_size=self.config.micro_batch_size,
+            tokens_per_pass=self.config.tokens_per_pass or None,
             inner_steps=self.config.inner_steps,
             cost_model=self.cost_model,
             rng=self._rng(_STREAM_PLAN, step),
@@ -262,29 +272,36 @@ class CostAwareSampler:
 
     # -- feedback -----------------------------------------------------------------------------
 
-    def observe(self, observations: Sequence[TaskObservation]) -> None:
-        """Updates loss estimates and the cost model from one meta-step's slots.
+    def observe(self, observations: Sequence[Observation]) -> None:
+        """Updates loss estimates and the cost model from one meta-step's observations.
 
         Pass the observations of *all* ranks (gathered), identically on every rank; they are
-        applied in a canonical order, so gather order does not matter. Observations of dummy slots
-        (``task_id == -1``) only feed the cost fit.
+        applied in a canonical order, so gather order does not matter.
+
+        The cost model is fitted on the *critical* pass of each pass index only (the rank whose
+        pass the model prices highest). Under ZeRO-3 the other ranks wait for that one inside
+        every pass, so their times measure waiting, not their own work; where ranks run
+        independently the critical pass is as good a sample as any.
 
         Raises:
             ValueError: for a task id outside the pool.
         """
-        obs = sorted(observations, key=TaskObservation.sort_key)
+        tasks = sorted((o for o in observations if isinstance(o, TaskObservation)),
+                       key=TaskObservation.sort_key)
+        passes = sorted((o for o in observations if isinstance(o, PassObservation)),
+                        key=PassObservation.sort_key)
         alpha = self.config.loss_ema
         n = len(self.sources)
-        for o in obs:
-            if not (-1 <= o.task_id < n):
-                raise ValueError(f"observation task_id={o.task_id} is invalid: must be -1 or in [0, {n})")
-            if o.task_id < 0 or math.isnan(o.query_loss):
+        for o in tasks:
+            if not (0 <= o.task_id < n):
+                raise ValueError(f"observation task_id={o.task_id} is invalid: must be in [0, {n})")
+            if math.isnan(o.query_loss):
                 continue
             old = self._loss[o.task_id]
             self._loss[o.task_id] = o.query_loss if math.isnan(old) else (1 - alpha) * old + alpha * o.query_loss
             self._n_observed[o.task_id] += 1
-        if self.config.fit_cost:
-            self.cost_model.fit(obs)
+        if self.config.fit_cost and passes:
+            self.cost_model.fit(critical_passes(passes, self.cost_model))
 
     @property
     def loss_estimates(self) -> np.ndarray:
@@ -331,4 +348,18 @@ class CostAwareSampler:
         self.cost_model.load_state_dict(state["cost_model"])
 
 
-__all__ = ["CostAwareSampler", "SamplerConfig"]
+def critical_passes(passes: Sequence[PassObservation], cost_model: CostModel) -> list[PassObservation]:
+    """Per (step, phase, index), the observation whose pass ``cost_model`` prices highest.
+
+    Ties go to the lowest rank, so every rank picks the same ones.
+    """
+    best: dict[tuple[int, str, int], tuple[float, int, PassObservation]] = {}
+    for o in passes:
+        key = (o.step, o.phase, o.index)
+        cost = float(np.dot(o.features, cost_model.coefficients))
+        if key not in best or (cost, -o.rank) > best[key][:2]:
+            best[key] = (cost, -o.rank, o)
+    return [best[k][2] for k in sorted(best)]
+
+
+__all__ = ["CostAwareSampler", "SamplerConfig", "critical_passes"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fmmeta.sampling.plan import MetaBatchPlan, TaskSlot
+from fmmeta.sampling.plan import DUMMY_PASS, MetaBatchPlan, PackedPass, RankPlan, TaskSlot
 from fmmeta.tasks.episode import Episode, Example
 
 VOCAB = 128
@@ -68,29 +68,49 @@ def build_episode(step: int, task: int) -> Episode:
     )
 
 
-def build_plan(step: int, world: int, n_tasks: int, micro: str) -> MetaBatchPlan:
-    """``n_tasks`` tasks dealt round-robin to ``world`` ranks, dummies where a rank runs short.
-
-    ``micro="all"``: one support and one query chunk per slot; ``"one"``: one example per chunk.
-    """
-    if micro == "all":
-        sup = (tuple(range(N_SUPPORT)),)
-        qry = (tuple(range(N_QUERY)),)
+def _rows_to_passes(slots: tuple[TaskSlot, ...], rows: list[tuple[int, int]], per_pass: int | None,
+                    query: bool) -> list[PackedPass]:
+    """Cuts ``rows`` (task, example) into passes of ``per_pass`` rows (``None``: one pass per task)."""
+    if per_pass is None:
+        groups = [[r for r in rows if r[0] == t] for t in range(len(slots))]
     else:
-        sup = tuple((i,) for i in range(N_SUPPORT))
-        qry = tuple((i,) for i in range(N_QUERY))
-    per_rank = -(-n_tasks // world)
+        groups = [rows[i : i + per_pass] for i in range(0, len(rows), per_pass)]
+    out = []
+    for g in groups:
+        sets = [s.episode.query if query else s.episode.support for s in slots]
+        lens = [sets[t][e].n_tokens for t, e in g]
+        out.append(PackedPass(tuple(t for t, _ in g), tuple(e for _, e in g), max(lens), sum(lens)))
+    return out
+
+
+LAYOUTS = {
+    "all": None,  # each task's set in one pass of its own
+    "one": 1,  # one sequence per pass
+    "mixed": 1000,  # every task of the rank in one pass
+    "spread": 3,  # 3 rows per pass, tasks dealt round-robin: tasks span passes, passes mix tasks
+}
+
+
+def build_plan(step: int, world: int, n_tasks: int, micro: str) -> MetaBatchPlan:
+    """``n_tasks`` tasks dealt round-robin to ``world`` ranks, laid out into passes by ``micro``
+    (a key of :data:`LAYOUTS`); ranks with fewer passes get dummy passes, so counts match."""
+    per_pass = LAYOUTS[micro]
     ranks = []
     for r in range(world):
-        slots = []
-        for j in range(per_rank):
-            t = r + j * world
-            if t < n_tasks:
-                slots.append(TaskSlot(build_episode(step, t), 1.0, sup, qry, cost=1.0, task_id=t))
-            else:
-                slots.append(TaskSlot(None, 0.0, tuple(() for _ in sup), tuple(() for _ in qry)))
-        ranks.append(tuple(slots))
-    return MetaBatchPlan(step=step, ranks=tuple(ranks), n_real_tasks=n_tasks)
+        slots = tuple(TaskSlot(build_episode(step, t), t) for t in range(r, n_tasks, world))
+        order = range(max(N_SUPPORT, N_QUERY))
+        sup = [(t, e) for e in order for t in range(len(slots)) if e < N_SUPPORT]
+        qry = [(t, e) for e in order for t in range(len(slots)) if e < N_QUERY]
+        ranks.append((slots, _rows_to_passes(slots, sup, per_pass, False),
+                      _rows_to_passes(slots, qry, per_pass, True)))
+    n_s = max(len(s) for _, s, _ in ranks)
+    n_q = max(len(q) for _, _, q in ranks)
+    return MetaBatchPlan(
+        step=step,
+        ranks=tuple(RankPlan(slots, tuple(s) + (DUMMY_PASS,) * (n_s - len(s)),
+                             tuple(q) + (DUMMY_PASS,) * (n_q - len(q))) for slots, s, q in ranks),
+        n_real_tasks=n_tasks,
+    )
 
 
 def relative_error(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:

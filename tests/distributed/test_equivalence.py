@@ -1,5 +1,8 @@
-"""Same seed, same hand-built plans, a few FOMAML meta-steps: every engine, ZeRO stage, process
-count, launcher and micro-batch size must give the local engine's adapter (fp32, relative 1e-5).
+"""Same seed, same hand-built plans, a few meta-steps: every engine, ZeRO stage, process count,
+launcher and pass layout must give the local engine's adapter with one task per pass (fp32,
+relative 1e-5), for FOMAML, Reptile and the multi-task baseline. Layouts (``_common.LAYOUTS``):
+one task per pass, one sequence per pass, every task of a rank in one pass, and 3-row passes
+that mix tasks while tasks span several passes; with 3 tasks on 2 ranks the task counts differ.
 
 Three launches cover everything (each launch costs seconds of imports): one plain process for the
 local reference and the one-rank DeepSpeed engines, ``deepspeed --num_gpus 2`` for the two-rank
@@ -22,10 +25,15 @@ from tests.distributed.launch import run_worker
 
 TOL = 1e-5
 
+METHODS = ("reptile", "multitask")
 ONE_PROC = ["local:all", "local:one", "local:all:uneven", "ds0:all", "ds1:all", "ds2:all", "ds3:all",
-            "ds3:one", "ds3off:all", "ds3:all:bf16", "ds2:all:ckpt", "ds3:all:ckpt"]
+            "ds3:one", "ds3off:all", "ds3:all:bf16", "ds2:all:ckpt", "ds3:all:ckpt",
+            "local:mixed", "local:spread", "ds3:mixed", "ds2:spread",
+            *(f"local:{layout}:{m}" for m in METHODS for layout in ("all", "mixed", "spread", "all:uneven"))]
 TWO_PROC = ["ds0:all", "ds2:all", "ds3:all", "ds3:one:gc:save", "ds3:all:uneven", "ds2:one:ckpt",
-            "ds3:all:ckpt"]
+            "ds3:all:ckpt", "ds3:mixed", "ds3:spread:uneven", "ds2:mixed",
+            *(f"ds3:{layout}:{m}" for m in METHODS for layout in ("mixed", "spread:uneven")),
+            "ds2:spread:reptile"]
 ACCEL = ["acc:all", "acc:one:gc"]
 
 
@@ -117,19 +125,50 @@ def test_two_process_resume_with_micro_batches_of_one(two_proc: Path, one_proc: 
 
 @pytest.mark.timeout(300)
 def test_uneven_work_finishes_and_matches(two_proc: Path, one_proc: Path) -> None:
-    """3 tasks on 2 ranks: rank 1 runs a zero-weight dummy slot; same result, no hang."""
+    """3 tasks on 2 ranks: rank 1 holds one task and runs dummy passes; same result, no hang."""
     plan = build_plan(0, 2, 3, "all")
-    assert [s.is_dummy for s in plan.for_rank(1)] == [False, True]
+    assert [len(r.slots) for r in plan.ranks] == [2, 1]
+    assert [p.is_dummy for p in plan.for_rank(1).support] == [False, True]
     _check(two_proc, "ds3:all:uneven", one_proc, "local:all:uneven")
+    _check(two_proc, "ds3:spread:uneven", one_proc, "local:all:uneven")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("spec", ["local:mixed", "local:spread", "ds3:mixed", "ds2:spread"])
+def test_packed_layouts_match_one_task_per_pass_on_one_process(one_proc: Path, spec: str) -> None:
+    _check(one_proc, spec, one_proc, "local:all")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("spec", ["ds3:mixed", "ds2:mixed"])
+def test_packed_layouts_match_on_two_processes(two_proc: Path, one_proc: Path, spec: str) -> None:
+    assert _check(two_proc, spec, one_proc, "local:all")["world"] == 2
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("method", METHODS)
+def test_reptile_and_multitask_packed_match_their_reference(two_proc: Path, one_proc: Path, method: str) -> None:
+    ref = f"local:all:{method}"
+    for layout in ("mixed", "spread"):
+        _check(one_proc, f"local:{layout}:{method}", one_proc, ref)
+    _check(two_proc, f"ds3:mixed:{method}", one_proc, ref)
+    _check(two_proc, f"ds3:spread:uneven:{method}", one_proc, f"local:all:uneven:{method}")
+    if method == "reptile":
+        _check(two_proc, "ds2:spread:reptile", one_proc, ref)
+    # the comparison can fail: the methods differ from FOMAML
+    a, _ = _load(one_proc, ref)
+    b, _ = _load(one_proc, "local:all")
+    assert relative_error(a, b) > 100 * TOL
 
 
 def test_two_rank_plan_covers_the_local_tasks() -> None:
     for step in range(3):
-        local = build_plan(step, 1, 4, "all")
-        split = build_plan(step, 2, 4, "all")
-        tasks = lambda p: sorted((s.task_id, s.episode) for r in p.ranks for s in r if not s.is_dummy)  # noqa: E731
-        assert tasks(split) == tasks(local)
-        assert len(split.for_rank(0)) == len(split.for_rank(1))
+        for layout in ("all", "spread"):
+            local = build_plan(step, 1, 4, layout)
+            split = build_plan(step, 2, 4, layout)
+            tasks = lambda p: sorted((s.task_id, s.episode) for s in p.slots)  # noqa: E731
+            assert tasks(split) == tasks(local)
+            assert len(split.for_rank(0).support) == len(split.for_rank(1).support)
 
 
 @pytest.mark.timeout(300)

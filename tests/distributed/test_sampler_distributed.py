@@ -22,7 +22,8 @@ STEPS = 6
 
 def _worker(rank: int, init_file: str, out_dir: str) -> None:
     torch.set_num_threads(1)
-    from fmmeta.sampling import CostAwareSampler, Prefetcher, SamplerConfig, TaskObservation
+    from fmmeta.sampling import (CostAwareSampler, PassObservation, Prefetcher, SamplerConfig,
+                                 TaskObservation, observation_from_dict)
     from fmmeta.sampling.synthetic import lognormal_pool
 
     dist.init_process_group(
@@ -35,19 +36,18 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
         def build() -> CostAwareSampler:
             return CostAwareSampler(lognormal_pool(24, seed=3), cfg, world_size=WORLD, seed=17)
 
-        def gathered_observations(plan, step: int) -> list[TaskObservation]:
-            # each rank reports only its own slots, with rank-dependent "measurements"
-            mine = [
-                TaskObservation.from_slot(
-                    s, inner_steps=2, step=step,
-                    query_loss=float("nan") if s.is_dummy else 1.0 + 0.1 * ((s.task_id + rank + step) % 7),
-                    seconds=0.01 * (1 + rank) * (1 + i),
-                ).to_dict()
-                for i, s in enumerate(plan.for_rank(rank))
-            ]
+        def gathered_observations(plan, step: int) -> list:
+            # each rank reports only its own tasks and passes, with rank-dependent "measurements"
+            mine = plan.for_rank(rank)
+            obs = [TaskObservation(task_id=s.task_id, step=step,
+                                   query_loss=1.0 + 0.1 * ((s.task_id + rank + step) % 7))
+                   for s in mine.slots]
+            obs += [PassObservation(step=step, rank=rank, phase="support", index=i, features=p.features,
+                                    seconds=0.01 * (1 + rank) * (1 + i))
+                    for i, p in enumerate(mine.support)]
             everyone: list = [None] * WORLD
-            dist.all_gather_object(everyone, mine)
-            return [TaskObservation.from_dict(o) for part in everyone for o in part]
+            dist.all_gather_object(everyone, [o.to_dict() for o in obs])
+            return [observation_from_dict(o) for part in everyone for o in part]
 
         digests: list[list[str]] = []
         state = None

@@ -3,7 +3,8 @@ and writes each one's final adapter tensors and outer-step stats to ``--out``.
 
 Each launch costs seconds of imports, so one launch runs every configuration it is given:
 ``--configs local:all,ds0:all,ds3:one:gc,...`` where a configuration is
-``engine:micro[:gc][:uneven][:save]`` (engine: local, ds0, ds1, ds2, ds3, ds3off, acc).
+``engine:layout[:gc][:uneven][:save][:reptile|:multitask]`` (engine: local, ds0, ds1, ds2, ds3,
+ds3off, acc; layout: a key of ``_common.LAYOUTS``; FOMAML unless an algorithm is named).
 """
 
 from __future__ import annotations
@@ -46,7 +47,6 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     optim_cfg = OuterOptimConfig(outer_lr=1e-2, grad_clip=args.grad_clip)
-    algo = build_algorithm(AlgorithmConfig(name="fomaml", inner_steps=2, inner_lr=0.05), pad_id=0)
     root = Path(__file__).resolve().parents[2]
 
     def make_engine(kind: str, gc: bool, precision: str):  # type: ignore[no-untyped-def]
@@ -79,6 +79,8 @@ def main() -> None:
         shapes_after_init = all(p.numel() > 0 for p in engine.adapter_parameters())
         gc_on = bool(getattr(engine.model, "is_gradient_checkpointing", False))
         n_tasks = 3 if "uneven" in flags else N_TASKS
+        method = "reptile" if "reptile" in flags else "multitask" if "multitask" in flags else "fomaml"
+        algo = build_algorithm(AlgorithmConfig(name=method, inner_steps=2, inner_lr=0.05), pad_id=0)
         norms = []
         shapes_ok = True
         for step in range(STEPS):

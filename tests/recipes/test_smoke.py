@@ -67,7 +67,8 @@ def test_log_shows_banner_and_one_line_per_step(smoke) -> None:
     log = proc.stdout
     for m in METHODS:
         banner = re.search(rf"== {m} \| model tiny-llama.*\| params trainable ([\d,]+) / total ([\d,]+)"
-                           rf".*\| world size 1 .*\| tasks per meta-step {TASKS} \({TASKS} per rank\)", log)
+                           rf".*\| world size 1 .*\| tasks per meta-step {TASKS} \(~{TASKS}\.0 per rank, packed into passes"
+                           rf" of \d+ x longest sequence tokens\)", log)
         assert banner, f"no banner for {m}:\n{log[-3000:]}"
         lines = re.findall(rf"^{m} step (\d+)/{STEPS} \| outer [\d.]+ \| query \S+ -> [\d.]+ \| \d+ tok, \d+ tok/s"
                            r" \| pad eff [\d.]+ \| data wait [\d.]+%", log, flags=re.M)

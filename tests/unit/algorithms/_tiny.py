@@ -9,14 +9,14 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from fmmeta.sampling.plan import MetaBatchPlan, TaskSlot
+from fmmeta.sampling.plan import DUMMY_PASS, MetaBatchPlan, PackedPass, RankPlan, TaskSlot
 from fmmeta.tasks.episode import Episode, Example
 
 PAD_ID = 0
 VOCAB = 128
 
 
-def build_tiny_peft(seed: int = 0) -> torch.nn.Module:
+def build_tiny_peft(seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """A 2-layer random Llama with LoRA on q/v; every weight drawn from a generator we own."""
     cfg = LlamaConfig(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -33,7 +33,7 @@ def build_tiny_peft(seed: int = 0) -> torch.nn.Module:
                 p.fill_(1.0)
             else:  # non-zero LoRA B too, so every adapter tensor gets a gradient at theta
                 p.copy_(torch.randn(p.shape, generator=gen) * (0.2 if "lora_" in name else 0.05))
-    return peft_model.eval()  # no dropout anywhere: gradients are deterministic
+    return peft_model.to(dtype).eval()  # no dropout anywhere: gradients are deterministic
 
 
 def make_episode(rng: random.Random, name: str, n_support: int = 4, n_query: int = 3) -> Episode:
@@ -57,17 +57,41 @@ def chunks(n: int, size: int) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(range(i, min(i + size, n))) for i in range(0, n, size))
 
 
-def make_slot(ep: Episode, support_size: int = 2, query_size: int = 2, task_id: int = 0) -> TaskSlot:
-    return TaskSlot(
-        episode=ep, weight=1.0,
-        support_chunks=chunks(len(ep.support), support_size),
-        query_chunks=chunks(len(ep.query), query_size),
-        task_id=task_id,
-    )
+def _pass(slots: tuple[TaskSlot, ...], rows: list[tuple[int, int]], query: bool) -> PackedPass:
+    if not rows:
+        return DUMMY_PASS
+    sets = [s.episode.query if query else s.episode.support for s in slots]
+    lens = [sets[t][e].n_tokens for t, e in rows]
+    return PackedPass(tuple(t for t, _ in rows), tuple(e for _, e in rows), max(lens), sum(lens))
 
 
-def make_plan(slots: list[TaskSlot], step: int = 0) -> MetaBatchPlan:
-    return MetaBatchPlan(step=step, ranks=(tuple(slots),),
-                         n_real_tasks=sum(not s.is_dummy for s in slots))
+def make_rank(episodes: list[Episode], support_size: int = 2, query_size: int = 2) -> RankPlan:
+    """One task per pass: each task's sets cut into chunks of the given sizes, task after task."""
+    slots = tuple(TaskSlot(ep, i) for i, ep in enumerate(episodes))
+    support = tuple(_pass(slots, [(t, e) for e in c], False)
+                    for t, ep in enumerate(episodes) for c in chunks(len(ep.support), support_size))
+    query = tuple(_pass(slots, [(t, e) for e in c], True)
+                  for t, ep in enumerate(episodes) for c in chunks(len(ep.query), query_size))
+    return RankPlan(slots, support, query)
 
 
+def make_mixed_rank(episodes: list[Episode], rows_per_pass: int) -> RankPlan:
+    """Several tasks per pass: every task's rows dealt round-robin, then cut into passes."""
+    slots = tuple(TaskSlot(ep, i) for i, ep in enumerate(episodes))
+
+    def deal(query: bool) -> tuple[PackedPass, ...]:
+        sizes = [len(ep.query if query else ep.support) for ep in episodes]
+        rows = [(t, e) for e in range(max(sizes)) for t in range(len(episodes)) if e < sizes[t]]
+        return tuple(_pass(slots, rows[i : i + rows_per_pass], query)
+                     for i in range(0, len(rows), rows_per_pass))
+
+    return RankPlan(slots, deal(False), deal(True))
+
+
+def with_dummies(rank: RankPlan, support: int, query: int) -> RankPlan:
+    """The same rank with dummy passes added (front of support, end of query)."""
+    return RankPlan(rank.slots, (DUMMY_PASS,) * support + rank.support, rank.query + (DUMMY_PASS,) * query)
+
+
+def make_plan(ranks: list[RankPlan], step: int = 0) -> MetaBatchPlan:
+    return MetaBatchPlan(step=step, ranks=tuple(ranks), n_real_tasks=sum(len(r.slots) for r in ranks))

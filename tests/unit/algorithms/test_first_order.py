@@ -1,4 +1,5 @@
-"""FOMAML, Reptile and MultiTask against independently computed references."""
+"""FOMAML, Reptile and MultiTask against independently computed references (one task per rank;
+several tasks sharing passes are in test_packed.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,19 @@ import torch
 
 from fmmeta.algorithms.first_order import FOMAML, AlgorithmConfig, MultiTask, Reptile, build_algorithm
 from fmmeta.algorithms.inner_loop import snapshot
-from fmmeta.sampling.plan import TaskSlot
+from fmmeta.algorithms.protocol import RankResult
+from fmmeta.sampling.plan import RankPlan
 from fmmeta.tasks.episode import collate
 
-from ._tiny import PAD_ID, chunks, make_slot
+from ._tiny import PAD_ID, chunks, make_rank, with_dummies
+
+
+def _run(algo, model: torch.nn.Module, rank: RankPlan) -> RankResult:
+    return algo.rank_gradient(model, _params(model), algo.prepare(rank))
+
+
+def _passes(res: RankResult, rank: RankPlan) -> int:
+    return res.support_repeats * len(rank.support) + res.query_repeats * len(rank.query)
 
 
 def _params(model: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -46,22 +56,23 @@ def test_fomaml_gradient_is_query_gradient_at_phi(peft_factory, episodes) -> Non
     ep = episodes[0]
     cfg = AlgorithmConfig(name="fomaml", inner_steps=3, inner_lr=0.1)
     model = peft_factory(0)
-    res = FOMAML(cfg, PAD_ID).task_gradient(model, _params(model), make_slot(ep, 1, 2))
+    rank = make_rank([ep], 1, 2)
+    res = _run(FOMAML(cfg, PAD_ID), model, rank)
     ref = peft_factory(0)
     _manual_sgd(ref, ep.support, 0.1, 3)
     grads, q_loss = _hf_grad(ref, ep.query)
     _close(res.grads, grads)
-    assert res.query_loss_after == pytest.approx(q_loss, rel=1e-5)
+    assert float(res.query_loss_after[0]) == pytest.approx(q_loss, rel=1e-5)
     # and it is not just the gradient at theta
     at_theta, _ = _hf_grad(peft_factory(0), ep.query)
     assert max(float((a - b).abs().max()) for a, b in zip(res.grads, at_theta)) > 1e-4
-    assert res.n_passes == 3 * 4 + 2  # 4 support chunks x 3 steps + 2 query chunks
+    assert _passes(res, rank) == 3 * 4 + 2  # 4 support chunks x 3 steps + 2 query chunks
 
 
 def test_fomaml_zero_steps_is_query_gradient_at_theta(peft_factory, episodes) -> None:
     ep = episodes[1]
     model = peft_factory(0)
-    res = FOMAML(AlgorithmConfig(inner_steps=0), PAD_ID).task_gradient(model, _params(model), make_slot(ep))
+    res = _run(FOMAML(AlgorithmConfig(inner_steps=0), PAD_ID), model, make_rank([ep]))
     grads, _ = _hf_grad(peft_factory(0), ep.query)
     _close(res.grads, grads)
 
@@ -69,9 +80,8 @@ def test_fomaml_zero_steps_is_query_gradient_at_theta(peft_factory, episodes) ->
 def test_reptile_gradient_is_theta_minus_phi(peft_factory, episodes) -> None:
     ep = episodes[2]
     model = peft_factory(0)
-    res = Reptile(AlgorithmConfig(name="reptile", inner_steps=2, inner_lr=0.1), PAD_ID).task_gradient(
-        model, _params(model), make_slot(ep, 3, 1)
-    )
+    res = _run(Reptile(AlgorithmConfig(name="reptile", inner_steps=2, inner_lr=0.1), PAD_ID), model,
+               make_rank([ep], 3, 1))
     ref = peft_factory(0)
     theta = snapshot(_params(ref))
     _manual_sgd(ref, ep.support, 0.1, 2)
@@ -84,7 +94,7 @@ def test_reptile_query_step_folds_one_query_step(peft_factory, episodes) -> None
     ep = episodes[0]
     cfg = AlgorithmConfig(name="reptile", inner_steps=2, inner_lr=0.1, reptile_query_step=True)
     model = peft_factory(0)
-    res = Reptile(cfg, PAD_ID).task_gradient(model, _params(model), make_slot(ep, 2, 2))
+    res = _run(Reptile(cfg, PAD_ID), model, make_rank([ep], 2, 2))
     ref = peft_factory(0)
     theta = snapshot(_params(ref))
     _manual_sgd(ref, ep.support, 0.1, 2)
@@ -96,21 +106,18 @@ def test_reptile_query_step_folds_one_query_step(peft_factory, episodes) -> None
 
 def test_multitask_is_pooled_gradient_at_theta_with_fomaml_pass_count(peft_factory, episodes) -> None:
     ep = episodes[1]
-    slot = make_slot(ep, 2, 1)
+    rank = make_rank([ep], 2, 1)
     model = peft_factory(0)
     cfg = AlgorithmConfig(name="multitask", inner_steps=3)
-    res = MultiTask(cfg, PAD_ID).task_gradient(model, _params(model), slot)
+    res = _run(MultiTask(cfg, PAD_ID), model, rank)
     grads, _ = _hf_grad(peft_factory(0), ep.support + ep.query)
     _close(res.grads, grads)
-    fomaml = FOMAML(dataclasses.replace(cfg, name="fomaml"), PAD_ID).task_gradient(model, _params(model), slot)
-    assert res.n_passes == fomaml.n_passes == 3 * 2 + 3
-    assert res.n_tokens == fomaml.n_tokens
+    fomaml = _run(FOMAML(dataclasses.replace(cfg, name="fomaml"), PAD_ID), model, rank)
+    assert _passes(res, rank) == _passes(fomaml, rank) == 3 * 2 + 3
     _, q_loss = _hf_grad(peft_factory(0), ep.query)
-    assert res.query_loss_after == pytest.approx(q_loss, rel=1e-5)
-    cheap = MultiTask(dataclasses.replace(cfg, multitask_match_passes=False), PAD_ID).task_gradient(
-        model, _params(model), slot
-    )
-    assert cheap.n_passes == 2 + 3
+    assert float(res.query_loss_after[0]) == pytest.approx(q_loss, rel=1e-5)
+    cheap = _run(MultiTask(dataclasses.replace(cfg, multitask_match_passes=False), PAD_ID), model, rank)
+    assert _passes(cheap, rank) == 2 + 3
     _close(cheap.grads, grads)
 
 
@@ -120,12 +127,12 @@ def test_micro_batch_sizes_do_not_change_the_meta_gradient(peft_factory, episode
     cfg = AlgorithmConfig(name=name, inner_steps=2, inner_lr=0.1)
     model = peft_factory(0)
     algo = build_algorithm(cfg, PAD_ID)
-    a = algo.task_gradient(model, _params(model), make_slot(ep, 1, 1))
-    b = algo.task_gradient(model, _params(model), make_slot(ep, 4, 3))
-    c = algo.task_gradient(model, _params(model), make_slot(ep, 3, 2))
+    a = _run(algo, model, make_rank([ep], 1, 1))
+    b = _run(algo, model, make_rank([ep], 4, 3))
+    c = _run(algo, model, make_rank([ep], 3, 2))
     _close(a.grads, b.grads)
     _close(a.grads, c.grads)
-    assert a.query_loss_after == pytest.approx(b.query_loss_after, rel=1e-5)
+    assert float(a.query_loss_after[0]) == pytest.approx(float(b.query_loss_after[0]), rel=1e-5)
 
 
 @pytest.mark.parametrize("name", ["fomaml", "reptile", "multitask"])
@@ -138,33 +145,31 @@ def test_params_restored_exactly_and_before_loss_measured(peft_factory, episodes
                           measure_query_before=True)
     algo = build_algorithm(cfg, PAD_ID)
     for ep in episodes:
-        res = algo.task_gradient(model, params, make_slot(ep))
+        res = _run(algo, model, make_rank([ep]))
         assert all(torch.equal(p, t) for p, t in zip(params, theta))
         _, q_theta = _hf_grad(peft_factory(0), ep.query)
-        assert res.query_loss_before == pytest.approx(q_theta, rel=1e-5)
+        assert float(res.query_loss_before[0]) == pytest.approx(q_theta, rel=1e-5)
         if name != "multitask":
-            assert res.query_loss_after != pytest.approx(res.query_loss_before, rel=1e-6)
+            assert float(res.query_loss_after[0]) != pytest.approx(float(res.query_loss_before[0]), rel=1e-6)
 
 
 @pytest.mark.parametrize("name", ["fomaml", "reptile", "multitask"])
-def test_dummy_chunks_and_slots_contribute_nothing(peft_factory, episodes, name) -> None:
+def test_dummy_passes_and_empty_ranks_contribute_nothing(peft_factory, episodes, name) -> None:
     ep = episodes[2]
     model = peft_factory(0)
     algo = build_algorithm(AlgorithmConfig(name=name, inner_steps=2, inner_lr=0.1), PAD_ID)
-    base = make_slot(ep, 2, 2)
-    padded = dataclasses.replace(
-        base, support_chunks=base.support_chunks + ((),), query_chunks=((),) + base.query_chunks
-    )
-    a = algo.task_gradient(model, _params(model), base)
-    b = algo.task_gradient(model, _params(model), padded)
+    base = make_rank([ep], 2, 2)
+    padded = with_dummies(base, 1, 1)
+    a = _run(algo, model, base)
+    b = _run(algo, model, padded)
     _close(a.grads, b.grads, rtol=1e-6)
-    assert b.n_passes > a.n_passes
-    dummy = TaskSlot(episode=None, weight=0.0, support_chunks=base.support_chunks,
-                     query_chunks=base.query_chunks)
-    d = algo.task_gradient(model, _params(model), dummy)
+    assert _passes(b, padded) > _passes(a, base)
+    # A rank without tasks runs the same passes (lockstep) and contributes exactly zero.
+    empty = with_dummies(RankPlan((), (), ()), len(padded.support), len(padded.query))
+    d = _run(algo, model, empty)
     assert all(torch.count_nonzero(g) == 0 for g in d.grads)
-    assert d.n_passes == a.n_passes  # same passes: ranks stay in lockstep
-    assert math.isnan(d.query_loss_after) and d.n_tokens == 0
+    assert _passes(d, empty) == _passes(b, padded)  # same passes: ranks stay in lockstep
+    assert d.query_loss_after.numel() == 0
 
 
 def test_algorithm_config_errors_name_the_key() -> None:

@@ -10,17 +10,31 @@ import torch
 from fmmeta.algorithms.inner_loop import (
     InnerLoopConfig,
     InnerOptimizer,
+    PackedBatch,
     adapt,
+    answer_loss_rows,
     answer_loss_sum,
-    chunk_batches,
     evaluate_loss,
-    loss_and_grad,
+    run_passes,
     restore,
     snapshot,
 )
-from fmmeta.tasks.episode import collate
+from fmmeta.tasks.episode import Batch, Example, collate
 
 from ._tiny import PAD_ID, chunks
+
+
+def chunk_batches(examples: tuple[Example, ...], cut: tuple[tuple[int, ...], ...], pad_id: int) -> list[Batch]:
+    return [collate([examples[i] for i in c], pad_id) for c in cut]
+
+
+def loss_and_grad(model, params, batches) -> tuple[list[torch.Tensor], list[float]]:
+    """One task's summed gradient over ``batches`` (None = dummy) and each real pass's loss sum."""
+    passes = [None if b is None else PackedBatch.one_task(b) for b in batches]
+    n = sum(b.n_answer_tokens for b in batches if b is not None)
+    res = run_passes(model, params, passes, torch.tensor([1.0 / max(n, 1)]))
+    sums = [math.nan if b is None else float(answer_loss_sum(model, b)) for b in batches]
+    return res.grads, sums
 
 
 def _params(model: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -141,9 +155,14 @@ def test_dummy_support_set_leaves_params_and_reports_nan(tiny_peft) -> None:
     assert math.isnan(evaluate_loss(tiny_peft, params, [None]))
 
 
-def test_chunk_batches_rejects_bad_index(episodes) -> None:
-    with pytest.raises(ValueError, match="indexes past"):
-        chunk_batches(episodes[0].query, ((0, 99),), PAD_ID)
+def test_answer_loss_rows_sum_to_the_batch_loss_and_match_single_rows(tiny_peft, episodes) -> None:
+    batch = collate(episodes[0].support, PAD_ID)
+    rows = answer_loss_rows(tiny_peft, batch)
+    assert rows.shape == (len(episodes[0].support),)
+    torch.testing.assert_close(rows.sum(), answer_loss_sum(tiny_peft, batch))
+    for i, ex in enumerate(episodes[0].support):
+        torch.testing.assert_close(rows[i], answer_loss_sum(tiny_peft, collate([ex], PAD_ID)),
+                                   rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize(

@@ -14,10 +14,10 @@ from fmmeta.algorithms.meta_step import meta_step
 from fmmeta.engine.local import LocalEngine
 from fmmeta.engine.optim import OuterOptimConfig, build_outer_optimizer, clip_grad_norm
 from fmmeta.engine.protocol import Engine
-from fmmeta.sampling.plan import TaskSlot
+from fmmeta.sampling.plan import RankPlan
 from fmmeta.tasks.episode import collate
 
-from ._tiny import PAD_ID, make_plan, make_slot
+from ._tiny import PAD_ID, make_mixed_rank, make_plan, make_rank, with_dummies
 
 
 def _params(model: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -86,7 +86,7 @@ def test_reptile_sgd_outer_step_moves_theta_by_lr_times_mean_delta(peft_factory,
     engine = SGDEngine(peft_factory(0), outer_lr)
     theta = snapshot(engine.adapter_parameters())
     algo = build_algorithm(AlgorithmConfig(name="reptile", inner_steps=k, inner_lr=inner_lr), PAD_ID)
-    meta_step(engine, algo, make_plan([make_slot(ep, 2, 2, i) for i, ep in enumerate(episodes)]))
+    meta_step(engine, algo, make_plan([make_mixed_rank(episodes, 5)]))
     phis = [_manual_phi(peft_factory(0), ep.support, inner_lr, k) for ep in episodes]
     for i, (p, t) in enumerate(zip(engine.adapter_parameters(), theta)):
         mean_delta = sum(phi[i] - t for phi in phis) / len(phis)
@@ -101,7 +101,7 @@ def test_fomaml_zero_steps_equals_plain_training_on_query(peft_factory, episodes
     ref = peft_factory(0)
     opt, sched = build_outer_optimizer(_params(ref), cfg)
     for step in range(2):
-        plan = make_plan([make_slot(ep, 2, 1, i) for i, ep in enumerate(episodes)], step=step)
+        plan = make_plan([make_mixed_rank(episodes, 4)], step=step)
         stats = meta_step(engine, algo, plan)
         ref.zero_grad()
         losses = []
@@ -120,13 +120,13 @@ def test_fomaml_zero_steps_equals_plain_training_on_query(peft_factory, episodes
 
 
 @pytest.mark.parametrize("name", ["fomaml", "reptile", "multitask"])
-def test_micro_batch_one_vs_all_same_weights_after_steps(peft_factory, episodes, name) -> None:
+def test_one_task_per_pass_vs_packed_same_weights_after_steps(peft_factory, episodes, name) -> None:
     cfg = OuterOptimConfig(outer_lr=1e-2)
     algo = build_algorithm(AlgorithmConfig(name=name, inner_steps=2, inner_lr=0.1), PAD_ID)
     e1, e2 = LocalEngine(peft_factory(0), cfg), LocalEngine(peft_factory(0), cfg)
     for step in range(2):
-        meta_step(e1, algo, make_plan([make_slot(ep, 1, 1, i) for i, ep in enumerate(episodes)], step))
-        meta_step(e2, algo, make_plan([make_slot(ep, 4, 3, i) for i, ep in enumerate(episodes)], step))
+        meta_step(e1, algo, make_plan([make_rank(episodes, 1, 1)], step))
+        meta_step(e2, algo, make_plan([make_mixed_rank(episodes, 7)], step))
     moved = 0.0
     for a, b, t in zip(e1.adapter_parameters(), e2.adapter_parameters(), snapshot(_params(peft_factory(0)))):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
@@ -134,34 +134,34 @@ def test_micro_batch_one_vs_all_same_weights_after_steps(peft_factory, episodes,
     assert moved > 1e-3
 
 
-def test_meta_step_accumulates_weighted_sum_and_ignores_dummies(peft_factory, episodes) -> None:
+def test_meta_step_sums_task_gradients_and_reports_observations(peft_factory, episodes) -> None:
     algo = build_algorithm(AlgorithmConfig(name="fomaml", inner_steps=1, inner_lr=0.1), PAD_ID)
-    slots = [make_slot(ep, 2, 2, i) for i, ep in enumerate(episodes)]
     model = peft_factory(0)
     expected = [torch.zeros_like(p) for p in _params(model)]
-    for s in slots:
-        for acc, g in zip(expected, algo.task_gradient(model, _params(model), s).grads):
+    for ep in episodes:
+        res = algo.rank_gradient(model, _params(model), algo.prepare(make_rank([ep])))
+        for acc, g in zip(expected, res.grads):
             acc += g
-    dummy = TaskSlot(episode=None, weight=0.0, support_chunks=slots[0].support_chunks,
-                     query_chunks=slots[0].query_chunks)
+    rank = with_dummies(make_mixed_rank(episodes, 3), 1, 1)
     engine = SGDEngine(peft_factory(0), 0.0)
-    stats = meta_step(engine, algo, make_plan([slots[0], dummy, slots[1], slots[2], dummy]))
+    stats = meta_step(engine, algo, make_plan([rank]))
     assert engine.n_real == 3
     for a, b in zip(engine.handed, expected):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-8)
-    assert stats.n_real_tasks == 3 and len(stats.tasks) == 3
-    assert [t.task_id for t in stats.tasks] == [0, 1, 2]
-    per_slot = 2 * 1 + 2  # support chunks x inner steps + query chunks
-    assert stats.n_passes == 5 * per_slot
-    assert stats.n_tokens == sum(t.n_tokens for t in stats.tasks)
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    assert stats.n_real_tasks == 3 and [t.task_id for t in stats.tasks] == [0, 1, 2]
+    assert stats.n_passes == len(rank.support) * 1 + len(rank.query)
+    assert stats.n_tokens == sum(p.n_tokens for p in rank.support + rank.query)
     assert stats.n_padded_tokens > stats.n_tokens
-    assert stats.query_loss_after == pytest.approx(
-        sum(t.query_loss_after for t in stats.tasks) / 3, rel=1e-9)
+    # one cost observation per pass, carrying the plan's features and a measured time
+    assert [(o.phase, o.index) for o in stats.passes] == (
+        [("support", i) for i in range(len(rank.support))] + [("query", i) for i in range(len(rank.query))])
+    assert [o.features for o in stats.passes] == [p.features for p in rank.support + rank.query]
+    assert all(o.seconds > 0 for o in stats.passes)
+    assert stats.query_loss_after == pytest.approx(sum(t.query_loss for t in stats.tasks) / 3, rel=1e-9)
     assert math.isnan(stats.query_loss_before)
 
 
 def test_meta_step_rejects_plan_without_real_tasks(tiny_peft, episodes) -> None:
     algo = build_algorithm(AlgorithmConfig(), PAD_ID)
-    dummy = TaskSlot(episode=None, weight=0.0, support_chunks=((),), query_chunks=((),))
     with pytest.raises(ValueError, match="n_real_tasks=0"):
-        meta_step(SGDEngine(tiny_peft, 1.0), algo, make_plan([dummy]))
+        meta_step(SGDEngine(tiny_peft, 1.0), algo, make_plan([with_dummies(RankPlan((), (), ()), 1, 1)]))

@@ -1,4 +1,4 @@
-"""Cost model: the formula, the slot accounting and the fit on measured times."""
+"""Cost model: the formula, the pass accounting and the fit on measured times."""
 
 from __future__ import annotations
 
@@ -8,12 +8,10 @@ import math
 import numpy as np
 import pytest
 
-from fmmeta.sampling.cost import CostModel, slot_features
-from fmmeta.sampling.plan import TaskSlot
-from fmmeta.sampling.source import TaskObservation
-from fmmeta.tasks.episode import Episode
-
-from .conftest import make_example
+from fmmeta.sampling.cost import CostModel
+from fmmeta.sampling.plan import DUMMY_PASS, PackedPass
+from fmmeta.sampling.planner import pass_cost
+from fmmeta.sampling.source import PassObservation
 
 
 def test_chunk_cost_pads_to_the_longest_sequence() -> None:
@@ -23,20 +21,17 @@ def test_chunk_cost_pads_to_the_longest_sequence() -> None:
     assert cm.chunk_cost([]) == pytest.approx(10 + 2 + 0.5)  # dummy pass: one token
 
 
-def test_slot_cost_counts_inner_steps_and_dummy_chunks() -> None:
-    ep = Episode("t", tuple(make_example(n) for n in (4, 6, 2)), tuple(make_example(n) for n in (5,)), shots=3)
-    slot = TaskSlot(ep, 1.0, ((1, 0), (2,)), ((0,), ()), task_id=0)
-    passes, padded, attn, real = slot_features(slot, inner_steps=3)
-    assert passes == 3 * 2 + 2
-    assert padded == 3 * (2 * 6 + 2) + 5 + 1
-    assert attn == 3 * (2 * 36 + 4) + 25 + 1
-    assert real == 3 * 12 + 5
+def test_pass_features_pad_rows_to_the_pass_width() -> None:
+    p = PackedPass(slots=(0, 0, 1), examples=(2, 0, 1), width=6, n_tokens=12)
+    assert p.features == (1.0, 18.0, 108.0)  # 1 pass, 3 rows x 6, 3 x 6^2
+    assert p.n_padded_tokens == 18 and p.n_rows == 3
     cm = CostModel(a=1.0, b=2.0, c=3.0)
-    expected = 3 * (cm.chunk_cost([6, 4]) + cm.chunk_cost([2])) + cm.chunk_cost([5]) + cm.chunk_cost([])
-    assert cm.slot_cost(slot, inner_steps=3) == pytest.approx(expected)
+    assert pass_cost(p, cm) == pytest.approx(cm.chunk_cost([6, 4, 2]))
+    assert DUMMY_PASS.features == (1.0, 1.0, 1.0) and DUMMY_PASS.is_dummy
+    assert pass_cost(DUMMY_PASS, cm) == pytest.approx(cm.dummy_pass_cost)
 
 
-def _observations(true: tuple[float, float, float], n: int, seed: int, noise: float = 0.0) -> list[TaskObservation]:
+def _observations(true: tuple[float, float, float], n: int, seed: int, noise: float = 0.0) -> list[PassObservation]:
     rng = np.random.default_rng(seed)
     out = []
     for i in range(n):
@@ -45,7 +40,8 @@ def _observations(true: tuple[float, float, float], n: int, seed: int, noise: fl
         attn = float(tokens * rng.integers(16, 512))
         sec = true[0] * passes + true[1] * tokens + true[2] * attn
         sec *= 1.0 + noise * rng.standard_normal()
-        out.append(TaskObservation(task_id=i, seconds=sec, n_passes=passes, n_padded_tokens=tokens, attention_tokens=attn))
+        out.append(PassObservation(step=0, rank=0, phase="support", index=i,
+                                   features=(float(passes), float(tokens), attn), seconds=sec))
     return out
 
 
@@ -70,11 +66,13 @@ def test_fit_is_damped_and_converges() -> None:
 def test_fit_never_goes_negative_and_ignores_unmeasured() -> None:
     cm = CostModel(damping=0.0, ridge=1e-6)
     # Time falls with attention tokens: an unconstrained fit would give c < 0.
-    obs = [TaskObservation(task_id=0, seconds=1.0 + 0.001 * k, n_passes=1, n_padded_tokens=100 + k, attention_tokens=1e4 - 50 * k) for k in range(20)]
+    obs = [PassObservation(step=0, rank=0, phase="query", index=k, seconds=1.0 + 0.001 * k,
+                           features=(1.0, 100.0 + k, 1e4 - 50 * k)) for k in range(20)]
     assert cm.fit(obs)
     assert min(cm.coefficients) >= 0.0
     before = cm.coefficients
-    assert not cm.fit([TaskObservation(task_id=0, seconds=math.nan, n_passes=3)])
+    assert not cm.fit([PassObservation(step=0, rank=0, phase="query", index=0, seconds=math.nan,
+                                       features=(3.0, 0.0, 0.0))])
     assert cm.coefficients == before
 
 

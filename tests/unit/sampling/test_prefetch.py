@@ -76,7 +76,8 @@ def test_checkpoint_taken_while_prefetching_resumes_exactly() -> None:
         state = json.loads(json.dumps(pf.state_dict()))  # next plan is already being prepared
         live = pf._sampler.state_dict()  # noqa: SLF001 - the naive choice, for the control below
         rest = _run(pf, 5)
-    assert state["next_step"] == 5 and len(state["pending"]) == 4  # step 4's slots, both ranks
+    assert state["next_step"] == 5  # step 4's observations (4 tasks, both ranks, and passes) are pending
+    assert sum(o["kind"] == "task" for o in state["pending"]) == 4
     with Prefetcher(_sampler(), background=True) as resumed:
         resumed.load_state_dict(state)
         assert _run(resumed, 5) == rest

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
 import numpy as np
 import pytest
 
-from fmmeta.sampling.sampler import CostAwareSampler, SamplerConfig
-from fmmeta.sampling.source import TaskObservation
+from fmmeta.sampling.cost import CostModel
+from fmmeta.sampling.sampler import CostAwareSampler, SamplerConfig, critical_passes
+from fmmeta.sampling.source import PassObservation
 from fmmeta.sampling.synthetic import lognormal_pool
 
 from .conftest import FixedSource
@@ -36,7 +38,7 @@ def test_same_seed_same_plans_other_seed_other_plans() -> None:
 
 @pytest.mark.parametrize("strategy", ["hard", "curriculum", "uniform"])
 def test_resume_reproduces_the_uninterrupted_run(strategy: str) -> None:
-    kw = {"strategy": strategy, "difficulty": "loss", "pacing_steps": 8, "cost_damping": 0.3}
+    kw = {"strategy": strategy, "difficulty": "loss", "pacing_steps": 8, "cost_damping": 0.3, "fit_cost": True}
     ref = _sampler(seed=9, **kw)
     digests, saved, costs_at_save = [], None, None
     for step in range(10):
@@ -76,10 +78,15 @@ def test_equal_pass_counts_with_uneven_task_lengths() -> None:
     sampler = CostAwareSampler(pool, cfg, world_size=3, seed=1)
     for step in range(6):
         plan = sampler.sample(step)
-        assert {len(r) for r in plan.ranks} == {3}
-        passes = {(len(s.support_chunks), len(s.query_chunks)) for r in plan.ranks for s in r}
-        assert len(passes) == 1
-        assert sum(not s.is_dummy for r in plan.ranks for s in r) == 7 == plan.n_real_tasks
+        assert len({(len(r.support), len(r.query)) for r in plan.ranks}) == 1
+        assert len(plan.slots) == 7 == plan.n_real_tasks
+        # every sequence of every task runs exactly once per phase
+        for r in plan.ranks:
+            for i, slot in enumerate(r.slots):
+                sup = sorted(e for p in r.support for t, e in zip(p.slots, p.examples) if t == i)
+                qry = sorted(e for p in r.query for t, e in zip(p.slots, p.examples) if t == i)
+                assert sup == list(range(len(slot.episode.support)))
+                assert qry == list(range(len(slot.episode.query)))
 
 
 def test_consecutive_meta_batches_mean_lengths_are_uncorrelated() -> None:
@@ -127,11 +134,22 @@ def test_config_errors_name_key_value_and_fix() -> None:
         SamplerConfig(8)  # keyword-only
 
 
-def test_cost_features_match_the_cost_model() -> None:
-    s = _sampler()
-    plan = s.sample(0)
-    assert all(math.isfinite(o.seconds) for o in fake_observations(plan, inner_steps=2))
-    a, b, c = s.cost_model.coefficients
-    for slot in (x for r in plan.ranks for x in r):
-        o = TaskObservation.from_slot(slot, inner_steps=2)
-        assert a * o.n_passes + b * o.n_padded_tokens + c * o.attention_tokens == pytest.approx(slot.cost)
+def test_cost_fit_learns_from_the_critical_pass_of_each_index() -> None:
+    """Under lockstep only the slowest rank's pass measures work; a fit on every rank's time would
+    learn the waiting. Times below are inflated on non-critical ranks: the fit must not see them."""
+    from .helpers import TRUE_COST
+
+    s = _sampler(meta_batch_size=6, world_size=3, fit_cost=True, cost_damping=0.0)
+    naive = CostModel(damping=0.0)  # control: fitted on every rank's times
+    for step in range(40):
+        plan = s.sample(step)
+        obs = fake_observations(plan, inner_steps=2)
+        crit = {o.sort_key() for o in critical_passes([o for o in obs if isinstance(o, PassObservation)],
+                                                       s.cost_model)}
+        waited = [dataclasses.replace(o, seconds=o.seconds * 3.0)
+                  if isinstance(o, PassObservation) and o.sort_key() not in crit else o for o in obs]
+        s.observe(waited)
+        naive.fit([o for o in waited if isinstance(o, PassObservation)])
+    np.testing.assert_allclose(s.cost_model.coefficients, TRUE_COST, rtol=0.05)
+    # the control learnt the waiting: some coefficient is far off
+    assert np.abs(np.array(naive.coefficients) / np.array(TRUE_COST) - 1).max() > 0.3

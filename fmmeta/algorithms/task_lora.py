@@ -1,0 +1,143 @@
+"""Task-batched LoRA: one forward and backward in which every row runs through its own task's adapter.
+
+Several tasks' inner loops share each pass: the frozen base runs once for all of them (under
+ZeRO-3 it is all-gathered once per pass, not once per task), and each row adds its own task's
+low-rank update. The fast weights of a rank's ``T`` tasks are held *stacked*, one leaf tensor
+``[T, *shape]`` per adapter parameter, so one ``torch.autograd.grad`` gives every task its own
+inner gradient in its own slice; the adapter parameters themselves (theta) are never written
+during a meta-step.
+
+How it plugs into peft: a vanilla peft LoRA ``Linear`` computes ``lora_B(lora_A(dropout(x))) *
+scaling``. While :meth:`TaskLoRA.active` is entered, the ``forward`` of every trainable
+``lora_A``/``lora_B`` module is replaced on the instance by a row-wise matmul with the stacked
+weight: ``x[i] @ W[rows[i]].T``. Dropout, scaling, the base layer and every framework hook
+(DeepSpeed's ZeRO-3 gathers) run unchanged, because ``nn.Module.__call__`` still runs them.
+A pass whose rows all belong to one task takes a plain matmul with that task's slice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Sequence
+
+import torch
+from torch import nn
+
+
+def lora_pairs(model: nn.Module) -> list[tuple[nn.Module, nn.Module]]:
+    """Every active vanilla ``(lora_A, lora_B)`` module pair of a peft model.
+
+    Raises:
+        ValueError: for LoRA variants the row-wise forward does not implement (DoRA and other
+            ``lora_variant`` entries, a trainable ``lora_B`` bias).
+    """
+    pairs = []
+    for name, module in model.named_modules():
+        lora_a = getattr(module, "lora_A", None)
+        lora_b = getattr(module, "lora_B", None)
+        if not isinstance(lora_a, nn.ModuleDict) or not isinstance(lora_b, nn.ModuleDict):
+            continue
+        variants = getattr(module, "lora_variant", {}) or {}
+        for adapter in getattr(module, "active_adapters", list(lora_a.keys())):
+            if adapter not in lora_a:
+                continue
+            if adapter in variants:
+                raise ValueError(
+                    f"{name}: LoRA variant {type(variants[adapter]).__name__} (e.g. DoRA) is not "
+                    "supported by task-batched passes; use plain LoRA (lora.use_dora off)"
+                )
+            b = lora_b[adapter]
+            if getattr(b, "bias", None) is not None and b.bias.requires_grad:
+                raise ValueError(f"{name}: a trainable lora_B bias is not supported; use lora_bias=False")
+            pairs.append((lora_a[adapter], b))
+    return pairs
+
+
+class TaskLoRA:
+    """Runs a peft model's LoRA layers with stacked per-task weights (see the module docstring).
+
+    Args:
+        model: the peft-wrapped causal LM (or a framework wrapper around it).
+        params: the adapter parameters in the engine's order; every trainable LoRA weight must be
+            among them.
+
+    Example:
+        >>> lora = TaskLoRA(model, params)
+        >>> fast = stack_adapters(params, n_tasks=4)
+        >>> with lora.active(fast):
+        ...     lora.rows = torch.tensor([0, 0, 1, 3])    # task of each row of the next pass
+        ...     loss = rows_loss(model(input_ids=...))
+    """
+
+    def __init__(self, model: nn.Module, params: Sequence[torch.Tensor]) -> None:
+        index = {id(p): i for i, p in enumerate(params)}
+        self._modules: list[tuple[nn.Module, int]] = []
+        for a, b in lora_pairs(model):
+            for module in (a, b):
+                w = module.weight
+                if id(w) in index:
+                    self._modules.append((module, index[id(w)]))
+                elif w.requires_grad:
+                    raise ValueError(
+                        "a trainable LoRA weight is missing from the adapter parameters: pass "
+                        "engine.adapter_parameters() of this model"
+                    )
+        if not self._modules:
+            raise ValueError("the model has no trainable LoRA layers: wrap it with fmmeta.models.add_lora")
+        self._rows: torch.Tensor | None = None
+        self._single: int | None = 0
+
+    @property
+    def rows(self) -> torch.Tensor | None:
+        """Task index of each row of the next pass (``None``: every row is task 0)."""
+        return self._rows
+
+    @rows.setter
+    def rows(self, rows: torch.Tensor | None) -> None:
+        self._rows = rows
+        if rows is None or rows.numel() == 0:
+            self._single = 0
+        else:
+            lo, hi = int(rows.min()), int(rows.max())
+            self._single = lo if lo == hi else None
+
+    @contextlib.contextmanager
+    def active(self, fast: Sequence[torch.Tensor]) -> Iterator["TaskLoRA"]:
+        """Routes every LoRA matmul through ``fast`` (one ``[T, *shape]`` tensor per parameter)."""
+        try:
+            for module, i in self._modules:
+                module.forward = self._forward_with(fast[i])  # instance attribute: hooks still run
+            yield self
+        finally:
+            for module, _ in self._modules:
+                module.__dict__.pop("forward", None)
+
+    def _forward_with(self, weight: torch.Tensor):  # noqa: ANN202 - a bound closure
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            single = self._single
+            if single is not None:
+                return torch.matmul(x, weight[single].transpose(0, 1))
+            rows = self._rows
+            assert rows is not None  # _single is None only for a multi-task rows tensor
+            if x.dim() != 3 or x.shape[0] != rows.shape[0]:
+                raise ValueError(
+                    f"task-batched LoRA expects [rows, length, features] inputs with {rows.shape[0]} "
+                    f"rows, got {tuple(x.shape)}"
+                )
+            per_row = weight.index_select(0, rows.to(weight.device))  # [B, out, in]
+            return torch.bmm(x, per_row.transpose(1, 2))
+
+        return forward
+
+
+def stack_adapters(params: Sequence[torch.Tensor], n_tasks: int) -> list[torch.Tensor]:
+    """``n_tasks`` copies of theta as leaf tensors ``[n_tasks, *shape]`` that require grad."""
+    if n_tasks < 1:
+        raise ValueError(f"n_tasks={n_tasks} is invalid: stack at least one task")
+    return [
+        p.detach().unsqueeze(0).expand(n_tasks, *p.shape).clone().requires_grad_(True)
+        for p in params
+    ]
+
+
+__all__ = ["TaskLoRA", "lora_pairs", "stack_adapters"]
