@@ -1,11 +1,22 @@
-"""Benchmark: what a FOMAML meta-step costs over a plain LoRA loop and over a clone()-style loop.
+"""Benchmark: what a FOMAML meta-step costs: packed vs one task per pass, against a plain LoRA loop
+and a clone()-style loop.
 
 Runs on a small random Llama built from a config (no download): hidden 256, 4 layers, and by
 default SmolLM2's vocabulary size (49152), so the embedding/LM-head share of the parameters and of
 the compute is that of the project's real model. Prints a few human lines and, as
 the last line, one JSON object:
 
-* ``overhead_vs_plain_loop``: time of one FOMAML meta-step (``fmmeta.algorithms.meta_step``) /
+* ``packed_speedup``: time of a FOMAML meta-step whose passes hold one task each (one task per
+  pass, ``--shots`` rows) / time of the same meta-step with every task's rows packed into passes
+  of ``--pack-rows`` rows, each row through its own task's fast weights (target >= 1.0 on CPU,
+  where a bigger pass is barely cheaper per token; on a GPU a few-shot pass leaves the device idle).
+  ``plain_loop_packing_speedup`` is the same ratio for the plain LoRA loop on the same passes:
+  what bigger passes buy on this device with no per-task routing at all.
+* ``peak_mem_ratio_t8_t1``: peak bytes of a packed meta-step with 8 tasks / with 1 task doing the
+  same work (8x the shots) at one token budget (passes of ``--pack-rows`` rows in both): what
+  grows with the number of tasks is only their stacked adapters (fast weights and gradients,
+  about 3 x tasks x adapter bytes), not the activations (target <= 1.1).
+* ``overhead_vs_plain_loop``: time of one packed FOMAML meta-step (``fmmeta.algorithms.meta_step``) /
   time of the same forward+backward passes on the same sequences in a plain LoRA training loop
   (``loss.backward()`` + AdamW step per pass) that uses the same loss function (target <= 1.05).
   ``overhead_vs_plain_hf_loop`` is the same against a loop using HF's built-in ``labels=`` loss.
@@ -53,12 +64,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fmmeta.algorithms.first_order import AlgorithmConfig, build_algorithm  # noqa: E402
-from fmmeta.algorithms.inner_loop import InnerOptimizer, answer_loss_sum, chunk_batches, snapshot  # noqa: E402
+from fmmeta.algorithms.inner_loop import InnerOptimizer, answer_loss_sum, snapshot  # noqa: E402
 from fmmeta.algorithms.meta_step import meta_step  # noqa: E402
+from fmmeta.algorithms.task_lora import stack_adapters  # noqa: E402
 from fmmeta.engine.local import LocalEngine  # noqa: E402
 from fmmeta.engine.optim import OuterOptimConfig  # noqa: E402
-from fmmeta.sampling.plan import MetaBatchPlan, TaskSlot  # noqa: E402
-from fmmeta.tasks.episode import Batch, Episode, Example  # noqa: E402
+from fmmeta.sampling.plan import MetaBatchPlan, PackedPass, RankPlan, TaskSlot  # noqa: E402
+from fmmeta.tasks.episode import Batch, Episode, Example, collate  # noqa: E402
 
 PAD_ID = 0
 
@@ -85,33 +97,45 @@ def build_model(args: argparse.Namespace, device: torch.device) -> torch.nn.Modu
     return model.to(device).train()
 
 
-def build_plan(args: argparse.Namespace) -> MetaBatchPlan:
+def build_episodes(args: argparse.Namespace) -> list[Episode]:
     rng = random.Random(args.seed)
-    answer = args.seq // 4
 
     def ex() -> Example:
-        return Example(tuple(rng.randrange(1, args.vocab) for _ in range(args.seq - answer)),
-                       tuple(rng.randrange(1, args.vocab) for _ in range(answer)))
+        return Example(tuple(rng.randrange(1, args.vocab) for _ in range(args.seq - args.answer)),
+                       tuple(rng.randrange(1, args.vocab) for _ in range(args.answer)))
 
-    slots = []
-    for t in range(args.tasks):
-        ep = Episode(task=f"t{t}", support=tuple(ex() for _ in range(args.shots)),
-                     query=tuple(ex() for _ in range(args.queries)), shots=args.shots)
-        slots.append(TaskSlot(episode=ep, weight=1.0,
-                              support_chunks=(tuple(range(args.shots)),),
-                              query_chunks=(tuple(range(args.queries)),), task_id=t))
-    return MetaBatchPlan(step=0, ranks=(tuple(slots),), n_real_tasks=args.tasks)
+    return [Episode(task=f"t{t}", support=tuple(ex() for _ in range(args.shots)),
+                    query=tuple(ex() for _ in range(args.queries)), shots=args.shots)
+            for t in range(args.tasks)]
+
+
+def build_plan(episodes: list[Episode], rows_per_pass: int | None) -> MetaBatchPlan:
+    """One rank's plan: ``rows_per_pass=None`` gives one task per pass (each set whole), else
+    every task's rows dealt round-robin into passes of ``rows_per_pass`` rows (tasks mixed)."""
+    slots = tuple(TaskSlot(ep, t) for t, ep in enumerate(episodes))
+
+    def passes(query: bool) -> tuple[PackedPass, ...]:
+        sets = [ep.query if query else ep.support for ep in episodes]
+        if rows_per_pass is None:
+            groups = [[(t, e) for e in range(len(s))] for t, s in enumerate(sets)]
+        else:
+            rows = [(t, e) for e in range(max(map(len, sets))) for t, s in enumerate(sets) if e < len(s)]
+            groups = [rows[i : i + rows_per_pass] for i in range(0, len(rows), rows_per_pass)]
+        out = []
+        for g in groups:
+            lens = [sets[t][e].n_tokens for t, e in g]
+            out.append(PackedPass(tuple(t for t, _ in g), tuple(e for _, e in g), max(lens), sum(lens)))
+        return tuple(out)
+
+    return MetaBatchPlan(step=0, ranks=(RankPlan(slots, passes(False), passes(True)),), n_real_tasks=len(slots))
 
 
 def pass_batches(plan: MetaBatchPlan, inner_steps: int, device: torch.device) -> list[Batch]:
-    """The sequence of micro-batches FOMAML runs, in its order (support k times, then query)."""
-    out: list[Batch] = []
-    for slot in plan.for_rank(0):
-        ep = slot.episode
-        sup = chunk_batches(ep.support, slot.support_chunks, PAD_ID)
-        qry = chunk_batches(ep.query, slot.query_chunks, PAD_ID)
-        out += [b.to(device) for b in sup] * inner_steps + [b.to(device) for b in qry]
-    return out
+    """The micro-batches FOMAML runs, in its order (support passes k times, then query passes)."""
+    rank = plan.for_rank(0)
+    sup = [collate(p.rows(rank.slots, query=False), PAD_ID).to(device) for p in rank.support]
+    qry = [collate(p.rows(rank.slots, query=True), PAD_ID).to(device) for p in rank.query]
+    return sup * inner_steps + qry
 
 
 def sync(device: torch.device) -> None:
@@ -136,7 +160,7 @@ def _loss(model: torch.nn.Module, b: Batch, hf: bool) -> torch.Tensor:
     return answer_loss_sum(model, b) / b.n_answer_tokens
 
 
-def clone_loop(model: torch.nn.Module, outer: torch.optim.Optimizer, plan: MetaBatchPlan,
+def clone_loop(model: torch.nn.Module, outer: torch.optim.Optimizer, episodes: list[Episode],
                inner_steps: int, inner_lr: float, device: torch.device, hf: bool) -> None:
     """learn2learn-style FOMAML: deep-copy the model per task, fresh inner optimizer, .backward().
 
@@ -145,24 +169,21 @@ def clone_loop(model: torch.nn.Module, outer: torch.optim.Optimizer, plan: MetaB
     """
     params = trainable(model)
     grad_sum = [torch.zeros_like(p) for p in params]
-    for slot in plan.for_rank(0):
-        ep = slot.episode
-        sup = [b.to(device) for b in chunk_batches(ep.support, slot.support_chunks, PAD_ID)]
-        qry = [b.to(device) for b in chunk_batches(ep.query, slot.query_chunks, PAD_ID)]
+    for ep in episodes:
+        sup = collate(ep.support, PAD_ID).to(device)
+        qry = collate(ep.query, PAD_ID).to(device)
         clone = copy.deepcopy(model)
         inner = torch.optim.SGD(trainable(clone), lr=inner_lr)
         for _ in range(inner_steps):
-            for b in sup:
-                _loss(clone, b, hf).backward()
+            _loss(clone, sup, hf).backward()
             inner.step()
             inner.zero_grad(set_to_none=True)
-        for b in qry:
-            _loss(clone, b, hf).backward()
+        _loss(clone, qry, hf).backward()
         for acc, p in zip(grad_sum, trainable(clone)):
             acc.add_(p.grad)
         del clone, inner
     for p, g in zip(params, grad_sum):
-        p.grad = g / plan.n_real_tasks
+        p.grad = g / len(episodes)
     outer.step()
     outer.zero_grad(set_to_none=True)
 
@@ -218,11 +239,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--tasks", type=int, default=4, help="tasks per meta-step")
+    ap.add_argument("--tasks", type=int, default=8, help="tasks per meta-step")
     ap.add_argument("--inner-steps", type=int, default=2)
-    ap.add_argument("--shots", type=int, default=2, help="support examples per task (one micro-batch)")
-    ap.add_argument("--queries", type=int, default=2, help="query examples per task (one micro-batch)")
-    ap.add_argument("--seq", type=int, default=64, help="tokens per sequence (a quarter is answer)")
+    ap.add_argument("--shots", type=int, default=4, help="support examples per task")
+    ap.add_argument("--queries", type=int, default=4, help="query examples per task")
+    ap.add_argument("--seq", type=int, default=32, help="tokens per sequence")
+    ap.add_argument("--answer", type=int, default=3, help="answer tokens per sequence")
+    ap.add_argument("--pack-rows", type=int, default=32, help="rows per packed pass")
     ap.add_argument("--vocab", type=int, default=49152, help="49152 = SmolLM2's tokenizer")
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
@@ -239,19 +262,24 @@ def main() -> None:
     engine = LocalEngine(model, outer, device=device)
     n_total = sum(p.numel() for p in model.parameters())
     n_adapter = sum(p.numel() for p in trainable(model))
-    plan = build_plan(args)
+    episodes = build_episodes(args)
+    plan = build_plan(episodes, args.pack_rows)
+    one_task = build_plan(episodes, None)
     algo = build_algorithm(AlgorithmConfig(name="fomaml", inner_steps=args.inner_steps, inner_lr=inner_lr), PAD_ID)
     batches = pass_batches(plan, args.inner_steps, device)
+    one_task_batches = pass_batches(one_task, args.inner_steps, device)
     # The plain and clone loops get their own optimizers over the same live parameters.
     plain_opt = torch.optim.AdamW(trainable(model), lr=1e-4, foreach=False)
     clone_outer = torch.optim.AdamW(trainable(model), lr=1e-4, foreach=False)
 
     methods: dict[str, Callable[[], object]] = {
         "ours": lambda: meta_step(engine, algo, plan),
+        "one_task_per_pass": lambda: meta_step(engine, algo, one_task),
         "plain": lambda: plain_loop(model, plain_opt, batches, hf=False),
+        "plain_one_task_per_pass": lambda: plain_loop(model, plain_opt, one_task_batches, hf=False),
         "plain_hf": lambda: plain_loop(model, plain_opt, batches, hf=True),
-        "clone": lambda: clone_loop(model, clone_outer, plan, args.inner_steps, inner_lr, device, hf=True),
-        "clone_same_loss": lambda: clone_loop(model, clone_outer, plan, args.inner_steps, inner_lr,
+        "clone": lambda: clone_loop(model, clone_outer, episodes, args.inner_steps, inner_lr, device, hf=True),
+        "clone_same_loss": lambda: clone_loop(model, clone_outer, episodes, args.inner_steps, inner_lr,
                                               device, hf=False),
     }
     times: dict[str, list[float]] = {k: [] for k in methods}
@@ -280,14 +308,14 @@ def main() -> None:
         inner = torch.optim.SGD(trainable(clone), lr=inner_lr)
     del clone, inner
     params = engine.adapter_parameters()
-    with AllocTracker(device) as ours_mem:
-        theta = snapshot(params)
-        inner_state = InnerOptimizer(algo.inner, params)
-    del theta, inner_state
+    with AllocTracker(device) as ours_mem:  # a task's fast weights and its inner optimizer
+        fast = stack_adapters(params, 1)
+        inner_state = InnerOptimizer(algo.inner, fast)
+    del fast, inner_state
 
     # Peak memory of a meta-step with 1 vs 8 inner steps (after a warm-up of each); two tasks
-    # are enough to show whether anything grows with the number of steps or of tasks.
-    mem_plan = MetaBatchPlan(step=0, ranks=(plan.for_rank(0)[:2],), n_real_tasks=min(2, args.tasks))
+    # are enough to show whether anything grows with the number of steps.
+    mem_plan = build_plan(episodes[:2], args.shots)
     peaks = {}
     for k in (1, 8):
         algo_k = build_algorithm(AlgorithmConfig(name="fomaml", inner_steps=k, inner_lr=inner_lr), PAD_ID)
@@ -295,6 +323,18 @@ def main() -> None:
         with AllocTracker(device) as m:
             meta_step(engine, algo_k, mem_plan)
         peaks[k] = m.peak
+    # Peak memory of a packed meta-step with 1 task vs 8 tasks doing the same work at one token
+    # budget: the single task has 8x the shots, so both run the same rows in passes of
+    # --pack-rows rows. What may grow with the number of tasks is only their stacked adapters.
+    task_peaks = {}
+    for t in (1, 8):
+        scale = 8 // t
+        shape = {**vars(args), "tasks": t, "shots": args.shots * scale, "queries": args.queries * scale}
+        plan_t = build_plan(build_episodes(argparse.Namespace(**shape)), args.pack_rows)
+        meta_step(engine, algo, plan_t)
+        with AllocTracker(device) as m:
+            meta_step(engine, algo, plan_t)
+        task_peaks[t] = m.peak
 
     n_passes = len(batches)
     result = {
@@ -302,11 +342,17 @@ def main() -> None:
         "model": {"vocab": args.vocab, "hidden": args.hidden, "layers": args.layers,
                   "params": n_total, "adapter_params": n_adapter},
         "meta_step": {"tasks": args.tasks, "inner_steps": args.inner_steps, "shots": args.shots,
-                      "queries": args.queries, "seq": args.seq, "fwd_bwd_passes": n_passes},
+                      "queries": args.queries, "seq": args.seq, "answer": args.answer,
+                      "pack_rows": args.pack_rows, "fwd_bwd_passes": n_passes},
         "reps": args.reps,
         "timing": "process CPU time" if device.type == "cpu" else "wall time",
         "median_seconds": med,
         "median_wall_seconds": wall,
+        "packed_speedup": med["one_task_per_pass"] / med["ours"],
+        "plain_loop_packing_speedup": med["plain_one_task_per_pass"] / med["plain"],
+        "passes_per_meta_step": {"packed": len(batches), "one_task_per_pass": len(one_task_batches)},
+        "peak_bytes_tasks": {"t1": task_peaks[1], "t8": task_peaks[8]},
+        "peak_mem_ratio_t8_t1": task_peaks[8] / max(task_peaks[1], 1),
         "overhead_vs_plain_loop": med["ours"] / med["plain"],
         "overhead_vs_plain_hf_loop": med["ours"] / med["plain_hf"],
         "speedup_vs_clone_loop": med["clone"] / med["ours"],

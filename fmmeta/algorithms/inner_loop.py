@@ -117,13 +117,38 @@ def accepts_logits_to_keep(model: nn.Module) -> bool:
 
 
 
+def answer_logits(model: nn.Module, batch: Batch, **model_kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits at the positions that predict answer tokens, and the tokens they predict.
+
+    The LM head only runs at positions some row's next token is an answer token (``logits_to_keep``
+    as an index tensor, where the model takes it): prompts are long and the vocabulary wide. An
+    index tensor, not an int: HF slices hidden states with it, and an indexed copy is contiguous,
+    so the head runs as one matmul; with an int the slice is a strided view that matmul expands
+    into a batched matmul reading the whole head once per row (measured on CPU: the head then cost
+    more than the rest of the pass).
+
+    Returns:
+        ``(logits [B, K, V], targets [B, K])``; targets are ``IGNORE_INDEX`` where a row's next
+        token is not an answer token.
+    """
+    labels = batch.labels
+    keep = torch.nonzero((labels[:, 1:] != IGNORE_INDEX).any(dim=0)).flatten()  # p predicts p + 1
+    if keep.numel() == 0:
+        keep = torch.zeros(1, dtype=torch.long, device=labels.device)
+    if accepts_logits_to_keep(model):
+        model_kwargs["logits_to_keep"] = keep
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **model_kwargs)
+    logits = out.logits if hasattr(out, "logits") else out[0]
+    if logits.shape[1] != keep.numel():  # a model that ignored logits_to_keep
+        logits = logits[:, keep]
+    return logits, labels[:, keep + 1]
+
+
 def answer_loss_rows(model: nn.Module, batch: Batch) -> torch.Tensor:
     """Per-row sum of next-token NLL over the batch's answer tokens, in fp32 (``[B]``).
 
     Sums (not HF's mean) so that passes can be added and each task divided once by its own
-    answer-token count: the result does not depend on how a set was split or packed. The LM head
-    only runs from the first answer position on (``logits_to_keep``), which saves the vocabulary
-    projection over prompts when the model supports it.
+    answer-token count: the result does not depend on how a set was split or packed.
 
     Args:
         model: a causal LM (peft-wrapped or not) returning ``.logits``.
@@ -132,29 +157,14 @@ def answer_loss_rows(model: nn.Module, batch: Batch) -> torch.Tensor:
     Returns:
         ``[B]`` fp32 tensor connected to the graph (zeros, still connected, where no answer tokens).
     """
-    labels = batch.labels
-    width = labels.shape[1]
-    has_label = (labels != IGNORE_INDEX).any(dim=0)
-    kwargs: dict[str, object] = {}
-    start = 0
-    if bool(has_label.any()) and accepts_logits_to_keep(model):
-        first = int(torch.nonzero(has_label)[0])
-        # logits at position t predict token t+1; keep from the position before the first answer.
-        start = max(first - 1, 0)
-        kwargs["logits_to_keep"] = width - start
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **kwargs)
-    logits = out.logits
-    if logits.shape[1] != width - start:  # a model that ignored logits_to_keep
-        logits = logits[:, start:]
-    targets = labels[:, start + 1 :]
-    pred = logits[:, :-1]
+    logits, targets = answer_logits(model, batch)
     mask = targets != IGNORE_INDEX
     zero = logits.float().sum() * 0.0  # keeps the result connected to the graph
     if not bool(mask.any()):
-        return zero.expand(labels.shape[0])
-    nll = F.cross_entropy(pred[mask].float(), targets[mask], reduction="none")
+        return zero.expand(targets.shape[0])
+    nll = F.cross_entropy(logits[mask].float(), targets[mask], reduction="none")
     row = torch.nonzero(mask)[:, 0]
-    return torch.zeros(labels.shape[0], device=nll.device).index_add(0, row, nll) + zero
+    return torch.zeros(targets.shape[0], device=nll.device).index_add(0, row, nll) + zero
 
 
 def answer_loss_sum(model: nn.Module, batch: Batch) -> torch.Tensor:

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 # One unwrapping rule (engine/peft wrappers) for both loss paths.
-from fmmeta.algorithms.inner_loop import accepts_logits_to_keep
+from fmmeta.algorithms.inner_loop import answer_logits
 from fmmeta.tasks.episode import IGNORE_INDEX, Batch, Episode, Example, collate
 
 logger = logging.getLogger(__name__)
@@ -76,24 +76,10 @@ def _model_device(model: nn.Module) -> torch.device:
 
 def _score_batch(model: nn.Module, batch: Batch) -> _SequenceScores:
     """Teacher-forced per-sequence log-probability and argmax agreement on answer tokens."""
-    labels = batch.labels
-    width = labels.shape[1]
-    # The LM head only needs to run from the position before the first answer token on (the
-    # in-context prompts are long and the vocabulary is wide), as in the inner loop's loss.
-    first = int(torch.nonzero((labels != IGNORE_INDEX).any(dim=0))[0])
-    start = max(first - 1, 0)
-    kwargs: dict[str, object] = {"use_cache": False}
-    if accepts_logits_to_keep(model):
-        kwargs["logits_to_keep"] = width - start
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **kwargs)
-    logits = out.logits if hasattr(out, "logits") else out[0]
-    if logits.shape[1] != width - start:  # a model that ignored logits_to_keep
-        logits = logits[:, start:]
-    # Position t predicts token t + 1: drop the last logit and the first label.
-    targets = labels[:, start + 1 :]
+    logits, targets = answer_logits(model, batch, use_cache=False)
     mask = targets != IGNORE_INDEX
     # Only the answer positions go through the (vocabulary-wide) softmax, in fp32.
-    picked = logits[:, :-1][mask].float()  # [M, V]
+    picked = logits[mask].float()  # [M, V]
     tgt = targets[mask]  # [M]
     token_logprob = F.log_softmax(picked, dim=-1).gather(1, tgt[:, None]).squeeze(1)
     token_ok = picked.argmax(dim=-1) == tgt
