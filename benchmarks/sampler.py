@@ -1,37 +1,57 @@
-"""Sampler benchmark: fmmeta's planner against two baselines on one heterogeneous task pool.
+"""Sampler benchmark: fmmeta's packed plan against today's plan and two baselines, on two pools.
 
-Usage: ``python benchmarks/sampler.py [--steps 200] [--seed 0]``. The last line of output is one
-JSON object keyed ``fmmeta``, ``random`` and ``length_grouped`` plus a top-level ``plan_ms``.
+Usage: ``python benchmarks/sampler.py [--steps 150] [--seed 0]``. The last line of output is one
+JSON object: per pool (``lognormal``, ``bimodal``) and per method the figures below, then the
+planning times.
 
-Pool: 400 synthetic tasks (``fmmeta.sampling.synthetic.lognormal_pool``): per-task median length
-lognormal around 96 tokens (sigma 0.6), sequence lengths lognormal around it (sigma 0.35),
-shots in {1, 2, 4, 8}, ways in {generation, 2, 3, 5}; micro-batch 4, 3 inner steps.
+Pools (``fmmeta.sampling.synthetic``), 400 tasks each, micro-batch 4, 3 inner steps:
 
-Placement (padding, balance) is compared on the *same* episodes: each step, fmmeta's uniform
-strategy draws the meta-batch, and
+* ``lognormal``: per-task median length lognormal around 96 tokens (sigma 0.6), sequences
+  lognormal around it (sigma 0.35), shots in {1, 2, 4, 8}, ways in {generation, 2, 3, 5};
+* ``bimodal``: many short classification tasks (~64 tokens, 2/3/5 ways) and 1 in 8 long
+  generation tasks (~640 tokens).
 
-* ``fmmeta`` plans it (length-sorted chunks filling the plan's pass count, LPT + swaps);
-* ``random`` deals the tasks to ranks in a random order (equal counts) and cuts each set into
-  micro-batches in the order drawn;
-* ``length_grouped`` orders the tasks with transformers' ``get_length_grouped_indices`` (the
-  whole meta-batch as one megabatch, so sorted longest first) and deals them round-robin; each
-  set is cut into micro-batches in the order the same function gives it (one megabatch per set,
-  its best case).
+Every step, fmmeta's uniform strategy draws the meta-batch and ``CostAwareSampler`` plans it;
+the same episodes are then planned by
 
-Baselines get the dummy passes that keep ranks in lockstep (equal task counts, equal chunk counts),
-as any ZeRO-3 run must. ``adjacent_length_corr`` is measured on each method's own *selection*
-stream over 400 steps: fmmeta's uniform strategy, i.i.d. uniform draws for ``random``, and
-transformers' length-grouped ordering of the pool (epoch after epoch) for ``length_grouped``.
+* ``fmmeta``: the packed plan (tasks to ranks by work, passes packed to one token budget);
+* ``fmmeta_one_task``: ``plan_one_task_per_pass``, the plan fmmeta made before packing;
+* ``random``: tasks dealt to ranks in a random order (equal counts), each set cut into
+  micro-batches in the order drawn, one task per pass;
+* ``length_grouped``: each set ordered by transformers' ``get_length_grouped_indices`` (one
+  megabatch per set: longest first) and cut into micro-batches, one task per pass; tasks dealt by
+  an equal-count greedy deal (LPT in rounds plus swaps, ``one_task.assign_balanced``, on each
+  task's cost) and each rank runs its tasks costliest first, so similar tasks share pass indices:
+  the baseline's best honest configuration (round-robin dealing would handicap it).
 
-Costs come from the default :class:`~fmmeta.sampling.cost.CostModel`. ``makespan_over_lb_T`` is
-the most loaded rank's cost over ``LB = max(total / ranks, largest task)`` at 8 ranks and ``T``
-tasks per rank, averaged over steps; ``..._equal_count_T`` divides by the tighter bound that also
-counts the ``T - 1`` cheapest other tasks the rank holding the largest task must run, and
-``equal_count_floor_T`` is that bound over LB, averaged: no assignment with equal task counts
-can get ``makespan_over_lb_T`` below it on this pool.
+Baselines run the dummy passes that keep ZeRO-3 ranks in lockstep (equal task counts, every task
+padded to the meta-batch's largest chunk count), as any ZeRO-3 run must.
 
-``plan_ms`` / ``plan_cpu_ms`` time planning with the example lengths already cached (the steady
-state of training); ``plan_cold_ms`` / ``plan_cold_cpu_ms`` with the length cache cleared first.
+Figures, at 8 ranks x 8 tasks (suffix ``_8``) and x 2 tasks (``_2``), means over steps of
+per-step ratios, all against ONE lower bound per step: ``LB = plan_stats(packed).lower_bound``,
+every task's own unpadded work (no per-pass overhead) over the ranks, identical for every plan of
+those episodes. Costs come from the default :class:`~fmmeta.sampling.cost.CostModel`.
+
+* ``lockstep_over_lb``: sum over pass indices of the slowest rank's pass, over LB: the meta-step
+  under ZeRO-3, where ranks meet at every pass;
+* ``makespan_over_lb``: the most loaded rank's total, over LB: the meta-step where ranks run
+  independently (local, ZeRO-0/1/2);
+* ``lockstep_over_lb_p95``: the 95th percentile over steps of ``lockstep_over_lb``;
+* ``lockstep_over_makespan``: what lockstep costs on top of per-rank balance;
+* ``padding_efficiency``: real tokens / processed tokens (padding and dummy passes included);
+* ``largest_task_over_lb`` (per pool and size): ``max(1, largest task / LB)``, the floor: a plan
+  that keeps every task on one rank cannot get ``makespan_over_lb`` (nor lockstep) below it;
+* ``adjacent_length_corr``: lag-1 correlation of the meta-batch's mean task length over 2 x steps
+  of each method's own selection stream (fmmeta's uniform strategy; i.i.d. uniform draws for
+  ``random``; transformers' length-grouped ordering of the pool for ``length_grouped``).
+  ``fmmeta_one_task`` shares fmmeta's stream.
+
+``plan_ms`` / ``plan_cpu_ms``: median wall / process-CPU ms of ``plan_meta_batch`` for 64 ranks
+x 32 tasks of the lognormal pool with the example lengths cached (the steady state of training);
+``plan_cold_ms`` / ``plan_cold_cpu_ms`` with the length cache cleared first; ``plan_cpu_ms_bimodal``
+the warm CPU figure on the bimodal pool; ``sample_ms`` the whole ``CostAwareSampler.sample``
+(selection, drawing 2,048 episodes, planning). On a shared machine wall time includes waiting for a
+core: the CPU figures are the ones to compare.
 """
 
 from __future__ import annotations
@@ -47,14 +67,16 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from fmmeta.sampling.cost import CostModel, slot_features
-from fmmeta.sampling.plan import MetaBatchPlan, TaskSlot
-from fmmeta.sampling.planner import _LENGTHS, plan_meta_batch, plan_stats
+from fmmeta.sampling.cost import CostModel
+from fmmeta.sampling.lengths import LENGTHS
+from fmmeta.sampling.one_task import assign_balanced, plan_one_task_per_pass
+from fmmeta.sampling.plan import DUMMY_PASS, MetaBatchPlan, PackedPass, RankPlan, TaskSlot
+from fmmeta.sampling.planner import plan_meta_batch, plan_stats
 from fmmeta.sampling.sampler import CostAwareSampler, SamplerConfig
-from fmmeta.sampling.synthetic import SyntheticTask, lognormal_pool
+from fmmeta.sampling.synthetic import SyntheticTask, bimodal_pool, lognormal_pool
 from fmmeta.tasks.episode import Episode
 
-try:  # transformers 5 keeps it in trainer_pt_utils; older/newer versions may move it
+try:  # transformers 5 keeps it in trainer_pt_utils; other versions may move it
     from transformers.trainer_pt_utils import get_length_grouped_indices
 except ImportError:  # pragma: no cover - depends on the installed transformers
     get_length_grouped_indices = None
@@ -62,9 +84,10 @@ except ImportError:  # pragma: no cover - depends on the installed transformers
 WORLD = 8
 MICRO_BATCH = 4
 INNER_STEPS = 3
+METHODS = ("fmmeta", "fmmeta_one_task", "random", "length_grouped")
 
 
-def _sorted_desc(lengths: Sequence[int], batch_size: int, gen: torch.Generator) -> list[int]:
+def _sorted_desc(lengths: Sequence[float], batch_size: int, gen: torch.Generator) -> list[int]:
     """Length-grouped order of one megabatch (transformers' function where importable)."""
     if get_length_grouped_indices is not None:
         mult = max(1, math.ceil(len(lengths) / batch_size))
@@ -73,99 +96,111 @@ def _sorted_desc(lengths: Sequence[int], batch_size: int, gen: torch.Generator) 
     return sorted(perm, key=lambda i: lengths[i], reverse=True)
 
 
-def _fixed_chunks(order: list[int], k: int) -> tuple[tuple[int, ...], ...]:
-    """Consecutive micro-batches of ``order``, padded with dummy chunks to ``k``."""
-    got = tuple(tuple(order[i : i + MICRO_BATCH]) for i in range(0, len(order), MICRO_BATCH))
-    return got + ((),) * (k - len(got))
+def _chunk_passes(local: int, order: list[int], examples: Sequence, k: int) -> list[PackedPass]:
+    """One task's set cut into consecutive micro-batches of ``order``, dummy passes up to ``k``."""
+    out = []
+    for i in range(0, len(order), MICRO_BATCH):
+        idx = order[i : i + MICRO_BATCH]
+        lens = [examples[j].n_tokens for j in idx]
+        out.append(PackedPass((local,) * len(idx), tuple(idx), max(lens), sum(lens)))
+    return out + [DUMMY_PASS] * (k - len(out))
 
 
 def _baseline_plan(
     episodes: list[Episode],
     ids: list[int],
     step: int,
-    deal: Callable[[list[Episode]], list[list[int]]],
+    deal: Callable[[np.ndarray], list[list[int]]],
     order_set: Callable[[list[int]], list[int]],
     cost_model: CostModel,
 ) -> MetaBatchPlan:
+    """One task per pass: ``order_set`` orders each set, ``deal`` (task costs -> each rank's
+    tasks, in run order) places the tasks; every task padded to the largest chunk counts."""
     k_s = max(-(-len(e.support) // MICRO_BATCH) for e in episodes)
     k_q = max(-(-len(e.query) // MICRO_BATCH) for e in episodes)
-    slots = []
-    for ep, tid in zip(episodes, ids):
-        s = _fixed_chunks(order_set([x.n_tokens for x in ep.support]), k_s)
-        q = _fixed_chunks(order_set([x.n_tokens for x in ep.query]), k_q)
-        slot = TaskSlot(ep, 1.0, s, q, 0.0, tid)
-        slots.append(TaskSlot(ep, 1.0, s, q, cost_model.slot_cost(slot, inner_steps=INNER_STEPS), tid))
-    ranks = deal(episodes)
-    return MetaBatchPlan(step=step, ranks=tuple(tuple(slots[i] for i in r) for r in ranks), n_real_tasks=len(slots))
+    orders = [(order_set([x.n_tokens for x in e.support]), order_set([x.n_tokens for x in e.query]))
+              for e in episodes]
+
+    def cost(i: int) -> float:
+        ep, (s, q) = episodes[i], orders[i]
+        price = lambda p: float(np.dot(p.features, cost_model.coefficients))  # noqa: E731
+        return (INNER_STEPS * sum(map(price, _chunk_passes(0, s, ep.support, k_s)))
+                + sum(map(price, _chunk_passes(0, q, ep.query, k_q))))
+
+    costs = np.array([cost(i) for i in range(len(episodes))])
+    ranks = []
+    for members in deal(costs):
+        slots = tuple(TaskSlot(episodes[i], ids[i], float(costs[i])) for i in members)
+        support: list[PackedPass] = []
+        query: list[PackedPass] = []
+        for local, i in enumerate(members):
+            support += _chunk_passes(local, orders[i][0], episodes[i].support, k_s)
+            query += _chunk_passes(local, orders[i][1], episodes[i].query, k_q)
+        ranks.append(RankPlan(slots, tuple(support), tuple(query)))
+    return MetaBatchPlan(step=step, ranks=tuple(ranks), n_real_tasks=len(episodes))
 
 
-def _tight_lb(plan: MetaBatchPlan, lb: float) -> float:
-    costs = sorted(s.cost for r in plan.ranks for s in r)
-    t = len(plan.ranks[0])
-    return max(lb, costs[-1] + sum(costs[: t - 1]))
-
-
-def _placement(pool: list[SyntheticTask], tasks_per_rank: int, steps: int, seed: int) -> dict[str, dict[str, float]]:
+def _placement(pool: list[SyntheticTask], tasks_per_rank: int, steps: int, seed: int) -> dict:
     cm = CostModel()
     cfg = SamplerConfig(meta_batch_size=WORLD * tasks_per_rank, micro_batch_size=MICRO_BATCH, inner_steps=INNER_STEPS)
     sampler = CostAwareSampler(pool, cfg, world_size=WORLD, seed=seed)
     rng = np.random.default_rng([seed, 99])
     gen = torch.Generator().manual_seed(seed)
 
-    def random_deal(eps: list[Episode]) -> list[list[int]]:
-        return rng.permutation(len(eps)).reshape(tasks_per_rank, WORLD).T.tolist()
+    def random_deal(costs: np.ndarray) -> list[list[int]]:
+        return rng.permutation(costs.size).reshape(WORLD, tasks_per_rank).tolist()
 
-    def grouped_deal(eps: list[Episode]) -> list[list[int]]:
-        tokens = [sum(x.n_tokens for x in e.support) * INNER_STEPS + sum(x.n_tokens for x in e.query) for e in eps]
-        order = _sorted_desc(tokens, WORLD, gen)
-        return [order[r::WORLD] for r in range(WORLD)]
+    def greedy_deal(costs: np.ndarray) -> list[list[int]]:
+        assign = assign_balanced(costs, WORLD)
+        return [sorted(row, key=lambda i: -costs[i]) for row in assign.tolist()]
 
-    def random_order(lengths: list[int]) -> list[int]:
+    def drawn_order(lengths: list[int]) -> list[int]:
         return list(range(len(lengths)))  # episodes are drawn in random order already
 
     def grouped_order(lengths: list[int]) -> list[int]:
         return _sorted_desc(lengths, MICRO_BATCH, gen)
 
-    acc = {m: {"real": 0.0, "padded": 0.0, "ratio": [], "tight": [], "floor": []} for m in ("fmmeta", "random", "length_grouped")}
+    keys = ("lockstep_over_lb", "makespan_over_lb", "lockstep_over_makespan", "real", "padded")
+    acc = {m: {k: [] for k in keys} for m in METHODS}
+    floor = []
     for step in range(steps):
-        plan = sampler.sample(step)
-        real_slots = [s for r in plan.ranks for s in r if not s.is_dummy]
-        eps = [s.episode for s in real_slots]
-        ids = [s.task_id for s in real_slots]
+        packed = sampler.sample(step)
+        eps = [s.episode for s in packed.slots]
+        ids = [s.task_id for s in packed.slots]
         plans = {
-            "fmmeta": plan,
-            "random": _baseline_plan(eps, ids, step, random_deal, random_order, cm),
-            "length_grouped": _baseline_plan(eps, ids, step, grouped_deal, grouped_order, cm),
+            "fmmeta": packed,
+            "fmmeta_one_task": plan_one_task_per_pass(
+                eps, ids, step=step, world_size=WORLD, micro_batch_size=MICRO_BATCH, inner_steps=INNER_STEPS,
+                cost_model=cm, rng=np.random.default_rng([seed, step])),
+            "random": _baseline_plan(eps, ids, step, random_deal, drawn_order, cm),
+            "length_grouped": _baseline_plan(eps, ids, step, greedy_deal, grouped_order, cm),
         }
+        lb = plan_stats(packed, inner_steps=INNER_STEPS, cost_model=cm)
+        floor.append(max(1.0, lb.largest_task / lb.lower_bound))
         for method, p in plans.items():
             st = plan_stats(p, inner_steps=INNER_STEPS, cost_model=cm)
             a = acc[method]
+            a["lockstep_over_lb"].append(st.lockstep / lb.lower_bound)
+            a["makespan_over_lb"].append(st.makespan / lb.lower_bound)
+            a["lockstep_over_makespan"].append(st.lockstep / st.makespan)
             real, padded = _tokens(p)
-            a["real"] += real
-            a["padded"] += padded
-            a["ratio"].append(st.makespan_over_lb)
-            a["tight"].append(st.makespan / _tight_lb(p, st.lower_bound))
-            a["floor"].append(_tight_lb(p, st.lower_bound) / st.lower_bound)
-    return {
-        m: {
-            "padding_efficiency": a["real"] / a["padded"],
-            "makespan_over_lb": float(np.mean(a["ratio"])),
-            "makespan_over_lb_equal_count": float(np.mean(a["tight"])),
-            "makespan_over_lb_p95": float(np.percentile(a["ratio"], 95)),
-            "lb_floor": float(np.mean(a["floor"])),
-        }
-        for m, a in acc.items()
-    }
+            a["real"].append(real)
+            a["padded"].append(padded)
+    out = {m: {k: float(np.mean(a[k])) for k in keys[:3]} for m, a in acc.items()}
+    for m, a in acc.items():
+        out[m]["padding_efficiency"] = float(np.sum(a["real"]) / np.sum(a["padded"]))
+        out[m]["lockstep_over_lb_p95"] = float(np.percentile(a["lockstep_over_lb"], 95))
+    out["largest_task_over_lb"] = float(np.mean(floor))
+    return out
 
 
 def _tokens(plan: MetaBatchPlan) -> tuple[float, float]:
-    """Real and processed (padding and dummy passes included) tokens of a plan."""
+    """Real and processed tokens (padding and dummy passes included), support x inner steps."""
     real = padded = 0.0
     for r in plan.ranks:
-        for s in r:
-            _, pad, _, rl = slot_features(s, inner_steps=INNER_STEPS)
-            real += rl
-            padded += pad
+        for passes, w in ((r.support, INNER_STEPS), (r.query, 1)):
+            real += w * sum(p.n_tokens for p in passes)
+            padded += w * sum(p.n_padded_tokens for p in passes)
     return real, padded
 
 
@@ -193,7 +228,8 @@ def _selection_corr(pool: list[SyntheticTask], steps: int, seed: int) -> dict[st
         else:
             stream.extend(_sorted_desc(task_len, n, gen))
     lg = [_mean_length(pool, stream[s * n : (s + 1) * n]) for s in range(steps)]
-    return {"fmmeta": _adjacent_corr(fm), "random": _adjacent_corr(rnd), "length_grouped": _adjacent_corr(lg)}
+    c = _adjacent_corr(fm)
+    return {"fmmeta": c, "fmmeta_one_task": c, "random": _adjacent_corr(rnd), "length_grouped": _adjacent_corr(lg)}
 
 
 def _plan_ms(pool: list[SyntheticTask], seed: int, repeats: int) -> dict[str, float]:
@@ -211,11 +247,10 @@ def _plan_ms(pool: list[SyntheticTask], seed: int, repeats: int) -> dict[str, fl
         t0 = time.perf_counter()
         plan = sampler.sample(step)
         times["sample"].append((time.perf_counter() - t0) * 1e3)
-        slots = [s for r in plan.ranks for s in r if not s.is_dummy]
-        eps, ids = [s.episode for s in slots], [s.task_id for s in slots]
+        eps, ids = [s.episode for s in plan.slots], [s.task_id for s in plan.slots]
         for prefix in ("", "cold_"):
             if prefix:
-                _LENGTHS.clear()
+                LENGTHS.clear()
             t0, c0 = time.perf_counter(), time.process_time()
             plan_meta_batch(
                 eps, ids, step=step, world_size=64, micro_batch_size=MICRO_BATCH, inner_steps=INNER_STEPS,
@@ -228,47 +263,40 @@ def _plan_ms(pool: list[SyntheticTask], seed: int, repeats: int) -> dict[str, fl
 
 def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=200, help="meta-steps per configuration")
+    parser.add_argument("--steps", type=int, default=150, help="meta-steps per pool and size")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tasks", type=int, default=400, help="pool size")
     parser.add_argument("--plan-repeats", type=int, default=15)
-    parser.add_argument("--shots", default="1,2,4,8", help="shots per class to draw from")
-    parser.add_argument("--ways", default="gen,2,3,5", help="ways to draw from (gen = generation task)")
-    parser.add_argument("--task-sigma", type=float, default=0.6, help="spread of task median lengths")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    pool = lognormal_pool(
-        args.tasks,
-        seed=args.seed,
-        task_sigma=args.task_sigma,
-        shots_choices=tuple(int(x) for x in args.shots.split(",")),
-        ways_choices=tuple(None if x == "gen" else int(x) for x in args.ways.split(",")),
-    )
-    at8 = _placement(pool, 8, args.steps, args.seed)
-    at2 = _placement(pool, 2, args.steps, args.seed + 1)
-    corr = _selection_corr(pool, 2 * args.steps, args.seed)
-    timing = _plan_ms(pool, args.seed, args.plan_repeats)
+    pools = {"lognormal": lognormal_pool(args.tasks, seed=args.seed),
+             "bimodal": bimodal_pool(args.tasks, seed=args.seed)}
     result: dict = {}
-    for m in ("fmmeta", "random", "length_grouped"):
-        result[m] = {
-            "padding_efficiency": round(at8[m]["padding_efficiency"], 4),
-            "padding_efficiency_2": round(at2[m]["padding_efficiency"], 4),
-            "makespan_over_lb_8": round(at8[m]["makespan_over_lb"], 4),
-            "makespan_over_lb_2": round(at2[m]["makespan_over_lb"], 4),
-            "makespan_over_lb_equal_count_8": round(at8[m]["makespan_over_lb_equal_count"], 4),
-            "makespan_over_lb_equal_count_2": round(at2[m]["makespan_over_lb_equal_count"], 4),
-            "makespan_over_lb_p95_8": round(at8[m]["makespan_over_lb_p95"], 4),
-            "equal_count_floor_8": round(at8[m]["lb_floor"], 4),
-            "equal_count_floor_2": round(at2[m]["lb_floor"], 4),
-            "adjacent_length_corr": round(corr[m], 4),
-        }
-        print(f"{m:>15}: " + ", ".join(f"{k}={v}" for k, v in result[m].items()), file=sys.stderr)
+    for name, pool in pools.items():
+        at8 = _placement(pool, 8, args.steps, args.seed)
+        at2 = _placement(pool, 2, args.steps, args.seed + 1)
+        corr = _selection_corr(pool, 2 * args.steps, args.seed)
+        res: dict = {}
+        for m in METHODS:
+            res[m] = {}
+            for key in ("lockstep_over_lb", "makespan_over_lb", "lockstep_over_makespan", "padding_efficiency",
+                        "lockstep_over_lb_p95"):
+                res[m][f"{key}_8"] = round(at8[m][key], 4)
+                res[m][f"{key}_2"] = round(at2[m][key], 4)
+            res[m]["adjacent_length_corr"] = round(corr[m], 4)
+            print(f"{name:>9} {m:>15}: " + ", ".join(f"{k}={v}" for k, v in res[m].items()), file=sys.stderr)
+        res["largest_task_over_lb_8"] = round(at8["largest_task_over_lb"], 4)
+        res["largest_task_over_lb_2"] = round(at2["largest_task_over_lb"], 4)
+        result[name] = res
+    timing = _plan_ms(pools["lognormal"], args.seed, args.plan_repeats)
     result["plan_ms"] = round(timing["wall"], 2)
     result["plan_cpu_ms"] = round(timing["cpu"], 2)
     result["plan_cold_ms"] = round(timing["cold_wall"], 2)
     result["plan_cold_cpu_ms"] = round(timing["cold_cpu"], 2)
     result["sample_ms"] = round(timing["sample"], 2)
-    result["pool"] = {"tasks": args.tasks, "shots": args.shots, "ways": args.ways, "task_sigma": args.task_sigma}
+    result["plan_cpu_ms_bimodal"] = round(_plan_ms(pools["bimodal"], args.seed, args.plan_repeats)["cpu"], 2)
+    result["setup"] = {"tasks": args.tasks, "steps": args.steps, "ranks": WORLD, "micro_batch": MICRO_BATCH,
+                       "inner_steps": INNER_STEPS}
     result["length_grouped_source"] = (
         "transformers.trainer_pt_utils.get_length_grouped_indices" if get_length_grouped_indices else "fallback sort"
     )

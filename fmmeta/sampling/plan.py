@@ -18,12 +18,14 @@ passes, not only the tasks:
 from __future__ import annotations
 
 import hashlib
+import itertools
 from dataclasses import dataclass
+from typing import Sequence, TypeVar
 
 from fmmeta.tasks.episode import Episode, Example
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TaskSlot:
     """One task's episode on one rank within a meta-step.
 
@@ -39,7 +41,7 @@ class TaskSlot:
     cost: float = 0.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PackedPass:
     """The sequences one forward+backward pass runs: rows of several tasks, padded to one width.
 
@@ -86,6 +88,24 @@ class PackedPass:
 
 
 DUMMY_PASS = PackedPass((), (), 0, 0)
+
+_T = TypeVar("_T", TaskSlot, PackedPass)
+
+
+def _make_many(cls: type[_T], *columns: Sequence) -> list[_T]:
+    """``[cls(*row) for row in zip(*columns)]`` for the planner's hot path, ~2.5x faster.
+
+    :class:`TaskSlot` and :class:`PackedPass` are frozen slotted dataclasses without
+    ``__post_init__``, so an instance is fully described by its slots: the objects are made by
+    ``object.__new__`` and each slot is filled through its member descriptor, all in C-level
+    ``map`` calls (the frozen ``__init__`` costs ~1 us per object, and a 64 x 32 plan makes
+    ~3,000). ``columns`` are given in field order, every field included.
+    """
+    n = len(columns[0])
+    made: list[_T] = list(map(object.__new__, itertools.repeat(cls, n)))
+    for name, column in zip(cls.__slots__, columns, strict=True):
+        any(map(getattr(cls, name).__set__, made, column))  # __set__ returns None: runs them all
+    return made
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ predictable from the step. The plan is a pure function of its inputs: every rank
 from __future__ import annotations
 
 import heapq
+import itertools
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
@@ -35,7 +36,7 @@ import numpy as np
 
 from fmmeta.sampling.cost import CostModel
 from fmmeta.sampling.lengths import gc_paused, set_lengths
-from fmmeta.sampling.plan import DUMMY_PASS, MetaBatchPlan, PackedPass, RankPlan, TaskSlot
+from fmmeta.sampling.plan import DUMMY_PASS, MetaBatchPlan, PackedPass, RankPlan, TaskSlot, _make_many
 from fmmeta.tasks.episode import Episode
 
 OnUneven = Literal["pad", "error"]
@@ -57,13 +58,19 @@ def assign_tasks(costs: np.ndarray, world_size: int, *, tol: float = 1e-3) -> li
     Returns:
         ``world_size`` lists of task indices, each sorted.
     """
+    costs = np.asarray(costs, dtype=np.float64)
     heap = [(0.0, r) for r in range(world_size)]
     ranks: list[list[int]] = [[] for _ in range(world_size)]
-    for i in np.argsort(-costs, kind="stable").tolist():
-        load, r = heapq.heappop(heap)
+    replace = heapq.heapreplace
+    # (load, rank) is a total order, so popping the least loaded rank picks what heappop would.
+    for i, c in zip(np.argsort(-costs, kind="stable").tolist(), (-np.sort(-costs, kind="stable")).tolist()):
+        load, r = heap[0]
         ranks[r].append(i)
-        heapq.heappush(heap, (load + float(costs[i]), r))
-    loads = np.array([costs[r].sum() if r else 0.0 for r in ranks])
+        replace(heap, (load + c, r))
+    owner = np.empty(costs.size, dtype=np.int64)
+    for r, members in enumerate(ranks):
+        owner[members] = r
+    loads = np.bincount(owner, weights=costs, minlength=world_size)
     bound = costs.sum() / world_size * tol
     for _ in range(4 * world_size):
         hi, lo = int(loads.argmax()), int(loads.argmin())
@@ -82,7 +89,6 @@ def assign_tasks(costs: np.ndarray, world_size: int, *, tol: float = 1e-3) -> li
     return [sorted(r) for r in ranks]
 
 
-
 @dataclass
 class _Rows:
     """Every rank's rows of one phase in one table, sorted by rank, then longest first."""
@@ -93,110 +99,179 @@ class _Rows:
     length: np.ndarray
     work: np.ndarray  # cost of the row padded to itself: b * len + c * len^2
     end: np.ndarray  # per row, the end of its rank's rows (exclusive)
+    first: np.ndarray  # per rank that has rows, its first row (ascending)
 
     @classmethod
     def build(cls, members: list[list[int]], lengths: np.ndarray, offsets: np.ndarray,
               counts: np.ndarray, row_work: np.ndarray) -> "_Rows":
         """The rows of the sets ``members[r]`` (indices into ``offsets``/``counts``) of every rank."""
-        sets = np.array([m for ms in members for m in ms], dtype=np.int64)
-        set_rank = np.repeat(np.arange(len(members)), [len(ms) for ms in members])
-        set_slot = np.concatenate([np.arange(len(ms)) for ms in members]) if sets.size else sets
+        per_rank = np.fromiter(map(len, members), dtype=np.int64, count=len(members))
+        sets = np.fromiter(itertools.chain.from_iterable(members), dtype=np.int64, count=int(per_rank.sum()))
+        set_rank = np.repeat(np.arange(len(members)), per_rank)
+        set_slot = np.arange(sets.size) - np.repeat(np.cumsum(per_rank) - per_rank, per_rank)
         sizes = counts[sets]
         total = int(sizes.sum())
         owner = np.repeat(np.arange(sets.size), sizes)  # set (within `sets`) of each row
         example = np.arange(total) - np.repeat(np.cumsum(sizes) - sizes, sizes)
         idx = offsets[sets][owner] + example
-        rank, slot, length = set_rank[owner], set_slot[owner], lengths[idx]
-        order = np.lexsort((example, slot, -length, rank))
+        rank, length = set_rank[owner], lengths[idx]
+        # Rows are made in (rank, slot, example) order, so one unique key (rank, longest first,
+        # position) sorts them like a lexsort on (rank, -length, slot, example), only faster.
+        top = int(length.max(initial=0)) + 1
+        if len(members) * top * max(total, 1) < 1 << 62:
+            order = np.argsort((rank * top + (top - 1 - length)) * total + np.arange(total))
+        else:  # pragma: no cover - sizes far beyond any meta-batch
+            order = np.lexsort((np.arange(total), -length, rank))
         rank = rank[order]
-        ends = np.searchsorted(rank, np.arange(len(members)), side="right")
-        return cls(rank, slot[order], example[order], length[order], row_work[idx][order], ends[rank])
-
-
-def _pass_starts(rows: _Rows, budget: int, cap: float) -> np.ndarray:
-    """Starts of every rank's passes when each pass takes, longest rows first, as many rows as
-    fit in ``budget`` padded tokens and ``cap`` padded work: all ranks at once, by pointer jumps."""
-    n = rows.length.size
-    take = budget // rows.length
-    if np.isfinite(cap):
-        take = np.minimum(take, np.floor(cap / rows.work).astype(np.int64))
-    nxt = np.minimum(np.arange(n) + np.maximum(take, 1), rows.end)
-    pos = np.flatnonzero(np.r_[True, rows.rank[1:] != rows.rank[:-1]]) if n else np.empty(0, np.int64)
-    limit = rows.end[pos]
-    starts = [pos]
-    while pos.size:
-        pos = nxt[pos]
-        alive = pos < limit
-        pos, limit = pos[alive], limit[alive]
-        starts.append(pos)
-    return np.sort(np.concatenate(starts))
-
-
-def _pass_table(rows: _Rows, starts: np.ndarray, n_ranks: int, cost_model: CostModel) -> tuple[np.ndarray, np.ndarray]:
-    """Per pass (in ``starts`` order): its rank and its cost."""
-    sizes = np.diff(np.r_[starts, rows.length.size])
-    width = rows.length[starts].astype(np.float64)
-    a, b, c = cost_model.coefficients
-    return rows.rank[starts], a + b * sizes * width + c * sizes * width * width
-
-
-def _lockstep(pass_rank: np.ndarray, cost: np.ndarray, n_ranks: int) -> tuple[float, np.ndarray, int]:
-    """Sum over pass indices of the most expensive pass, each rank's passes sorted by cost
-    (costliest first: sorting every rank the same way minimises the sum of maxima). Returns the
-    sum, each pass's index after sorting, and the pass count."""
-    order = np.lexsort((-cost, pass_rank))
-    counts = np.bincount(pass_rank, minlength=n_ranks)
-    n_passes = max(1, int(counts.max(initial=0)))
-    index = np.empty(cost.size, dtype=np.int64)
-    index[order] = np.arange(cost.size) - np.repeat(np.cumsum(counts) - counts, counts)
-    table = np.zeros((n_ranks, n_passes))
-    table[pass_rank, index] = cost
-    return float(table.max(axis=0).sum()), index, n_passes
+        counts_r = np.bincount(rank, minlength=len(members))
+        ends = np.cumsum(counts_r)
+        first = (ends - counts_r)[counts_r > 0]
+        return cls(rank, set_slot[owner][order], example[order], length[order], row_work[idx][order],
+                   ends[rank], first)
 
 
 # Cost caps tried per phase besides the token budget alone, as fractions of the heaviest rank's
 # work over the fewest passes the budget allows: fewer, fuller passes pay less per-pass overhead;
-# more, smaller passes pad less and split the work into finer, better aligned pieces.
+# more, smaller passes pad less and split the work into finer, better aligned pieces. (Each of
+# them is the best choice for some meta-batches of the lognormal and the bimodal pools.)
 _SPLITS = (1.0, 1.5, 2.0, 3.0)
 _SLACKS = (1.0, 1.1, 1.25)
 
 
+@dataclass
+class _Passes:
+    """The passes of several candidate packings at once, sorted by (candidate, rank, start).
+
+    A *chain* is one rank's passes under one candidate cap: chain ``k`` is candidate
+    ``k // n`` on the ``k % n``-th rank that has rows (``n`` such ranks).
+    """
+
+    chain: np.ndarray
+    start: np.ndarray  # first row of each pass
+    size: np.ndarray  # rows of each pass
+
+
+def _cut(rows: _Rows, budget_take: np.ndarray, caps: np.ndarray) -> _Passes:
+    """Every rank's passes for every cap in ``caps``, all at once by pointer jumps: a pass that
+    starts at a row takes, longest rows first, as many rows as fit in the token budget
+    (``budget_take`` of that row) and in the cap's padded work."""
+    first = rows.first
+    n = first.size
+    pos = np.tile(first, caps.size)
+    limit = np.tile(rows.end[first], caps.size)
+    cap = np.repeat(caps, n)
+    chain = np.arange(pos.size)
+    got_pos, got_chain = [pos], [chain]
+    while pos.size:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            # fmin: a NaN cap (a zero-work cost model) leaves the budget alone.
+            take = np.floor(np.fmin(budget_take[pos], cap / rows.work[pos]))
+        nxt = pos + np.maximum(take, 1.0).astype(np.int64)
+        alive = nxt < limit
+        pos, limit, cap, chain = nxt[alive], limit[alive], cap[alive], chain[alive]
+        got_pos.append(pos)
+        got_chain.append(chain)
+    start = np.concatenate(got_pos)
+    chain = np.concatenate(got_chain)
+    # Each jump appends chains in ascending order, so a stable sort by chain alone puts every
+    # chain's passes in row order (a radix sort where chain ids fit 16 bits).
+    key = chain.astype(np.int16) if int(chain.max(initial=0)) < 1 << 15 else chain
+    order = np.argsort(key, kind="stable")
+    start, chain = start[order], chain[order]
+    nxt = np.empty_like(start)
+    nxt[:-1] = start[1:]
+    last = np.r_[chain[1:] != chain[:-1], True]
+    nxt[last] = rows.end[start[last]]
+    return _Passes(chain, start, nxt - start)
+
+
+def _lockstep_all(rows: _Rows, passes: _Passes, n_caps: int, cost_model: CostModel
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Per cap, the sum over pass indices of the most expensive pass, each rank's passes sorted
+    by cost (costliest first: sorting every rank the same way minimises the sum of maxima).
+
+    Only sorted *values* are needed here, so each cap's ranks x passes table is sorted row by
+    row (no index sort, no tie-breaking); :func:`_pass_order` orders the chosen cap's passes.
+    Returns the totals (one per cap) and every pass's cost."""
+    n = rows.first.size
+    width = rows.length[passes.start].astype(np.float64)
+    a, b, c = cost_model.coefficients
+    cost = a + b * passes.size * width + c * passes.size * width * width
+    counts = np.bincount(passes.chain, minlength=n_caps * n)
+    begin = np.cumsum(counts) - counts
+    pos = np.arange(cost.size) - begin[passes.chain]  # passes are sorted by chain
+    bounds = np.r_[begin[::n], cost.size].tolist()
+    widest = counts.reshape(n_caps, n).max(axis=1).tolist()
+    totals = np.empty(n_caps)
+    for k in range(n_caps):
+        lo, hi = bounds[k], bounds[k + 1]
+        table = np.zeros((n, max(1, widest[k])))  # costs are >= 0: an empty cell never wins a max
+        table[passes.chain[lo:hi] - k * n, pos[lo:hi]] = cost[lo:hi]
+        table.sort(axis=1)
+        totals[k] = table.max(axis=0).sum()
+    return totals, cost
+
+
+def _pass_order(chain: np.ndarray, cost: np.ndarray) -> np.ndarray:
+    """Each pass's index within its chain once every chain is sorted costliest first (ties in
+    row order: a stable sort, so every CPU orders them alike)."""
+    order = np.lexsort((-cost, chain))
+    counts = np.bincount(chain)
+    index = np.empty(cost.size, dtype=np.int64)
+    index[order] = np.arange(cost.size) - np.repeat(np.cumsum(counts) - counts, counts)
+    return index
+
+
 def _pack_phase(rows: _Rows, n_ranks: int, budget: int, cost_model: CostModel) -> list[tuple[PackedPass, ...]]:
-    """Packs one phase of every rank into the same number of passes (see the module docstring)."""
+    """Packs one phase of every rank into the same number of passes (see the module docstring).
+
+    Every candidate cap is cut and priced at once (two :func:`_cut` calls: the budget alone,
+    which sets the caps, then all caps); the cheapest under lockstep is materialised."""
     if rows.length.size == 0:
         return [(DUMMY_PASS,)] * n_ranks
-    fewest = max(1, int(np.bincount(rows.rank[_pass_starts(rows, budget, np.inf)]).max()))
+    budget_take = (budget // rows.length).astype(np.float64)
+    plain = _cut(rows, budget_take, np.array([np.inf]))
+    fewest = max(1, int(np.bincount(plain.chain).max()))
     heaviest = float(np.bincount(rows.rank, weights=rows.work, minlength=n_ranks).max())
-    caps = [np.inf] + [heaviest / (fewest * split) * slack for split in _SPLITS for slack in _SLACKS]
-    best: tuple[float, np.ndarray, np.ndarray, np.ndarray, int] | None = None
-    for cap in caps:
-        starts = _pass_starts(rows, budget, cap)
-        pass_rank, cost = _pass_table(rows, starts, n_ranks, cost_model)
-        total, index, n_passes = _lockstep(pass_rank, cost, n_ranks)
-        if best is None or total < best[0]:
-            best = (total, starts, pass_rank, index, n_passes)
-    assert best is not None
-    _, starts, pass_rank, index, n_passes = best
-    return _materialise(rows, starts, pass_rank, index, n_passes, n_ranks)
+    caps = np.array([heaviest / (fewest * split) * slack for split in _SPLITS for slack in _SLACKS])
+    capped = _cut(rows, budget_take, caps)
+    both = _Passes(np.concatenate([plain.chain, capped.chain + rows.first.size]),
+                   np.concatenate([plain.start, capped.start]), np.concatenate([plain.size, capped.size]))
+    totals, cost = _lockstep_all(rows, both, caps.size + 1, cost_model)
+    best = int(np.argmin(totals))  # the first of equal totals, the budget alone before any cap
+    pick = both.chain // rows.first.size == best
+    start, size = both.start[pick], both.size[pick]
+    index = _pass_order(both.chain[pick], cost[pick])
+    n_passes = max(1, int(index.max(initial=0)) + 1)
+    return _materialise(rows, start, size, rows.rank[start], index, n_passes, n_ranks)
 
 
-def _materialise(rows: _Rows, starts: np.ndarray, pass_rank: np.ndarray, index: np.ndarray,
-                 n_passes: int, n_ranks: int) -> list[tuple[PackedPass, ...]]:
-    """The :class:`PackedPass` objects, each rank's in ``index`` order, dummies filling up."""
+def _materialise(rows: _Rows, start: np.ndarray, size: np.ndarray, pass_rank: np.ndarray,
+                 index: np.ndarray, n_passes: int, n_ranks: int) -> list[tuple[PackedPass, ...]]:
+    """The :class:`PackedPass` objects, each rank's in ``index`` order, dummies filling up.
+
+    ``start`` must be ascending (passes in row order); the tuples are cut from two flat tuples
+    and the objects made by C-level ``map`` chains (a 64 x 32 plan has ~1,300 passes)."""
     n = rows.length.size
-    pass_of_row = np.repeat(np.arange(starts.size), np.diff(np.r_[starts, n]))
+    pass_of_row = np.repeat(np.arange(start.size), size)
     # Rows of one task side by side inside a pass: the executor then finds single-task passes cheaply.
-    order = np.lexsort((rows.example, rows.slot, pass_of_row))
-    slot = rows.slot[order].tolist()
-    example = rows.example[order].tolist()
-    bounds = np.r_[starts, n].tolist()
-    width = rows.length[starts].tolist()
-    tokens = np.add.reduceat(rows.length, starts).tolist()
-    table: list[list[PackedPass]] = [[DUMMY_PASS] * n_passes for _ in range(n_ranks)]
-    for k, (r, i) in enumerate(zip(pass_rank.tolist(), index.tolist())):
-        lo, hi = bounds[k], bounds[k + 1]
-        table[r][i] = PackedPass(tuple(slot[lo:hi]), tuple(example[lo:hi]), width[k], tokens[k])
-    return [tuple(t) for t in table]
+    n_ex = int(rows.example.max()) + 1
+    n_slot = int(rows.slot.max()) + 1
+    if start.size * n_slot * n_ex < 1 << 62:
+        order = np.argsort((pass_of_row * n_slot + rows.slot) * n_ex + rows.example)
+    else:  # pragma: no cover - sizes far beyond any meta-batch
+        order = np.lexsort((rows.example, rows.slot, pass_of_row))
+    slot = tuple(rows.slot[order].tolist())
+    example = tuple(rows.example[order].tolist())
+    lo = start.tolist()
+    hi = (start + size).tolist()
+    made = _make_many(PackedPass, list(map(slot.__getitem__, map(slice, lo, hi))),
+                      list(map(example.__getitem__, map(slice, lo, hi))),
+                      rows.length[start].tolist(), np.add.reduceat(rows.length, start).tolist())
+    table = [DUMMY_PASS] * (n_ranks * n_passes)
+    for k, p in zip((pass_rank * n_passes + index).tolist(), made):
+        table[k] = p
+    return [tuple(table[r * n_passes:(r + 1) * n_passes]) for r in range(n_ranks)]
 
 
 def plan_meta_batch(
@@ -290,10 +365,10 @@ def _plan(
                           world_size, budget, cost_model)
     query = _pack_phase(_Rows.build([[n + i for i in m] for m in members], lengths, offsets, counts, row_work),
                         world_size, budget, cost_model)
-    cost_list = task_cost.tolist()
+    # One C-level map makes every slot; each rank then takes its members' objects.
+    every = _make_many(TaskSlot, episodes, list(map(int, task_ids)), task_cost.tolist())
     ranks = tuple(
-        RankPlan(tuple(TaskSlot(episodes[i], int(task_ids[i]), cost_list[i]) for i in m), s, q)
-        for m, s, q in zip(members, support, query)
+        RankPlan(tuple(map(every.__getitem__, m)), s, q) for m, s, q in zip(members, support, query)
     )
     return MetaBatchPlan(step=step, ranks=ranks, n_real_tasks=n)
 

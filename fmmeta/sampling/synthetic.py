@@ -99,3 +99,64 @@ def lognormal_pool(
             )
         )
     return tasks
+
+
+def bimodal_pool(
+    n_tasks: int,
+    *,
+    seed: int,
+    long_fraction: float = 0.125,
+    short_length: float = 64.0,
+    long_length: float = 640.0,
+    task_sigma: float = 0.25,
+    seq_sigma: float = 0.3,
+    max_length: int = 2048,
+    n_domains: int = 8,
+    examples_per_task: int = 64,
+    short_shots: tuple[int, ...] = (1, 2, 4, 8),
+    short_ways: tuple[int, ...] = (2, 3, 5),
+    long_shots: tuple[int, ...] = (1, 2, 4, 8),
+) -> list[SyntheticTask]:
+    """A two-mode pool: many short classification tasks and a few long generation tasks.
+
+    This is the mix where one task per pass does worst: a meta-batch's tasks differ in size by an
+    order of magnitude, and a single long task can outweigh a rank's fair share.
+
+    ``round(long_fraction * n_tasks)`` tasks (at least one when ``long_fraction > 0``, at random
+    positions) are generation tasks (``ways=None``, shots from ``long_shots``) with a median length
+    lognormal around ``long_length``; the others are classification tasks (ways from
+    ``short_ways``, shots from ``short_shots``) around ``short_length``. Each task's median
+    scatters with ``task_sigma`` and its sequences around that median with ``seq_sigma``,
+    clipped to ``[4, max_length]``.
+
+    Raises:
+        ValueError: for ``n_tasks < 1`` or ``long_fraction`` outside ``[0, 1]``.
+    """
+    if n_tasks < 1:
+        raise ValueError(f"n_tasks={n_tasks} is invalid: must be >= 1")
+    if not 0.0 <= long_fraction <= 1.0:
+        raise ValueError(f"long_fraction={long_fraction} is invalid: must be in [0, 1]")
+    rng = np.random.default_rng(seed)
+    n_long = min(n_tasks, max(1, round(long_fraction * n_tasks))) if long_fraction > 0 else 0
+    is_long = np.zeros(n_tasks, dtype=bool)
+    is_long[rng.choice(n_tasks, n_long, replace=False)] = True
+    tasks = []
+    for t in range(n_tasks):
+        long = bool(is_long[t])
+        med = (long_length if long else short_length) * float(np.exp(rng.normal(0.0, task_sigma)))
+        lens = np.clip(np.round(med * np.exp(rng.normal(0.0, seq_sigma, examples_per_task))), 4, max_length)
+        if long:
+            shots, ways = long_shots[int(rng.integers(len(long_shots)))], None
+        else:
+            shots = short_shots[int(rng.integers(len(short_shots)))]
+            ways = short_ways[int(rng.integers(len(short_ways)))]
+        tasks.append(
+            SyntheticTask(
+                name=f"{'gen' if long else 'cls'}{t:04d}",
+                domain=f"domain{int(rng.integers(n_domains))}",
+                lengths=tuple(int(x) for x in lens),
+                shots=shots,
+                ways=ways,
+            )
+        )
+    return tasks

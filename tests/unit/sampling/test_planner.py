@@ -151,3 +151,26 @@ def test_bad_arguments_are_refused() -> None:
         _plan(eps, 1, tokens_per_pass=0)
     with pytest.raises(ValueError, match="no episodes"):
         _plan([], 1)
+
+
+def test_fast_constructor_makes_the_same_objects_as_init() -> None:
+    from fmmeta.sampling.plan import _make_many
+
+    ep = _episode("t", [4, 5], [6])
+    made = _make_many(PackedPass, [(0, 1), ()], [(1, 0), ()], [5, 0], [9, 0])
+    assert made == [PackedPass((0, 1), (1, 0), 5, 9), DUMMY_PASS]
+    assert hash(made[0]) == hash(PackedPass((0, 1), (1, 0), 5, 9)) and made[1].is_dummy
+    assert _make_many(TaskSlot, [ep], [7], [1.5]) == [TaskSlot(ep, 7, 1.5)]
+    with pytest.raises(AttributeError):
+        made[0].width = 3  # still frozen
+
+
+def test_plans_are_deterministic_and_survive_a_cost_model_without_per_token_work() -> None:
+    eps = _uneven_episodes(12, seed=5)
+    for cm in (CostModel(), CostModel(a=1.0, b=0.0, c=0.0)):  # caps are NaN in the second
+        one, two = _plan(eps, 3, cost_model=cm), _plan(eps, 3, cost_model=cm)
+        assert one == two and one.digest() == two.digest()
+        assert len({(len(r.support), len(r.query)) for r in one.ranks}) == 1
+        for rank in one.ranks:
+            for i, slot in enumerate(rank.slots):
+                assert _covered(rank, i, False) == list(range(len(slot.episode.support)))
