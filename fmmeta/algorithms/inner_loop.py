@@ -48,7 +48,8 @@ class InnerLoopConfig:
 
     Attributes:
         inner_steps: optimizer steps on the support set per task (>= 0; 0 = no adaptation).
-        inner_lr: inner learning rate (> 0; SGD on LoRA is fragile above ~0.1, see design notes).
+        inner_lr: inner learning rate (> 0; SGD on LoRA is fragile: on SmolLM2 lr 0.3 made every
+            init worse after 3 steps, so choose it on meta-validation tasks).
         inner_optimizer: "sgd" (plain, stateless) or "adam" (fresh moments for every task).
         inner_clip_norm: clip each inner step's gradient to this global L2 norm; ``None`` = off.
         adam_betas: (beta1, beta2) of the inner Adam, each in [0, 1); unused for SGD.

@@ -10,7 +10,7 @@ independently on every rank and must agree).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -95,12 +95,25 @@ Observation = TaskObservation | PassObservation
 
 
 def observation_from_dict(d: dict[str, Any]) -> Observation:
-    """Inverse of ``to_dict`` of either observation type."""
+    """Inverse of ``to_dict`` of either observation type.
+
+    Raises:
+        ValueError: for a dict of another shape (e.g. saved by an fmmeta version before packed
+            passes, whose observations had no ``kind``).
+    """
+    kind = d.get("kind")
+    cls: type[TaskObservation] | type[PassObservation] = PassObservation if kind == "pass" else TaskObservation
     out = {k: (math.nan if v is None else v) for k, v in d.items() if k != "kind"}
-    if d.get("kind") == "pass":
+    names = {f.name for f in fields(cls)}
+    if kind not in ("task", "pass") or not set(out) <= names:
+        raise ValueError(
+            f"sampler observation {sorted(d)} is not one this fmmeta version writes (kind 'task' or "
+            "'pass'): the checkpoint comes from an older version; resume it with that version, or "
+            "start again with train.resume=never or a new output_dir"
+        )
+    if cls is PassObservation:
         out["features"] = tuple(float(x) for x in out["features"])
-        return PassObservation(**out)
-    return TaskObservation(**out)
+    return cls(**out)
 
 
 def _plain(d: dict[str, Any]) -> dict[str, Any]:

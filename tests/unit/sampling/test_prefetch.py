@@ -101,3 +101,17 @@ def test_errors_in_prepare_reach_the_trainer_and_stop_step_ends() -> None:
         with pytest.raises(StopIteration):
             pf.get()
         assert set(pf.metrics()) == {"data_wait_s", "data_wait_fraction"}
+
+
+def test_observations_round_trip_and_old_checkpoints_are_refused_clearly() -> None:
+    from fmmeta.sampling.source import PassObservation, TaskObservation, observation_from_dict
+
+    task = TaskObservation(task_id=3, query_loss=float("nan"), step=2)
+    pas = PassObservation(step=2, rank=1, phase="query", index=0, features=(1.0, 8.0, 32.0), seconds=0.5)
+    back = observation_from_dict(json.loads(json.dumps(task.to_dict())))
+    assert back.task_id == 3 and back.query_loss != back.query_loss  # nan survives as null
+    assert observation_from_dict(json.loads(json.dumps(pas.to_dict()))) == pas
+    old = {"task_id": 3, "query_loss": 1.0, "seconds": 0.2, "n_passes": 4, "n_padded_tokens": 9,
+           "attention_tokens": 1.0, "n_tokens": 8, "step": 2}  # what round 1 wrote
+    with pytest.raises(ValueError, match="older version"):
+        observation_from_dict(old)
