@@ -281,6 +281,12 @@ def _classification(
     classes, words, names = _labels_to_classes(
         raw_labels, verbalizer=verbalizer, feature_names=feature_names, key=label_key, where=where
     )
+    if len(names) < 2:
+        raise ValueError(
+            f"{where}: {label_key} has a single class {names}: classification needs at least 2 "
+            "classes; point label_column at a column with several labels, or build a generation "
+            "task instead"
+        )
     keep = _check_class_sizes(classes, names, spec, drop_small_classes=drop_small_classes, where=where)
     # Renumber the kept classes 0..k-1 so the task sees only classes it can sample.
     new_index = {c: i for i, c in enumerate(sorted(keep))}
