@@ -491,21 +491,27 @@ def _coerce(value: Any, tp: Any, key: str, problems: list[str], all_keys: list[s
     if _is_union(tp):
         if value is None and type(None) in args:
             return None
-        for arg in args:
-            if arg is type(None):
-                continue
+        options = [a for a in args if a is not type(None)]
+        for arg in options:
             try:
                 return _coerce(value, arg, key, problems, all_keys)
-            except _Invalid:
-                pass
+            except _Invalid as err:
+                if len(options) == 1 and typing.get_origin(arg) is Literal:
+                    raise _Invalid(f"{err} (or null)") from None  # names the allowed values
         raise _Invalid(f"{key}={value!r} has the wrong type: expected {_type_name(tp)}")
     if origin is Literal:
         for allowed in args:
             if type(value) is type(allowed) and value == allowed:
                 return value
+        close = (
+            difflib.get_close_matches(value, [a for a in args if isinstance(a, str)], n=1)
+            if isinstance(value, str)
+            else []
+        )
         raise _Invalid(
             f"{key}={value!r} is invalid: allowed values are "
             + ", ".join(repr(a) for a in args)
+            + (f"; did you mean {close[0]!r}?" if close else "")
         )
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, Mapping):
@@ -636,6 +642,7 @@ def _build(
             )
     kwargs: dict[str, Any] = {}
     complete = True
+    refused: set[str] = set()
     for name, f in fields.items():
         dotted = f"{path}.{name}" if path else name
         if name in data:
@@ -661,6 +668,7 @@ def _build(
                     kwargs[name] = _coerce(value, sub, dotted, problems, all_keys)
                 continue
             except _Invalid as err:
+                refused.add(name)
                 if str(err):
                     problems.append(str(err))
         # Absent or invalid: fall back to the default so the rest of this section is still
@@ -686,7 +694,11 @@ def _build(
         return None
     validate = getattr(obj, "validate", None)
     if callable(validate):
-        problems.extend(_prefix(path, p) for p in validate())
+        # A problem about a field whose value was already refused is about its fallback
+        # default, not about what the user wrote: leave it out.
+        problems.extend(
+            _prefix(path, p) for p in validate() if p.split("=")[0].split(" ")[0] not in refused
+        )
     return obj
 
 

@@ -371,6 +371,12 @@ AUTO_FRACTION = 0.1
 """Share drawn for a split that nothing names (held_out_fraction / validation_fraction null)."""
 
 
+def _closest(name: str, options: Sequence[str]) -> list[str]:
+    """The option closest to ``name``, ignoring case (a family "QA" meant as "qa")."""
+    lower = {o.lower(): o for o in options}
+    return [lower[m] for m in difflib.get_close_matches(name.lower(), list(lower), n=1, cutoff=0.5)]
+
+
 def assign_splits(
     tasks: Sequence[tuple[str, str]], split: CollectionSplit, *, seed: int
 ) -> tuple[dict[str, str], list[str]]:
@@ -410,7 +416,7 @@ def assign_splits(
                 if n in family:
                     want(n, to, f"{key}")
                 else:
-                    close = difflib.get_close_matches(n, names, n=1)
+                    close = _closest(n, names)
                     problems.append(
                         f"split.{key} names task {n!r}, which no source builds"
                         + (f"; did you mean {close[0]!r}?" if close else "")
@@ -420,7 +426,7 @@ def assign_splits(
         for fam in getattr(split, key):
             members = [n for n in names if family[n] == fam]
             if not members:
-                close = difflib.get_close_matches(fam, families, n=1)
+                close = _closest(fam, families)
                 problems.append(
                     f"split.{key} has family {fam!r} with no tasks"
                     + (f"; did you mean {close[0]!r}?" if close else "")
@@ -487,7 +493,7 @@ def collection_problems(
             read_all = False
             continue  # its key problems are reported with the section
         try:
-            rows, _ = read_source(src, seed=seed, index=i, cache_dir=cache_dir)
+            rows, _ = read_source(src, seed=seed, index=i, cache_dir=datasets_cache(cache_dir))
         except ValueError as err:
             problems.append(f"{describe(src, i)}: {err}")
             read_all = False
@@ -520,6 +526,12 @@ def _process_group() -> tuple[int, Callable[[], None]]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.barrier
     return 0, lambda: None
+
+
+def datasets_cache(cache_dir: str | None) -> str | None:
+    """Where ``datasets`` keeps the Arrow files it converts: ``<cache_dir>/datasets``, or its own
+    default cache when ``tasks.cache_dir`` is null."""
+    return os.path.join(cache_dir, "datasets") if cache_dir else None
 
 
 def source_fingerprint(src: CollectionSource, *, cache_dir: str | None = None) -> str:
@@ -563,7 +575,8 @@ def build_collection(
     """
     from fmmeta.tasks.cache import cache_key, cached_tasks, default_cache_dir, tokenizer_fingerprint
 
-    root = cache_dir or default_cache_dir()
+    root = os.path.join(cache_dir, "tokenized") if cache_dir else default_cache_dir()
+    data_dir = datasets_cache(cache_dir)
     rank, barrier = _process_group()
     if rank != 0:
         barrier()  # rank 0 fills the cache first
@@ -571,10 +584,10 @@ def build_collection(
     tasks: list[Task] = []
     hits = 0
     for i, src in enumerate(sources):
-        fp = source_fingerprint(src, cache_dir=cache_dir)
+        fp = source_fingerprint(src, cache_dir=data_dir)
         key = cache_key(tok_fp, fp, dataclasses.asdict(src), seed, i)
         built, hit = cached_tasks(
-            key, lambda: read_source(src, seed=seed, index=i, cache_dir=cache_dir)[0], tokenizer,
+            key, lambda: read_source(src, seed=seed, index=i, cache_dir=data_dir)[0], tokenizer,
             cache_dir=root, max_length=max_length, on_too_long=src.on_too_long,
             separator=separator, write=rank == 0,
         )  # fmt: skip

@@ -33,7 +33,7 @@ class TasksConfig:
     split: CollectionSplit = field(default_factory=CollectionSplit)
     """Which collection tasks are meta-validation and meta-test (names, families, files, shares)."""
     cache_dir: str | None = None
-    """Folder of the collection's tokenization cache; null = <datasets cache>/fmmeta_tasks."""
+    """Folder for the collection's caches (tokenized/ and datasets/ inside); null = the datasets cache."""
 
     def resolved_suite(self) -> str:
         """The suite this section builds, with ``suite: null`` resolved."""
@@ -77,10 +77,7 @@ class TasksConfig:
                 f"options={self.options!r} is set but a collection takes no suite options: "
                 "put the settings on each source"
             )
-        if not problems:
-            problems.extend(
-                collection_problems(self.collection, self.split, cache_dir=self.cache_dir)
-            )
+        problems.extend(collection_problems(self.collection, self.split, cache_dir=self.cache_dir))
         return problems
 
 
