@@ -61,6 +61,12 @@ def _template_fields(template: str, *, key: str) -> list[str]:
     return fields
 
 
+def _column(ds: datasets.Dataset, name: str) -> list[Any]:
+    """A whole column as a list, read in one slice (iterating a column formats row by row, about
+    100x slower on a million rows)."""
+    return list(ds[name][:])
+
+
 def _require_columns(ds: datasets.Dataset, columns: Iterable[str], *, where: str) -> None:
     existing = list(ds.column_names)
     missing = [c for c in dict.fromkeys(columns) if c not in existing]
@@ -328,11 +334,11 @@ def classification_rows(
         raise ValueError(f"{where}: the dataset has no rows, so the task has no examples")
     feature = ds.features.get(label_column)
     feature_names = feature.names if isinstance(feature, datasets.ClassLabel) else None
-    cols = {f: list(ds[f]) for f in dict.fromkeys([text_column, *fields])}
+    cols = {f: _column(ds, f) for f in dict.fromkeys([text_column, *fields])}
     check_texts(cols[text_column], key=text_column, where=where)
     prompts = _render(template, {f: cols[f] for f in fields}, len(ds), where=where)
     return _classification(
-        name=name, domain=domain, spec=spec, prompts=prompts, raw_labels=list(ds[label_column]),
+        name=name, domain=domain, spec=spec, prompts=prompts, raw_labels=_column(ds, label_column),
         verbalizer=verbalizer, feature_names=feature_names, answer_template=answer_template,
         drop_small_classes=drop_small_classes, label_key=label_column, where=where,
     )  # fmt: skip
@@ -375,17 +381,17 @@ def column_rows(
     _require_columns(ds, needed + ([options_column] if options_column else []), where=where)
     if len(ds) == 0:
         raise ValueError(f"{where}: the dataset has no rows, so there are no tasks")
-    task_values = list(ds[task_column])
+    task_values = _column(ds, task_column)
     for i, v in enumerate(task_values):
         if v is None or (isinstance(v, str) and not v.strip()):
             raise ValueError(
                 f"{where}: {task_column}[{i}]={v!r} is empty: every row needs a task name; "
                 "filter such rows first"
             )
-    prompts = _render(template, {f: list(ds[f]) for f in fields}, len(ds), where=where)
-    outputs = list(ds[output_column])
+    prompts = _render(template, {f: _column(ds, f) for f in fields}, len(ds), where=where)
+    outputs = _column(ds, output_column)
     _check_present(outputs, key=output_column, where=where)
-    options = list(ds[options_column]) if options_column else None
+    options = _column(ds, options_column) if options_column else None
     groups: dict[Any, list[int]] = {}
     for i, v in enumerate(task_values):
         groups.setdefault(v, []).append(i)
@@ -455,8 +461,8 @@ def dataset_rows(
     _require_columns(ds, [input_column, output_column, *fields], where=where)
     if len(ds) == 0:
         raise ValueError(f"{where}: the dataset has no rows, so the task has no examples")
-    prompts = _render(template, {f: list(ds[f]) for f in fields}, len(ds), where=where)
-    outputs = list(ds[output_column])
+    prompts = _render(template, {f: _column(ds, f) for f in fields}, len(ds), where=where)
+    outputs = _column(ds, output_column)
     _check_present(outputs, key=output_column, where=where)
     return TaskRows(
         name=name, domain=domain, spec=spec, prompts=prompts,

@@ -271,3 +271,16 @@ def test_corrupt_cache_is_rebuilt(tmp_path: Path, caplog: pytest.LogCaptureFixtu
     assert {n: t.examples for n, t in again.items()} == {n: t.examples for n, t in first.items()}
     assert _cache_folders(tmp_path) == [folder]  # rebuilt in place, readable again
     assert _by_name(_build(cfg))["echo"].examples == first["echo"].examples
+
+
+def test_encode_fast_path_gives_the_tokenizers_ids() -> None:
+    """``encode`` calls a fast tokenizer's backend directly; ids must not change, and a backend
+    set to truncate goes through the tokenizer (which turns truncation off per call)."""
+    from fmmeta.tasks.task import encode
+
+    texts = ["Hello world", " Paris", "Ünïcode naïve 東京", "  two  spaces", "a\n\nb", "x" * 300]
+    tok = tiny_tokenizer()
+    reference = list(tok(texts, add_special_tokens=False)["input_ids"])
+    assert encode(tok, texts) == reference
+    tok.backend_tokenizer.enable_truncation(max_length=5)
+    assert encode(tok, texts) == reference
