@@ -284,3 +284,28 @@ def test_encode_fast_path_gives_the_tokenizers_ids() -> None:
     assert encode(tok, texts) == reference
     tok.backend_tokenizer.enable_truncation(max_length=5)
     assert encode(tok, texts) == reference
+
+
+def test_rank_zero_fills_the_cache_before_the_barrier_and_other_ranks_only_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fmmeta.tasks import collection
+
+    cfg = _one_source(tmp_path)
+    seen: list[int] = []
+    monkeypatch.setattr(collection, "_process_group",
+                        lambda: (0, lambda: seen.append(len(_cache_folders(tmp_path)))))
+    first = _by_name(_build(cfg))
+    assert seen == [1]  # rank 0 reached the barrier with the cache complete
+
+    def no_tokenizing(*args, **kwargs):
+        raise AssertionError("rank 1 tokenized instead of reading rank 0's cache")
+
+    order: list[str] = []
+    monkeypatch.setattr(task_cache, "_write", no_tokenizing)
+    monkeypatch.setattr(collection, "_process_group", lambda: (1, lambda: order.append("barrier")))
+    real_read = task_cache._read
+    monkeypatch.setattr(task_cache, "_read", lambda *a: (order.append("read"), real_read(*a))[1])
+    again = _by_name(_build(cfg))
+    assert order == ["barrier", "read"]  # waits for rank 0 first
+    assert {n: t.examples for n, t in again.items()} == {n: t.examples for n, t in first.items()}
