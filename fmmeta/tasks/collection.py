@@ -173,12 +173,23 @@ class CollectionSource:
             )
         if not self.path:
             problems.append("path is empty: give a hub id, a local file, a folder or a glob")
-        elif self.data_files is not None and source_files(self) is not None:
+        elif self.data_files is not None and _is_local(self.path):
             problems.append(
                 f"data_files is set but path={self.path!r} is local: data_files picks files of a "
                 "hub dataset; point path at the files instead"
             )
         return problems
+
+
+def _is_local(path: str) -> bool:
+    """True if ``path`` names local data (an existing path, a glob, or a path-like string)."""
+    from fmmeta.config import looks_like_local_path
+
+    expanded = os.path.expanduser(path)
+    return (
+        os.path.exists(expanded) or any(ch in expanded for ch in "*?[")
+        or looks_like_local_path(expanded) or Path(expanded).suffix.lower() in _FORMATS
+    )
 
 
 @dataclass(kw_only=True)

@@ -211,3 +211,9 @@ def test_recipe_refuses_a_bad_collection_before_building_the_model(
     err = capsys.readouterr().err
     assert "tasks.collection[0] (path=" in err and "column(s) ['answer'] not found" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_data_files_with_a_local_path_is_refused(tmp_path: Path) -> None:
+    for path in (str(tmp_path / "gen.jsonl"), "no/such/file.jsonl"):
+        msg = _problems(tmp_path, _with(tmp_path, 0, path=path, data_files=["x.jsonl"]))
+        assert f"tasks.collection[0].data_files is set but path={path!r} is local" in msg, msg
