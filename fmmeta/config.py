@@ -465,6 +465,14 @@ def _dataclass_in(tp: Any) -> type | None:
     return None
 
 
+def _list_item_dataclass(tp: Any) -> type | None:
+    """The dataclass ``X`` of a ``list[X]`` field, if any."""
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) is list and len(args) == 1 and dataclasses.is_dataclass(args[0]):
+        return args[0]
+    return None
+
+
 def _is_union(tp: Any) -> bool:
     return typing.get_origin(tp) in (Union, types.UnionType)
 
@@ -768,6 +776,11 @@ def describe_config(schema_cls: type, prefix: str = "") -> str:
         if sub is not None:
             lines.append(f"{dotted}: {docs.get(f.name, sub.__doc__ or '').strip()}")
             lines.append(describe_config(sub, dotted + "."))
+            continue
+        item = _list_item_dataclass(hints[f.name])
+        if item is not None:  # a list of sections (tasks.collection): describe one item's keys
+            lines.append(f"{dotted}: a list, each item: {docs.get(f.name, '').strip()}")
+            lines.append(describe_config(item, dotted + "[]."))
             continue
         if f.default is not dataclasses.MISSING:
             default = f.default
