@@ -318,3 +318,16 @@ def test_help_lists_the_keys_of_a_collection_source() -> None:
     for key in ("tasks.collection[].path (str, default '<required>')", "tasks.collection[].template",
                 "tasks.collection[].max_examples", "tasks.split.held_out_families"):
         assert key in text, key
+
+
+def test_own_tasks_yaml_saved_config_loads_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run's config.yaml (what recipes/evaluate.py reloads) holds the collection and split."""
+    from fmmeta.config import save_resolved
+
+    repo = Path(__file__).resolve().parents[3]
+    monkeypatch.chdir(repo)  # the example's paths are relative to the repository root
+    overrides = ["model.tiny=true", "model.tokenizer=bytes", f"tasks.cache_dir={tmp_path}"]
+    cfg = load_config(RecipeConfig, repo / "recipes" / "configs" / "own_tasks.yaml", overrides)
+    again = load_config(RecipeConfig, save_resolved(cfg, tmp_path / "config.yaml"))
+    assert again.tasks == cfg.tasks and len(again.tasks.collection) == 4
+    assert again.tasks.split.held_out_families == ["arithmetic"]
