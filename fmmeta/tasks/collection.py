@@ -77,9 +77,11 @@ class CollectionSource:
     path: str
     """Hub dataset id, local .jsonl/.json/.csv/.parquet file, a folder of them, or a glob."""
     builder: Builder | None = None
-    """"classification" (one N-way task), "task_column" (a task per value of a column) or "dataset" (one task per file); null = the preset's."""
+    """"classification" (one N-way task), "task_column" (a task per value of a column) or
+    "dataset" (one task per file); null = the preset's."""
     preset: Preset | None = None
-    """Known layout: "metaicl" (task, input, output, options) or "natural_instructions" (task_name, definition, inputs, targets)."""
+    """Known layout: "metaicl" (task, input, output, options) or "natural_instructions"
+    (task_name, definition, inputs, targets)."""
     name: str | None = None
     """Hub dataset configuration (load_dataset's name); hub ids only."""
     split: str | None = None
@@ -109,7 +111,8 @@ class CollectionSource:
     name_prefix: str = ""
     """task_column: prepended to each task value to form the task name."""
     family: str = ""
-    """Task family of every task of this source (diversity sampling, held-out families); "" = each task's name."""
+    """Family of every task of this source (diversity sampling, held-out families); "" = each
+    task's own name."""
     shots: int = 4
     """Support examples per episode (per class for classification), >= 1."""
     query: int = 4
@@ -205,13 +208,16 @@ class CollectionSplit:
     validation_families: list[str] = field(default_factory=list)
     """Families whose every task goes to meta-validation."""
     held_out_file: str | None = None
-    """File of meta-test task names: .txt (one per line, # comments) or .json (a list, or MetaICL's {"test": [...]})."""
+    """File of meta-test task names: .txt (one per line, # comments) or .json (a list, or
+    MetaICL's {"test": [...]})."""
     validation_file: str | None = None
     """File of meta-validation task names, same formats as held_out_file."""
     held_out_fraction: float | None = None
-    """Share in [0, 1) of the tasks named nowhere drawn for meta-test (seeded by train.seed); null = 0.1 if nothing names a meta-test task, else 0."""
+    """Share in [0, 1) of the tasks named nowhere drawn for meta-test (seeded by train.seed);
+    null = 0.1 if nothing names a meta-test task, else 0."""
     validation_fraction: float | None = None
-    """Share in [0, 1) of the tasks named nowhere drawn for meta-validation; null = 0.1 if nothing names a meta-validation task, else 0."""
+    """Share in [0, 1) of the tasks named nowhere drawn for meta-validation; null = 0.1 if
+    nothing names a meta-validation task, else 0."""
 
     def validate(self) -> list[str]:
         """Checks that need no data: shares in range, files that exist and parse."""

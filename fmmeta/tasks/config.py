@@ -23,7 +23,8 @@ class TasksConfig:
     """Which tasks to build (a suite or a collection of sources) and how examples are tokenized."""
 
     suite: str | None = None
-    """"cldr" (built-in CLDR suite), "synthetic" (tiny arithmetic), "package.module:function" (your builder), or "collection"; null = "collection" if collection lists sources, else "cldr"."""
+    """"cldr" (built-in CLDR suite), "synthetic" (tiny arithmetic), "package.module:function"
+    (your builder) or "collection"; null = "collection" if collection lists sources, else "cldr"."""
     max_length: int = 48
     """Token budget of one example (>= 8); longer prompts are cut from the left, never the answer."""
     options: dict[str, Any] = field(default_factory=dict)
