@@ -331,3 +331,12 @@ def test_own_tasks_yaml_saved_config_loads_back(tmp_path: Path, monkeypatch: pyt
     again = load_config(RecipeConfig, save_resolved(cfg, tmp_path / "config.yaml"))
     assert again.tasks == cfg.tasks and len(again.tasks.collection) == 4
     assert again.tasks.split.held_out_families == ["arithmetic"]
+
+
+def test_split_by_validation_and_held_out_families(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, {"collection": _collection(tmp_path), "split": {
+        "held_out_families": ["arithmetic"], "validation_families": ["numbers"]}})  # fmt: skip
+    names = _build(cfg).names()
+    assert names["meta_val"] == ["task001_add_one", "task002_double", "task003_negate"]
+    assert names["meta_test"] == ["add1", "add2", "add3"]
+    assert sorted(names["meta_train"]) == ["echo", "parity", "sentiment", "topic"]
