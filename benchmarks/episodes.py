@@ -5,8 +5,16 @@ lengths (prompts of 8-40 words, label words of 1-2 words), tokenizing and cachin
 once (``cold_build_s``), then times 5-way 4-shot episodes with 8 queries per class drawn from
 random tasks in one process (``episodes_per_s``, target >= 1000).
 
+With ``--collection-tasks N --collection-rows M`` it also writes a JSONL collection of N tasks x M
+rows (task / input / output, the same kind of text) and builds it the way a recipe does, from a
+``tasks.collection`` source: ``collection_cold_s`` with an empty cache (reading the file,
+checking and tokenizing every row, writing the cache), ``collection_warm_s`` with the cache
+filled (what every later run pays), and ``collection_check_s``, the config check that reads the
+rows before any model loads.
+
 Usage:
     python benchmarks/episodes.py [--tokenizer tiny|smollm2] [--tasks 1000] [--examples 200]
+        [--collection-tasks 1000 --collection-rows 1000]
 
 The last line of output is one JSON object with the measurements.
 """
@@ -72,6 +80,60 @@ def synthetic_texts(
     return out
 
 
+def write_collection(folder: Path, n_tasks: int, n_rows: int, seed: int) -> Path:
+    """A task-column JSONL file of ``n_tasks`` x ``n_rows`` generation examples."""
+    rng = np.random.default_rng(seed)
+    words = np.array(WORDS)
+    path = folder / "collection.jsonl"
+    with path.open("w", encoding="utf-8") as fh:
+        for t in range(n_tasks):
+            lens = rng.integers(8, 41, size=n_rows)
+            answers = words[rng.integers(0, len(words), size=n_rows)]
+            for n, a in zip(lens, answers):
+                text = " ".join(words[rng.integers(0, len(words), size=n)])
+                fh.write(json.dumps({"task": f"task{t}", "input": text, "output": str(a)}) + "\n")
+    return path
+
+
+def collection_times(tok, n_tasks: int, n_rows: int, seed: int) -> dict:
+    """Cold and warm build of a ``tasks.collection`` of ``n_tasks`` x ``n_rows`` rows."""
+    import resource
+    import tempfile
+
+    from fmmeta.tasks.collection import CollectionSource, CollectionSplit, build_collection
+    from fmmeta.tasks.collection import collection_problems
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_collection(Path(tmp), n_tasks, n_rows, seed)
+        source = CollectionSource(path=str(path), builder="task_column",
+                                  template="Text: {input}\nWord:", shots=4, query=4)
+        split = CollectionSplit(held_out_fraction=0.1, validation_fraction=0.1)
+        cache = str(Path(tmp) / "cache")
+        t0 = time.perf_counter()
+        problems = collection_problems([source], split, cache_dir=cache)
+        check_s = time.perf_counter() - t0
+        if problems:
+            raise SystemExit(f"benchmark collection refused: {problems}")
+        t0 = time.perf_counter()
+        suite = build_collection([source], split, tok, seed=seed, max_length=64, cache_dir=cache)
+        cold_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        again = build_collection([source], split, tok, seed=seed, max_length=64, cache_dir=cache)
+        warm_s = time.perf_counter() - t0
+        if again.names() != suite.names():
+            raise SystemExit("warm build gave other tasks than the cold build")
+        n_examples = sum(len(t) for t in [*suite.meta_train, *suite.meta_val, *suite.meta_test])
+    return {
+        "collection_tasks": n_tasks,
+        "collection_rows": n_tasks * n_rows,
+        "collection_examples_kept": n_examples,
+        "collection_check_s": round(check_s, 2),
+        "collection_cold_s": round(cold_s, 2),
+        "collection_warm_s": round(warm_s, 2),
+        "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokenizer", choices=("tiny", "smollm2"), default="tiny")
@@ -80,10 +142,23 @@ def main() -> None:
     parser.add_argument("--classes", type=int, default=10)
     parser.add_argument("--seconds", type=float, default=3.0, help="timing window per measurement")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--collection-tasks", type=int, default=0,
+                        help="also time a tasks.collection of this many tasks (0 = skip)")
+    parser.add_argument("--collection-rows", type=int, default=1000, help="rows per collection task")
+    parser.add_argument("--only-collection", action="store_true", help="skip the episode timings")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
     tok = load_tokenizer(args.tokenizer)
+    collection = (
+        collection_times(tok, args.collection_tasks, args.collection_rows, args.seed)
+        if args.collection_tasks
+        else {}
+    )
+    if args.only_collection:
+        print(json.dumps({**collection, "tokenizer": args.tokenizer,
+                          "python": platform.python_version()}))  # fmt: skip
+        return
     rng = np.random.default_rng(args.seed)
     texts = synthetic_texts(rng, args.tasks, args.examples, args.classes)
     spec = EpisodeSpec(shots=4, query=8, ways=5)
@@ -139,6 +214,7 @@ def main() -> None:
         "tokenizer": args.tokenizer,
         "target_episodes_per_s": 1000,
         "python": platform.python_version(),
+        **collection,
     }
     print(json.dumps(result))
 

@@ -465,6 +465,14 @@ def _dataclass_in(tp: Any) -> type | None:
     return None
 
 
+def _list_item_dataclass(tp: Any) -> type | None:
+    """The dataclass ``X`` of a ``list[X]`` field, if any."""
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) is list and len(args) == 1 and dataclasses.is_dataclass(args[0]):
+        return args[0]
+    return None
+
+
 def _is_union(tp: Any) -> bool:
     return typing.get_origin(tp) in (Union, types.UnionType)
 
@@ -491,21 +499,27 @@ def _coerce(value: Any, tp: Any, key: str, problems: list[str], all_keys: list[s
     if _is_union(tp):
         if value is None and type(None) in args:
             return None
-        for arg in args:
-            if arg is type(None):
-                continue
+        options = [a for a in args if a is not type(None)]
+        for arg in options:
             try:
                 return _coerce(value, arg, key, problems, all_keys)
-            except _Invalid:
-                pass
+            except _Invalid as err:
+                if len(options) == 1 and typing.get_origin(arg) is Literal:
+                    raise _Invalid(f"{err} (or null)") from None  # names the allowed values
         raise _Invalid(f"{key}={value!r} has the wrong type: expected {_type_name(tp)}")
     if origin is Literal:
         for allowed in args:
             if type(value) is type(allowed) and value == allowed:
                 return value
+        close = (
+            difflib.get_close_matches(value, [a for a in args if isinstance(a, str)], n=1)
+            if isinstance(value, str)
+            else []
+        )
         raise _Invalid(
             f"{key}={value!r} is invalid: allowed values are "
             + ", ".join(repr(a) for a in args)
+            + (f"; did you mean {close[0]!r}?" if close else "")
         )
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, Mapping):
@@ -636,6 +650,7 @@ def _build(
             )
     kwargs: dict[str, Any] = {}
     complete = True
+    refused: set[str] = set()
     for name, f in fields.items():
         dotted = f"{path}.{name}" if path else name
         if name in data:
@@ -661,6 +676,7 @@ def _build(
                     kwargs[name] = _coerce(value, sub, dotted, problems, all_keys)
                 continue
             except _Invalid as err:
+                refused.add(name)
                 if str(err):
                     problems.append(str(err))
         # Absent or invalid: fall back to the default so the rest of this section is still
@@ -686,7 +702,11 @@ def _build(
         return None
     validate = getattr(obj, "validate", None)
     if callable(validate):
-        problems.extend(_prefix(path, p) for p in validate())
+        # A problem about a field whose value was already refused is about its fallback
+        # default, not about what the user wrote: leave it out.
+        problems.extend(
+            _prefix(path, p) for p in validate() if p.split("=")[0].split(" ")[0] not in refused
+        )
     return obj
 
 
@@ -756,6 +776,11 @@ def describe_config(schema_cls: type, prefix: str = "") -> str:
         if sub is not None:
             lines.append(f"{dotted}: {docs.get(f.name, sub.__doc__ or '').strip()}")
             lines.append(describe_config(sub, dotted + "."))
+            continue
+        item = _list_item_dataclass(hints[f.name])
+        if item is not None:  # a list of sections (tasks.collection): describe one item's keys
+            lines.append(f"{dotted}: a list, each item: {docs.get(f.name, '').strip()}")
+            lines.append(describe_config(item, dotted + "[]."))
             continue
         if f.default is not dataclasses.MISSING:
             default = f.default

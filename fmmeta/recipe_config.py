@@ -1,7 +1,7 @@
 """The recipe's configuration: every section of a run in one typed tree.
 
-The sections live with the layer that owns them (sampler, algorithm, outer optimizer, model, ...);
-this module only assembles them and adds the two sections no layer owns (tasks, evaluation), plus
+The sections live with the layer that owns them (sampler, algorithm, outer optimizer, tasks,
+model, ...); this module only assembles them and adds the section no layer owns (evaluation), plus
 the checks that span sections. ``recipes/train.py`` and ``recipes/evaluate.py`` load it with
 :func:`fmmeta.config.load_config`.
 """
@@ -18,35 +18,7 @@ from fmmeta.config import EngineConfig, LoraConfig, ModelConfig, TrainConfig
 from fmmeta.engine.ds_config import DSConfigError, owned_values, resolve_ds_config
 from fmmeta.engine.optim import OuterOptimConfig
 from fmmeta.sampling.sampler import SamplerConfig
-@dataclass(kw_only=True)
-class TasksConfig:
-    """Which task suite to build and how examples are tokenized."""
-
-    suite: str = "cldr"
-    """Registered suite name ("cldr": the built-in CLDR suite; "synthetic": tiny arithmetic tasks)."""
-    max_length: int = 48
-    """Token budget of one example (>= 8); longer prompts are cut from the left, never the answer."""
-    options: dict[str, Any] = field(default_factory=dict)
-    """Extra keyword arguments for the suite builder (e.g. {n_test_languages: 5})."""
-
-    def validate(self) -> list[str]:
-        """Range checks and the suite name against the registry (before any model is loaded)."""
-        import difflib
-
-        from fmmeta.tasks.suites import available_suites
-
-        problems: list[str] = []
-        if not self.max_length >= 8:
-            problems.append(f"max_length={self.max_length} is invalid: must be >= 8 tokens")
-        suites = available_suites()
-        if self.suite not in suites:
-            close = difflib.get_close_matches(self.suite, suites, n=1)
-            problems.append(
-                f"suite={self.suite!r} is invalid: choose one of {suites}"
-                + (f"; did you mean {close[0]!r}?" if close else "")
-                + " (or register_suite() your own before loading the config)"
-            )
-        return problems
+from fmmeta.tasks.config import TasksConfig
 
 
 @dataclass(kw_only=True)

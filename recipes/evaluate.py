@@ -22,7 +22,7 @@ from fmmeta.config import ConfigError, describe_config, load_config
 from fmmeta.evaluation.heldout import evaluate_run
 from fmmeta.models import build_model_and_tokenizer
 from fmmeta.recipe_config import RecipeConfig
-from fmmeta.tasks.suites import build_suite
+from fmmeta.tasks.config import build_task_set
 
 logger = logging.getLogger("fmmeta.evaluate")
 
@@ -62,8 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         adapters[name] = Path(path)
     out = args.run if args.run is not None else Path(cfg.output_dir)
     base, tokenizer = build_model_and_tokenizer(cfg.model)
-    suite = build_suite(cfg.tasks.suite, tokenizer, seed=cfg.train.seed,
-                        max_length=cfg.tasks.max_length, **cfg.tasks.options)
+    suite = build_task_set(cfg.tasks, tokenizer, seed=cfg.train.seed)
     paths = evaluate_run(cfg, base, tokenizer, suite, adapters, out)
     print("\n".join(f"{name}: {path}" for name, path in paths.items()))
     return 0

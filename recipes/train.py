@@ -46,7 +46,7 @@ from fmmeta.models import add_lora, build_model_and_tokenizer, count_parameters
 from fmmeta.models import lora_shapes, model_id
 from fmmeta.recipe_config import RecipeConfig
 from fmmeta.sampling import CostAwareSampler, Prefetcher, observation_from_dict
-from fmmeta.tasks.suites import build_suite
+from fmmeta.tasks.config import build_task_set
 
 logger = logging.getLogger("fmmeta.train")
 
@@ -269,8 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(cfg.train.seed)
     t0 = time.perf_counter()
     base, tokenizer = build_model_and_tokenizer(cfg.model)
-    suite = build_suite(cfg.tasks.suite, tokenizer, seed=cfg.train.seed,
-                        max_length=cfg.tasks.max_length, **cfg.tasks.options)
+    suite = build_task_set(cfg.tasks, tokenizer, seed=cfg.train.seed)
     logger.info(
         "model and %d/%d/%d meta-train/val/test tasks ready in %.1fs",
         len(suite.meta_train), len(suite.meta_val), len(suite.meta_test), time.perf_counter() - t0,

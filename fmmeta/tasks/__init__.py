@@ -1,7 +1,9 @@
 """The task layer: datasets -> tokenized tasks -> few-shot episodes.
 
 Import from the submodules (``fmmeta.tasks.task``, ``fmmeta.tasks.builders``,
-``fmmeta.tasks.suites``); this package re-exports the names most callers need.
+``fmmeta.tasks.suites``; ``fmmeta.tasks.config`` for the recipe's ``tasks`` section, with
+collections declared in YAML in ``fmmeta.tasks.collection`` and their tokenization cache in
+``fmmeta.tasks.cache``); this package re-exports the names most callers need.
 """
 
 from fmmeta.tasks.episode import IGNORE_INDEX, Batch, Episode, Example, collate

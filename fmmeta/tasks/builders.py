@@ -13,6 +13,7 @@ naming the key, the value and the fix, so bad data never reaches a training run.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import string
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import datasets
+import numpy as np
 
 from fmmeta.tasks.source import Source, load_source
 from fmmeta.tasks.task import (
@@ -28,6 +30,8 @@ from fmmeta.tasks.task import (
     Task,
     check_texts,
     check_unique_names,
+    encode,
+    eos_ids,
 )
 
 logger = logging.getLogger(__name__)
@@ -55,6 +59,12 @@ def _template_fields(template: str, *, key: str) -> list[str]:
         if base not in fields:
             fields.append(base)
     return fields
+
+
+def _column(ds: datasets.Dataset, name: str) -> list[Any]:
+    """A whole column as a list, read in one slice (iterating a column formats row by row, about
+    100x slower on a million rows)."""
+    return list(ds[name][:])
 
 
 def _require_columns(ds: datasets.Dataset, columns: Iterable[str], *, where: str) -> None:
@@ -210,6 +220,292 @@ def _resolve_template(template: str | None, input_column: str) -> str:
     return template if template is not None else "{" + input_column + "}"
 
 
+# ---------------------------------------------------------------------------------------- rows
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskRows:
+    """One task's checked, rendered texts: everything a :class:`Task` needs but the tokenizer.
+
+    Builders stop here so tokenization can happen once, in one place, with or without a disk
+    cache (:mod:`fmmeta.tasks.cache`); a generation task has ``answers``, a classification task
+    ``labels`` and ``words``.
+
+    Attributes:
+        name: the task's unique name.
+        domain: task family (diversity sampling, per-family reports); "" means ``name``.
+        spec: episode shape.
+        prompts: rendered prompt of each example.
+        answers: generation: rendered answer of each example (answer template applied).
+        labels: classification: class index of each example, into ``words``.
+        words: classification: answer text of each class (answer template applied).
+        class_names: classification: display name of each class.
+        pool: classification with ``spec.remap_labels``: answer text of each pool word.
+    """
+
+    name: str
+    domain: str
+    spec: EpisodeSpec
+    prompts: list[str]
+    answers: list[str] | None = None
+    labels: list[int] | None = None
+    words: list[str] | None = None
+    class_names: list[str] | None = None
+    pool: list[str] | None = None
+
+    @property
+    def is_classification(self) -> bool:
+        """True for a classification task (labels and class words), False for generation."""
+        return self.labels is not None
+
+    def subsample(self, max_examples: int | None, rng: np.random.Generator) -> "TaskRows":
+        """At most ``max_examples`` rows, drawn by ``rng`` in their original order (None = all)."""
+        n = len(self.prompts)
+        if max_examples is None or n <= max_examples:
+            return self
+        keep = np.sort(rng.choice(n, size=max_examples, replace=False)).tolist()
+        pick = lambda xs: None if xs is None else [xs[i] for i in keep]  # noqa: E731
+        return dataclasses.replace(
+            self, prompts=pick(self.prompts), answers=pick(self.answers), labels=pick(self.labels)
+        )
+
+
+def _classification(
+    *,
+    name: str,
+    domain: str,
+    spec: EpisodeSpec,
+    prompts: list[str],
+    raw_labels: list[Any],
+    verbalizer: Sequence[str] | Mapping[Any, str] | None,
+    feature_names: Sequence[str] | None,
+    answer_template: str,
+    drop_small_classes: bool,
+    label_key: str,
+    where: str,
+) -> TaskRows:
+    classes, words, names = _labels_to_classes(
+        raw_labels, verbalizer=verbalizer, feature_names=feature_names, key=label_key, where=where
+    )
+    if len(names) < 2:
+        raise ValueError(
+            f"{where}: {label_key} has a single class {names}: classification needs at least 2 "
+            "classes; point label_column at a column with several labels, or build a generation "
+            "task instead"
+        )
+    keep = _check_class_sizes(classes, names, spec, drop_small_classes=drop_small_classes, where=where)
+    # Renumber the kept classes 0..k-1 so the task sees only classes it can sample.
+    new_index = {c: i for i, c in enumerate(sorted(keep))}
+    rows = [i for i, c in enumerate(classes) if c in keep]
+    check_texts([words[c] for c in sorted(keep)], key="verbalizer", where=where)
+    return TaskRows(
+        name=name,
+        domain=domain,
+        spec=spec,
+        prompts=[prompts[i] for i in rows],
+        labels=[new_index[classes[i]] for i in rows],
+        words=[answer_template.format(answer=words[c]) for c in sorted(keep)],
+        class_names=[names[c] for c in sorted(keep)],
+        pool=[answer_template.format(answer=w) for w in spec.label_pool or ()]
+        if spec.remap_labels
+        else None,
+    )
+
+
+def classification_rows(
+    ds: datasets.Dataset,
+    *,
+    spec: EpisodeSpec,
+    name: str = "classification",
+    text_column: str = "text",
+    label_column: str = "label",
+    template: str | None = None,
+    answer_template: str = " {answer}",
+    verbalizer: Sequence[str] | Mapping[Any, str] | None = None,
+    drop_small_classes: bool = False,
+    domain: str = "",
+) -> TaskRows:
+    """The checked texts of :func:`classification_tasks` (same arguments), not yet tokenized."""
+    where = f"classification_tasks(name={name!r})"
+    template = _resolve_template(template, text_column)
+    fields = _template_fields(template, key="template")
+    _require_columns(ds, [text_column, label_column, *fields], where=where)
+    if len(ds) == 0:
+        raise ValueError(f"{where}: the dataset has no rows, so the task has no examples")
+    feature = ds.features.get(label_column)
+    feature_names = feature.names if isinstance(feature, datasets.ClassLabel) else None
+    cols = {f: _column(ds, f) for f in dict.fromkeys([text_column, *fields])}
+    check_texts(cols[text_column], key=text_column, where=where)
+    prompts = _render(template, {f: cols[f] for f in fields}, len(ds), where=where)
+    return _classification(
+        name=name, domain=domain, spec=spec, prompts=prompts, raw_labels=_column(ds, label_column),
+        verbalizer=verbalizer, feature_names=feature_names, answer_template=answer_template,
+        drop_small_classes=drop_small_classes, label_key=label_column, where=where,
+    )  # fmt: skip
+
+
+def _fixed_options(options: list[Any], outputs: list[Any]) -> list[str] | None:
+    """The one option list shared by every row, if each row's output is among it; else None."""
+    first = options[0]
+    if not isinstance(first, (list, tuple)) or len(first) < 2:
+        return None
+    if any(list(o) != list(first) for o in options) or any(o not in first for o in outputs):
+        return None
+    return [str(o) for o in first]
+
+
+def column_rows(
+    ds: datasets.Dataset,
+    *,
+    spec: EpisodeSpec,
+    task_column: str = "task",
+    input_column: str = "input",
+    output_column: str = "output",
+    options_column: str | None = None,
+    template: str | None = None,
+    answer_template: str = " {answer}",
+    name_prefix: str = "",
+    drop_small_tasks: bool = False,
+    domain: str = "",
+) -> list[TaskRows]:
+    """The checked texts of :func:`tasks_from_column` (same arguments), not yet tokenized.
+
+    With ``options_column`` (MetaICL's ``options``), a task whose rows all share one option list
+    that contains every output becomes a classification task over those options (answers are
+    then ranked among them); every other task stays a generation task.
+    """
+    where = f"tasks_from_column(task_column={task_column!r})"
+    template = _resolve_template(template, input_column)
+    fields = _template_fields(template, key="template")
+    needed = [task_column, input_column, output_column, *fields]
+    _require_columns(ds, needed + ([options_column] if options_column else []), where=where)
+    if len(ds) == 0:
+        raise ValueError(f"{where}: the dataset has no rows, so there are no tasks")
+    task_values = _column(ds, task_column)
+    for i, v in enumerate(task_values):
+        if v is None or (isinstance(v, str) and not v.strip()):
+            raise ValueError(
+                f"{where}: {task_column}[{i}]={v!r} is empty: every row needs a task name; "
+                "filter such rows first"
+            )
+    prompts = _render(template, {f: _column(ds, f) for f in fields}, len(ds), where=where)
+    outputs = _column(ds, output_column)
+    _check_present(outputs, key=output_column, where=where)
+    options = _column(ds, options_column) if options_column else None
+    groups: dict[Any, list[int]] = {}
+    for i, v in enumerate(task_values):
+        groups.setdefault(v, []).append(i)
+    names = {v: f"{name_prefix}{v}" for v in groups}
+    counts: dict[str, int] = {}
+    for n in names.values():
+        counts[n] = counts.get(n, 0) + 1
+    clash = sorted(n for n, c in counts.items() if c > 1)
+    if clash:
+        raise ValueError(
+            f"{where}: task values {clash} give duplicate task names (e.g. 1 and '1'): make the "
+            f"{task_column!r} values distinct as strings"
+        )
+    generation_spec = EpisodeSpec(shots=spec.shots, query=spec.query)
+    out: list[TaskRows] = []
+    for value, rows in groups.items():
+        fixed = _fixed_options([options[i] for i in rows], [outputs[i] for i in rows]) if options else None
+        if fixed is not None:
+            out.append(_classification(
+                name=names[value], domain=domain, spec=spec, prompts=[prompts[i] for i in rows],
+                raw_labels=[outputs[i] for i in rows], verbalizer={w: w for w in fixed},
+                feature_names=None, answer_template=answer_template,
+                drop_small_classes=drop_small_tasks, label_key=output_column,
+                where=f"{where} task {names[value]!r}",
+            ))  # fmt: skip
+            continue
+        if len(rows) < spec.per_class:
+            msg = (
+                f"{where}: task {names[value]!r} has {len(rows)} examples but an episode needs "
+                f"shots + query = {spec.per_class}"
+            )
+            if not drop_small_tasks:
+                raise ValueError(
+                    msg + ": add examples, lower shots/query, or pass drop_small_tasks=True"
+                )
+            logger.warning("%s; dropping it", msg)
+            continue
+        out.append(TaskRows(
+            name=names[value], domain=domain, spec=generation_spec if options else spec,
+            prompts=[prompts[i] for i in rows],
+            answers=[answer_template.format(answer=outputs[i]) for i in rows],
+        ))  # fmt: skip
+    if not out:
+        raise ValueError(
+            f"{where}: every task was dropped as too small; no tasks remain: add examples, "
+            f"lower shots/query (each task needs {spec.per_class}), or check {task_column!r}"
+        )
+    return out
+
+
+def dataset_rows(
+    ds: datasets.Dataset,
+    *,
+    name: str,
+    spec: EpisodeSpec,
+    input_column: str = "input",
+    output_column: str = "output",
+    template: str | None = None,
+    answer_template: str = " {answer}",
+    domain: str = "",
+    where: str | None = None,
+) -> TaskRows:
+    """The checked texts of one :class:`DatasetSpec` task, not yet tokenized."""
+    where = where or f"dataset task {name!r}"
+    template = _resolve_template(template, input_column)
+    fields = _template_fields(template, key="template")
+    _require_columns(ds, [input_column, output_column, *fields], where=where)
+    if len(ds) == 0:
+        raise ValueError(f"{where}: the dataset has no rows, so the task has no examples")
+    prompts = _render(template, {f: _column(ds, f) for f in fields}, len(ds), where=where)
+    outputs = _column(ds, output_column)
+    _check_present(outputs, key=output_column, where=where)
+    return TaskRows(
+        name=name, domain=domain, spec=spec, prompts=prompts,
+        answers=[answer_template.format(answer=o) for o in outputs],
+    )  # fmt: skip
+
+
+def tasks_from_rows(
+    rows: Sequence[TaskRows],
+    tokenizer: Any,
+    *,
+    max_length: int = 256,
+    on_too_long: OnTooLong = "drop",
+    separator: str = "\n\n",
+) -> list[Task]:
+    """Tokenizes checked rows into tasks (no disk cache; :mod:`fmmeta.tasks.cache` has one)."""
+    eos = list(eos_ids(tokenizer))
+    separator_ids = encode(tokenizer, [separator])[0] if separator else []
+    tasks: list[Task] = []
+    for r in rows:
+        where = f"task {r.name!r}"
+        check_texts(r.prompts, key="prompt", where=where)
+        prompt_ids = encode(tokenizer, r.prompts)
+        if r.is_classification:
+            answers = [a + eos for a in encode(tokenizer, [*r.words, *(r.pool or ())])]
+            tasks.append(Task.from_labeled_ids(
+                r.name, prompt_ids, r.labels, answers[: len(r.words)],
+                class_names=r.class_names, spec=r.spec,
+                pool_answers=answers[len(r.words):] if r.spec.remap_labels else None,
+                domain=r.domain, max_length=max_length, separator_ids=separator_ids,
+                prompt_texts=r.prompts,
+            ))  # fmt: skip
+        else:
+            check_texts(r.answers, key="answer", where=where)
+            tasks.append(Task.from_ids(
+                r.name, prompt_ids, [a + eos for a in encode(tokenizer, r.answers)], spec=r.spec,
+                domain=r.domain, max_length=max_length, on_too_long=on_too_long,
+                separator_ids=separator_ids, prompt_texts=r.prompts,
+            ))  # fmt: skip
+    check_unique_names(tasks, where="task list")
+    return tasks
+
+
 # ---------------------------------------------------------------------------------------- builders
 
 
@@ -266,43 +562,15 @@ def classification_tasks(
         >>> tasks = classification_tasks(ds, tok, spec=EpisodeSpec(shots=2, query=2, ways=3),
         ...     text_column="sentence", template="Review: {sentence}\\nSentiment:")  # doctest: +SKIP
     """
-    where = f"classification_tasks(name={name!r})"
-    ds = load_source(source, split=split, name=config_name)
-    template = _resolve_template(template, text_column)
-    fields = _template_fields(template, key="template")
-    _require_columns(ds, [text_column, label_column, *fields], where=where)
-    if len(ds) == 0:
-        raise ValueError(f"{where}: the dataset has no rows, so the task has no examples")
-    feature = ds.features.get(label_column)
-    feature_names = feature.names if isinstance(feature, datasets.ClassLabel) else None
-    raw_labels = list(ds[label_column])
-    classes, words, names = _labels_to_classes(
-        raw_labels, verbalizer=verbalizer, feature_names=feature_names, key=label_column, where=where
+    rows = classification_rows(
+        load_source(source, split=split, name=config_name), spec=spec, name=name,
+        text_column=text_column, label_column=label_column, template=template,
+        answer_template=answer_template, verbalizer=verbalizer,
+        drop_small_classes=drop_small_classes, domain=domain,
+    )  # fmt: skip
+    return tasks_from_rows(
+        [rows], tokenizer, max_length=max_length, on_too_long=on_too_long, separator=separator
     )
-    keep = _check_class_sizes(
-        classes, names, spec, drop_small_classes=drop_small_classes, where=where
-    )
-    cols = {f: list(ds[f]) for f in dict.fromkeys([text_column, *fields])}
-    check_texts(cols[text_column], key=text_column, where=where)
-    prompts = _render(template, {f: cols[f] for f in fields}, len(ds), where=where)
-    # Renumber the kept classes 0..k-1 so the task sees only classes it can sample.
-    new_index = {c: i for i, c in enumerate(sorted(keep))}
-    rows = [i for i, c in enumerate(classes) if c in keep]
-    task = Task.from_labeled_texts(
-        name,
-        [prompts[i] for i in rows],
-        [new_index[classes[i]] for i in rows],
-        [words[c] for c in sorted(keep)],
-        tokenizer,
-        spec=spec,
-        answer_template=answer_template,
-        domain=domain,
-        max_length=max_length,
-        on_too_long=on_too_long,
-        separator=separator,
-    )
-    task.class_names = tuple(names[c] for c in sorted(keep))
-    return [task]
 
 
 def tasks_from_column(
@@ -313,6 +581,7 @@ def tasks_from_column(
     task_column: str = "task",
     input_column: str = "input",
     output_column: str = "output",
+    options_column: str | None = None,
     template: str | None = None,
     answer_template: str = " {answer}",
     name_prefix: str = "",
@@ -324,15 +593,18 @@ def tasks_from_column(
     on_too_long: OnTooLong = "drop",
     separator: str = "\n\n",
 ) -> list[Task]:
-    """One generation task per distinct value of ``task_column`` (an instruction mixture).
+    """One task per distinct value of ``task_column`` (an instruction mixture).
 
     Args:
         source: anything :func:`~fmmeta.tasks.source.load_source` accepts.
         tokenizer: a Hugging Face tokenizer.
-        spec: episode shape (``shots``, ``query``).
+        spec: episode shape (``shots``, ``query``; ``ways`` and remapping apply to the
+            classification tasks ``options_column`` makes).
         task_column: the column naming each row's task.
         input_column: the prompt column (used by the default template).
         output_column: the answer column.
+        options_column: optional column of answer options (MetaICL): a task whose rows share one
+            option list holding every output becomes a classification task over it.
         template: prompt format over column names; default ``"{<input_column>}"``.
         answer_template: answer format; ``{answer}`` is the output value.
         name_prefix: prepended to each task value to form the task name.
@@ -348,70 +620,15 @@ def tasks_from_column(
     Returns:
         Tasks in order of first appearance of their task value.
     """
-    where = f"tasks_from_column(task_column={task_column!r})"
-    ds = load_source(source, split=split, name=config_name)
-    template = _resolve_template(template, input_column)
-    fields = _template_fields(template, key="template")
-    _require_columns(ds, [task_column, input_column, output_column, *fields], where=where)
-    if len(ds) == 0:
-        raise ValueError(f"{where}: the dataset has no rows, so there are no tasks")
-    task_values = list(ds[task_column])
-    for i, v in enumerate(task_values):
-        if v is None or (isinstance(v, str) and not v.strip()):
-            raise ValueError(
-                f"{where}: {task_column}[{i}]={v!r} is empty: every row needs a task name; "
-                "filter such rows first"
-            )
-    cols = {f: list(ds[f]) for f in fields}
-    prompts = _render(template, cols, len(ds), where=where)
-    outputs = list(ds[output_column])
-    _check_present(outputs, key=output_column, where=where)
-    groups: dict[Any, list[int]] = {}
-    for i, v in enumerate(task_values):
-        groups.setdefault(v, []).append(i)
-    names = {v: f"{name_prefix}{v}" for v in groups}
-    counts: dict[str, int] = {}
-    for n in names.values():
-        counts[n] = counts.get(n, 0) + 1
-    clash = sorted(n for n, c in counts.items() if c > 1)
-    if clash:
-        raise ValueError(
-            f"{where}: task values {clash} give duplicate task names (e.g. 1 and '1'): make the "
-            f"{task_column!r} values distinct as strings"
-        )
-    tasks: list[Task] = []
-    for value, rows in groups.items():
-        if len(rows) < spec.per_class:
-            msg = (
-                f"{where}: task {names[value]!r} has {len(rows)} examples but an episode needs "
-                f"shots + query = {spec.per_class}"
-            )
-            if not drop_small_tasks:
-                raise ValueError(
-                    msg + ": add examples, lower shots/query, or pass drop_small_tasks=True"
-                )
-            logger.warning("%s; dropping it", msg)
-            continue
-        tasks.append(
-            Task.from_texts(
-                names[value],
-                [prompts[i] for i in rows],
-                [answer_template.format(answer=outputs[i]) for i in rows],
-                tokenizer,
-                spec=spec,
-                domain=domain,
-                max_length=max_length,
-                on_too_long=on_too_long,
-                separator=separator,
-            )
-        )
-    if not tasks:
-        raise ValueError(
-            f"{where}: every task was dropped as too small; no tasks remain: add examples, "
-            f"lower shots/query (each task needs {spec.per_class}), or check {task_column!r}"
-        )
-    check_unique_names(tasks, where=where)
-    return tasks
+    rows = column_rows(
+        load_source(source, split=split, name=config_name), spec=spec, task_column=task_column,
+        input_column=input_column, output_column=output_column, options_column=options_column,
+        template=template, answer_template=answer_template, name_prefix=name_prefix,
+        drop_small_tasks=drop_small_tasks, domain=domain,
+    )  # fmt: skip
+    return tasks_from_rows(
+        rows, tokenizer, max_length=max_length, on_too_long=on_too_long, separator=separator
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -480,32 +697,18 @@ def tasks_from_datasets(
         )
     if not specs:
         raise ValueError("tasks_from_datasets: specs is empty: pass at least one DatasetSpec")
-    tasks: list[Task] = []
-    for k, s in enumerate(specs):
-        where = f"tasks_from_datasets specs[{k}] (name={s.name!r})"
-        ds = load_source(s.source, split=s.split, name=s.config_name)
-        template = _resolve_template(s.template, s.input_column)
-        fields = _template_fields(template, key=f"specs[{k}].template")
-        _require_columns(ds, [s.input_column, s.output_column, *fields], where=where)
-        if len(ds) == 0:
-            raise ValueError(f"{where}: the dataset has no rows, so the task has no examples")
-        prompts = _render(template, {f: list(ds[f]) for f in fields}, len(ds), where=where)
-        outputs = list(ds[s.output_column])
-        _check_present(outputs, key=s.output_column, where=where)
-        tasks.append(
-            Task.from_texts(
-                s.name,
-                prompts,
-                [s.answer_template.format(answer=o) for o in outputs],
-                tokenizer,
-                spec=s.episode or spec,
-                domain=s.domain,
-                max_length=max_length,
-                on_too_long=on_too_long,
-                separator=separator,
-            )
-        )
-    return tasks
+    rows = [
+        dataset_rows(
+            load_source(s.source, split=s.split, name=s.config_name), name=s.name,
+            spec=s.episode or spec, input_column=s.input_column, output_column=s.output_column,
+            template=s.template, answer_template=s.answer_template, domain=s.domain,
+            where=f"tasks_from_datasets specs[{k}] (name={s.name!r})",
+        )  # fmt: skip
+        for k, s in enumerate(specs)
+    ]
+    return tasks_from_rows(
+        rows, tokenizer, max_length=max_length, on_too_long=on_too_long, separator=separator
+    )
 
 
 ExampleItem = tuple[str, str] | Mapping[str, Any]
@@ -614,7 +817,7 @@ def tasks_from_examples(
     )
     new_index = {c: i for i, c in enumerate(sorted(keep))}
     rows = [i for i, c in enumerate(classes) if c in keep]
-    task = Task.from_labeled_texts(
+    return Task.from_labeled_texts(
         name,
         [prompts[i] for i in rows],
         [new_index[classes[i]] for i in rows],
@@ -626,13 +829,17 @@ def tasks_from_examples(
         max_length=max_length,
         on_too_long=on_too_long,
         separator=separator,
+        class_names=[names[c] for c in sorted(keep)],
     )
-    task.class_names = tuple(names[c] for c in sorted(keep))
-    return task
 
 
 __all__ = [
     "DatasetSpec",
+    "TaskRows",
+    "classification_rows",
+    "column_rows",
+    "dataset_rows",
+    "tasks_from_rows",
     "classification_tasks",
     "tasks_from_column",
     "tasks_from_datasets",

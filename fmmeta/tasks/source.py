@@ -38,6 +38,7 @@ def load_source(
     *,
     split: str | None = None,
     name: str | None = None,
+    data_files: str | Sequence[str] | None = None,
     cache_dir: str | os.PathLike | None = None,
 ) -> datasets.Dataset:
     """Returns the rows of ``source`` as one ``datasets.Dataset``.
@@ -49,6 +50,7 @@ def load_source(
         split: the split to use; required for hub names, ignored for local files (their rows form
             one split).
         name: the hub dataset's configuration name (``load_dataset(path, name)``).
+        data_files: hub datasets only: which of its files to read (``load_dataset(data_files=)``).
         cache_dir: where ``datasets`` caches converted files (defaults to its own cache).
 
     Raises:
@@ -96,7 +98,7 @@ def load_source(
             f"source={hub_name!r} is a local path without a supported extension: use .json, "
             ".jsonl, .csv or .parquet files (or load it yourself and pass a Dataset)"
         )
-    return _load_hub(hub_name, name=name, split=split, cache_dir=cache_dir)
+    return _load_hub(hub_name, name=name, split=split, data_files=data_files, cache_dir=cache_dir)
 
 
 def _load_files(
@@ -131,7 +133,12 @@ def _load_files(
 
 
 def _load_hub(
-    path: str, *, name: str | None, split: str | None, cache_dir: str | os.PathLike | None
+    path: str,
+    *,
+    name: str | None,
+    split: str | None,
+    data_files: str | Sequence[str] | None,
+    cache_dir: str | os.PathLike | None,
 ) -> datasets.Dataset:
     if split is None:
         raise ValueError(
@@ -143,6 +150,7 @@ def _load_hub(
             path,
             name,
             split=split,
+            data_files=list(data_files) if isinstance(data_files, (list, tuple)) else data_files,
             cache_dir=os.fspath(cache_dir) if cache_dir is not None else None,
         )
     except Exception as err:  # the hub raises many types; all mean "cannot get these rows"

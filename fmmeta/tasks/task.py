@@ -142,15 +142,24 @@ def _ids(seq: Sequence[int]) -> tuple[int, ...]:
     return tuple(map(int, seq))  # numpy arrays, tensors: plain ints hash and compare cheaply
 
 
-def _eos_ids(tokenizer: Any) -> tuple[int, ...]:
+def eos_ids(tokenizer: Any) -> tuple[int, ...]:
+    """The EOS id appended to every answer, or nothing for a tokenizer without one."""
     eos = getattr(tokenizer, "eos_token_id", None)
     return () if eos is None else (int(eos),)
 
 
-def _encode(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
-    """Batch-encodes ``texts`` without special tokens (fast tokenizers run this in Rust)."""
+def encode(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
+    """Batch-encodes ``texts`` without special tokens (fast tokenizers run this in Rust).
+
+    A fast tokenizer whose backend neither truncates nor pads is called directly: the same ids
+    as ``tokenizer(texts)``, without building a ``BatchEncoding`` (a third of the time on a
+    million short texts).
+    """
     if not texts:
         return []
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and backend.truncation is None and backend.padding is None:
+        return [e.ids for e in backend.encode_batch(list(texts), add_special_tokens=False)]
     return list(tokenizer(list(texts), add_special_tokens=False)["input_ids"])
 
 
@@ -390,14 +399,60 @@ class Task:
             )
         check_texts(prompts, key="prompt", where=where)
         check_texts(answers, key="answer", where=where)
-        eos = _eos_ids(tokenizer)
-        p_ids = _encode(tokenizer, prompts)
-        a_ids = [a + list(eos) for a in _encode(tokenizer, answers)]
-        kept_p: list[list[int]] = []
-        kept_a: list[list[int]] = []
+        eos = list(eos_ids(tokenizer))
+        return cls.from_ids(
+            name,
+            encode(tokenizer, prompts),
+            [a + eos for a in encode(tokenizer, answers)],
+            spec=spec,
+            domain=domain,
+            max_length=max_length,
+            on_too_long=on_too_long,
+            separator_ids=encode(tokenizer, [separator])[0] if separator else (),
+            prompt_texts=prompts,
+        )
+
+    @classmethod
+    def from_ids(
+        cls,
+        name: str,
+        prompt_ids: Sequence[Sequence[int]],
+        answer_ids: Sequence[Sequence[int]],
+        *,
+        spec: EpisodeSpec,
+        domain: str = "",
+        max_length: int = 256,
+        on_too_long: OnTooLong = "drop",
+        separator_ids: Sequence[int] = (),
+        prompt_texts: Sequence[str] | None = None,
+    ) -> "Task":
+        """A generation task from token ids already computed (e.g. read from a disk cache).
+
+        The one place where prompts are fitted to ``max_length`` (cut from the left) and answers
+        that cannot fit are dropped or refused, so cached and freshly tokenized tasks agree.
+
+        Args:
+            name: unique task name.
+            prompt_ids: token ids of each prompt.
+            answer_ids: token ids of each answer, EOS included.
+            spec: episode shape.
+            domain: task family for diversity-aware sampling (defaults to ``name``).
+            max_length: token budget of one example (prompt + answer + EOS).
+            on_too_long: ``"drop"`` (count and log) or ``"error"`` for an answer that cannot fit.
+            separator_ids: tokens between in-context demonstrations.
+            prompt_texts: the prompts as text, only to quote in error messages.
+        """
+        where = f"task {name!r}"
+        _check_budget(max_length, on_too_long)
+        if len(prompt_ids) != len(answer_ids):
+            raise ValueError(
+                f"{where}: {len(prompt_ids)} prompts but {len(answer_ids)} answers; give one per prompt"
+            )
+        kept_p: list[Sequence[int]] = []
+        kept_a: list[Sequence[int]] = []
         dropped = 0
-        for i, (p, a) in enumerate(zip(p_ids, a_ids)):
-            _check_nonempty_ids(where, i, p, prompts[i])
+        for i, (p, a) in enumerate(zip(prompt_ids, answer_ids)):
+            _check_nonempty_ids(where, i, p, prompt_texts[i] if prompt_texts is not None else None)
             fitted = _fit(p, len(a), max_length)
             if fitted is None:
                 if on_too_long == "error":
@@ -406,14 +461,14 @@ class Task:
                 continue
             kept_p.append(fitted)
             kept_a.append(a)
-        _log_dropped(where, dropped, len(p_ids), max_length)
+        _log_dropped(where, dropped, len(prompt_ids), max_length)
         return cls(
             name,
             prompts=kept_p,
             answers=kept_a,
             spec=spec,
             domain=domain,
-            separator_ids=_encode(tokenizer, [separator])[0] if separator else (),
+            separator_ids=separator_ids,
             n_dropped=dropped,
         )
 
@@ -432,6 +487,7 @@ class Task:
         max_length: int = 256,
         on_too_long: OnTooLong = "drop",
         separator: str = "\n\n",
+        class_names: Sequence[str] | None = None,
     ) -> "Task":
         """Tokenizes a classification task once: prompts + class indices -> cached ids.
 
@@ -451,6 +507,7 @@ class Task:
             max_length: token budget of one example (prompt + answer + EOS).
             on_too_long: ``"drop"`` (count and log) or ``"error"`` for an answer that cannot fit.
             separator: text between in-context demonstrations.
+            class_names: display name of each class (default: the verbalizer words).
 
         Raises:
             ValueError: on empty text, bad labels, too few classes, or an answer over budget.
@@ -463,14 +520,68 @@ class Task:
             )
         check_texts(prompts, key="prompt", where=where)
         check_texts(list(verbalizer), key="verbalizer", where=where)
-        eos = list(_eos_ids(tokenizer))
+        eos = list(eos_ids(tokenizer))
         words = list(verbalizer)
         pool = list(spec.label_pool or ()) if spec.remap_labels else []
         answer_ids = [
-            a + eos for a in _encode(tokenizer, [answer_template.format(answer=w) for w in words + pool])
+            a + eos for a in encode(tokenizer, [answer_template.format(answer=w) for w in words + pool])
         ]
         class_answers, pool_answers = answer_ids[: len(words)], answer_ids[len(words) :]
-        longest = max(len(a) for a in answer_ids)
+        return cls.from_labeled_ids(
+            name,
+            encode(tokenizer, prompts),
+            list(labels),
+            class_answers,
+            class_names=list(class_names) if class_names is not None else [str(w) for w in words],
+            pool_answers=pool_answers if spec.remap_labels else None,
+            spec=spec,
+            domain=domain,
+            max_length=max_length,
+            separator_ids=encode(tokenizer, [separator])[0] if separator else (),
+            prompt_texts=prompts,
+        )
+
+    @classmethod
+    def from_labeled_ids(
+        cls,
+        name: str,
+        prompt_ids: Sequence[Sequence[int]],
+        labels: Sequence[int],
+        class_answers: Sequence[Sequence[int]],
+        *,
+        class_names: Sequence[str],
+        spec: EpisodeSpec,
+        pool_answers: Sequence[Sequence[int]] | None = None,
+        domain: str = "",
+        max_length: int = 256,
+        separator_ids: Sequence[int] = (),
+        prompt_texts: Sequence[str] | None = None,
+    ) -> "Task":
+        """A classification task from token ids already computed (e.g. read from a disk cache).
+
+        Prompts are cut from the left to leave room for the longest answer (class word or pool
+        word), so every episode fits ``max_length`` whichever words it draws.
+
+        Args:
+            name: unique task name.
+            prompt_ids: token ids of each prompt.
+            labels: class index of each prompt, into ``class_answers``.
+            class_answers: answer ids (EOS included) of each class's verbalizer word.
+            class_names: display name of each class.
+            spec: episode shape.
+            pool_answers: answer ids of each ``spec.label_pool`` word (for ``remap_labels``).
+            domain: task family for diversity-aware sampling (defaults to ``name``).
+            max_length: token budget of one example.
+            separator_ids: tokens between in-context demonstrations.
+            prompt_texts: the prompts as text, only to quote in error messages.
+        """
+        where = f"task {name!r}"
+        _check_budget(max_length, "drop")
+        if len(prompt_ids) != len(labels):
+            raise ValueError(
+                f"{where}: {len(prompt_ids)} prompts but {len(labels)} labels; give one per prompt"
+            )
+        longest = max(len(a) for a in [*class_answers, *(pool_answers or ())])
         if longest + 1 > max_length:
             # The same answer words serve every example, so no example could fit: always an error.
             raise ValueError(
@@ -478,21 +589,20 @@ class Task:
                 f"max_length={max_length} leaves no room for it plus one prompt token: raise "
                 f"max_length to at least {longest + 1} or use shorter label words"
             )
-        p_ids = _encode(tokenizer, prompts)
-        kept_p: list[list[int]] = []
-        for i, p in enumerate(p_ids):
-            _check_nonempty_ids(where, i, p, prompts[i])
+        kept_p: list[Sequence[int]] = []
+        for i, p in enumerate(prompt_ids):
+            _check_nonempty_ids(where, i, p, prompt_texts[i] if prompt_texts is not None else None)
             kept_p.append(p[-(max_length - longest) :])  # room >= 1 checked above
         return cls(
             name,
             prompts=kept_p,
             labels=list(labels),
             class_answers=class_answers,
-            class_names=[str(w) for w in words],
-            pool_answers=pool_answers if spec.remap_labels else None,
+            class_names=list(class_names),
+            pool_answers=pool_answers,
             spec=spec,
             domain=domain,
-            separator_ids=_encode(tokenizer, [separator])[0] if separator else (),
+            separator_ids=separator_ids,
         )
 
     # ------------------------------------------------------------------ access
@@ -611,11 +721,10 @@ def _check_budget(max_length: int, on_too_long: str) -> None:
         )
 
 
-def _check_nonempty_ids(where: str, i: int, ids: Sequence[int], text: str) -> None:
-    if not ids:
-        raise ValueError(
-            f"{where}: prompt[{i}]={text!r} tokenizes to no tokens: give it visible text"
-        )
+def _check_nonempty_ids(where: str, i: int, ids: Sequence[int], text: str | None) -> None:
+    if not len(ids):
+        shown = f"={text!r}" if text is not None else ""
+        raise ValueError(f"{where}: prompt[{i}]{shown} tokenizes to no tokens: give it visible text")
 
 
 def _log_dropped(where: str, dropped: int, total: int, max_length: int) -> None:

@@ -43,3 +43,25 @@ def test_readme_meta_training_snippet_runs(tmp_path: Path, monkeypatch: pytest.M
     saved = load_file(str(tmp_path / "my_adapter" / "adapter_model.safetensors"))
     lora_b = [t for k, t in saved.items() if "lora_B" in k]
     assert lora_b and any(t.abs().max() > 0 for t in lora_b)  # trained away from the zero init
+
+
+def test_readme_own_tasks_yaml_has_only_valid_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The "Your own tasks" YAML uses real keys and values: loading it, the only problems are
+    the data files it names, which do not exist here."""
+    import yaml
+
+    from fmmeta.config import ConfigError, load_config
+    from fmmeta.recipe_config import RecipeConfig
+
+    text = README.read_text(encoding="utf-8").split("## Your own tasks", 1)[1]
+    snippet = re.search(r"```yaml\n(.*?)```", text, re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_tasks.yaml").write_text(snippet)
+    with pytest.raises(ConfigError) as err:
+        load_config(RecipeConfig, tmp_path / "my_tasks.yaml", ["model.tiny=true", "model.tokenizer=bytes"])
+    problems = err.value.problems
+    assert len(problems) == 3, problems
+    for i, path in enumerate(("data/mixture.jsonl", "data/reviews.csv", "data/held_out/")):
+        assert problems[i].startswith(f"tasks.collection[{i}] (path={path!r}"), problems[i]
+        assert "does not exist" in problems[i], problems[i]
+    assert yaml.safe_load(snippet)["tasks"]["split"]["held_out_families"] == ["arithmetic"]

@@ -1,13 +1,17 @@
-"""Built-in task suites, by name: ``build_suite("cldr", tokenizer, seed=0)``.
+"""Task suites, by name: ``build_suite("cldr", tokenizer, seed=0)``.
 
 A suite is a function ``(tokenizer, **kw) -> TaskSet`` giving disjoint meta-train, meta-validation
 and meta-test task lists. ``"cldr"`` is the embedded default (country names from CLDR via
-``babel``, no network); ``"synthetic"`` is a tiny arithmetic suite for tests.
+``babel``, no network); ``"synthetic"`` is a tiny arithmetic suite for tests. Any other suite is
+named by an import string, ``"package.module:function"``, so a user's own Python task set runs
+under every launcher from the YAML alone (each rank imports it; nothing has to be registered
+before the recipe starts).
 """
 
 from __future__ import annotations
 
 import difflib
+import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -39,20 +43,67 @@ def available_suites() -> list[str]:
     return sorted(_SUITES)
 
 
-def build_suite(name: str, tokenizer: Any, **kwargs: Any) -> TaskSet:
-    """Builds the registered suite ``name`` with ``tokenizer``; ``kwargs`` go to its builder.
+def resolve_suite(name: str) -> SuiteBuilder:
+    """The suite builder ``name`` means: a registered name or ``"package.module:function"``.
 
     Raises:
-        ValueError: for an unknown name, listing the known ones and the closest match.
+        ValueError: for an unknown name (with the closest match), a module that does not import,
+            or an attribute that is missing or not callable; each names the fix.
+    """
+    if name in _SUITES:
+        return _SUITES[name]
+    if ":" not in name:
+        close = difflib.get_close_matches(name, list(_SUITES), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(
+            f"unknown task suite {name!r}: choose one of {available_suites()}.{hint} Or name "
+            "your own builder as 'package.module:function'."
+        )
+    module_name, _, attr = name.partition(":")
+    if not module_name or not attr:
+        raise ValueError(
+            f"suite {name!r} is not an import string: write 'package.module:function'"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ValueError(
+            f"suite {name!r}: module {module_name!r} does not import ({err}); check the name and "
+            "that its folder is on PYTHONPATH (or installed)"
+        ) from err
+    builder = getattr(module, attr, None)
+    if builder is None:
+        public = sorted(n for n in vars(module) if not n.startswith("_") and callable(vars(module)[n]))
+        close = difflib.get_close_matches(attr, public, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"suite {name!r}: module {module_name!r} has no {attr!r}{hint}")
+    if not callable(builder):
+        raise ValueError(
+            f"suite {name!r}: {attr!r} is a {type(builder).__name__}, not a function "
+            "(tokenizer, **kwargs) -> TaskSet"
+        )
+    return builder
+
+
+def build_suite(name: str, tokenizer: Any, **kwargs: Any) -> TaskSet:
+    """Builds the suite ``name`` (registered, or ``"package.module:function"``); ``kwargs`` go to
+    its builder.
+
+    Raises:
+        ValueError: for a name :func:`resolve_suite` refuses, or a builder that returns something
+            other than a :class:`~fmmeta.tasks.task.TaskSet`.
 
     Example:
         >>> suite = build_suite("synthetic", tiny_tokenizer(), seed=0)  # doctest: +SKIP
+        >>> suite = build_suite("my_tasks.suite:build", tok, seed=0)  # doctest: +SKIP
     """
-    if name not in _SUITES:
-        close = difflib.get_close_matches(name, list(_SUITES), n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"unknown task suite {name!r}: choose one of {available_suites()}.{hint}")
-    return _SUITES[name](tokenizer, **kwargs)
+    suite = resolve_suite(name)(tokenizer, **kwargs)
+    if not isinstance(suite, TaskSet):
+        raise ValueError(
+            f"suite {name!r} returned {type(suite).__name__}, not a TaskSet: return "
+            "TaskSet(meta_train=..., meta_val=..., meta_test=...) (or split_tasks(...))"
+        )
+    return suite
 
 
 __all__ = [
@@ -62,4 +113,5 @@ __all__ = [
     "build_suite",
     "build_synthetic_suite",
     "register_suite",
+    "resolve_suite",
 ]

@@ -1,0 +1,342 @@
+"""Task collections from YAML: every builder kind, every split style, the MetaICL and
+Super-NaturalInstructions layouts, suites by import string, and the tokenization disk cache.
+
+Every config goes through the recipe's own entry point (``load_config(RecipeConfig, ...)``), so
+what is checked here is what a user's YAML gets.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from fmmeta.config import ConfigError, load_config
+from fmmeta.recipe_config import RecipeConfig
+from fmmeta.tasks import cache as task_cache
+from fmmeta.tasks.builders import classification_tasks, tasks_from_column
+from fmmeta.tasks.config import build_task_set
+from fmmeta.tasks.task import EpisodeSpec, TaskSet
+from fmmeta.tasks.testing import tiny_tokenizer
+
+TOK = tiny_tokenizer()
+TINY = {"model": {"tiny": True, "tokenizer": "bytes"}}
+
+
+def _jsonl(path: Path, rows: list[dict]) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return str(path)
+
+
+def _metaicl_rows() -> list[dict]:
+    """MetaICL's columns: two classification tasks (fixed options) and a generation task."""
+    rows = []
+    for i in range(8):
+        rows.append({"task": "sentiment", "input": f"review {i} good", "output": "positive",
+                     "options": ["positive", "negative"]})
+        rows.append({"task": "sentiment", "input": f"review {i} bad", "output": "negative",
+                     "options": ["positive", "negative"]})
+        rows.append({"task": "parity", "input": f"number {2 * i}", "output": "even",
+                     "options": ["even", "odd"]})
+        rows.append({"task": "parity", "input": f"number {2 * i + 1}", "output": "odd",
+                     "options": ["even", "odd"]})
+        rows.append({"task": "echo", "input": f"say {i}", "output": f"{i}", "options": []})
+    return rows
+
+
+def _sni_rows() -> list[dict]:
+    """Super-NaturalInstructions' columns: the definition must open every prompt."""
+    rows = []
+    for task, definition in (("task001_add_one", "Add one to the number."),
+                             ("task002_double", "Double the number."),
+                             ("task003_negate", "Negate the number.")):
+        for i in range(6):
+            target = {"task001_add_one": i + 1, "task002_double": 2 * i, "task003_negate": -i}[task]
+            rows.append({"task_name": task, "id": f"{task}-{i}", "definition": definition,
+                         "inputs": str(i), "targets": str(target)})
+    return rows
+
+
+def _topics(tmp_path: Path) -> str:
+    path = tmp_path / "topics.csv"
+    lines = ["text,label"] + [f"sentence {i} about {lab},{lab}" for i in range(5)
+                              for lab in ("sport", "music", "science")]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def _arith(tmp_path: Path) -> str:
+    folder = tmp_path / "arith"
+    for k in (1, 2, 3):
+        _jsonl(folder / f"add{k}.jsonl", [{"input": f"{a}+{k}=", "output": str(a + k)} for a in range(8)])
+    return str(folder)
+
+
+def _collection(tmp_path: Path) -> list[dict]:
+    """Four sources: one of each builder kind (the dataset one from a folder) and a preset."""
+    return [
+        {"path": _jsonl(tmp_path / "metaicl.jsonl", _metaicl_rows()), "preset": "metaicl",
+         "family": "mix", "shots": 2, "query": 2},
+        {"path": _jsonl(tmp_path / "sni.jsonl", _sni_rows()), "preset": "natural_instructions",
+         "family": "numbers", "shots": 2, "query": 2},
+        {"path": _topics(tmp_path), "builder": "classification", "task_name": "topic",
+         "template": "Sentence: {text}\nTopic:", "family": "mix", "shots": 2, "query": 2},
+        {"path": _arith(tmp_path), "builder": "dataset", "family": "arithmetic",
+         "shots": 2, "query": 2},
+    ]
+
+
+def _config(tmp_path: Path, tasks: dict, *overrides: str) -> RecipeConfig:
+    path = tmp_path / "run.yaml"
+    tasks = {"cache_dir": str(tmp_path / "cache"), "max_length": 64, **tasks}
+    path.write_text(yaml.safe_dump({**TINY, "tasks": tasks}), encoding="utf-8")
+    return load_config(RecipeConfig, path, list(overrides))
+
+
+def _problems(tmp_path: Path, tasks: dict) -> str:
+    with pytest.raises(ConfigError) as err:
+        _config(tmp_path, tasks)
+    return str(err.value)
+
+
+def _build(cfg: RecipeConfig, seed: int = 0) -> TaskSet:
+    return build_task_set(cfg.tasks, TOK, seed=seed)
+
+
+def _by_name(suite: TaskSet) -> dict:
+    return {t.name: t for t in [*suite.meta_train, *suite.meta_val, *suite.meta_test]}
+
+
+# ---------------------------------------------------------------------------------------- kinds
+
+
+def test_every_builder_kind_and_both_layouts_from_yaml(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, {"collection": _collection(tmp_path),
+                             "split": {"held_out_families": ["arithmetic"],
+                                       "validation": ["echo"]}})  # fmt: skip
+    suite = _build(cfg)
+    assert suite.names() == {
+        "meta_train": ["sentiment", "parity", "task001_add_one", "task002_double",
+                       "task003_negate", "topic"],
+        "meta_val": ["echo"],
+        "meta_test": ["add1", "add2", "add3"],
+    }  # fmt: skip
+    tasks = _by_name(suite)
+    # MetaICL: a fixed option list makes a classification task over it; options [] a generation one.
+    assert tasks["sentiment"].is_classification and tasks["sentiment"].class_names == ("negative", "positive")
+    assert not tasks["echo"].is_classification
+    # Super-NaturalInstructions: the task's definition opens each prompt.
+    prompt = TOK.decode(tasks["task002_double"].examples[3].prompt_ids)
+    assert prompt == "Double the number.\n\nInput: 3\nOutput:"
+    assert TOK.decode(tasks["task002_double"].examples[3].answer_ids) == " 6</s>"
+    # classification builder: CSV rows, template, 3 classes; dataset builder: one task per file.
+    assert tasks["topic"].ways == 3 and TOK.decode(tasks["topic"].examples[0].prompt_ids) == (
+        "Sentence: sentence 0 about sport\nTopic:")
+    assert {t.domain for t in suite.meta_test} == {"arithmetic"}
+    assert tasks["task001_add_one"].domain == "numbers" and tasks["echo"].domain == "mix"
+    for t in tasks.values():  # every task samples a full episode
+        ep = t.sample_episode(np.random.default_rng(0))
+        assert len(ep.support) == t.episode_size[0] and len(ep.query) == t.episode_size[1]
+
+
+def test_yaml_tasks_equal_the_python_builders(tmp_path: Path) -> None:
+    """The YAML path (through the disk cache) gives the ids the Python builders give."""
+    topics, metaicl = _topics(tmp_path), _jsonl(tmp_path / "m.jsonl", _metaicl_rows())
+    cfg = _config(tmp_path, {"collection": [
+        {"path": topics, "builder": "classification", "task_name": "topic", "shots": 2,
+         "query": 2, "verbalizer": {"sport": "S", "music": "M", "science": "X"}},
+        {"path": metaicl, "builder": "task_column", "shots": 2, "query": 2},
+    ], "split": {"held_out": ["parity"], "validation": ["echo"]}})  # fmt: skip
+    yaml_tasks = _by_name(_build(cfg))
+    spec = EpisodeSpec(shots=2, query=2)
+    python_tasks = {t.name: t for t in [
+        *classification_tasks(topics, TOK, spec=spec, name="topic", max_length=64,
+                              verbalizer={"sport": "S", "music": "M", "science": "X"}),
+        *tasks_from_column(metaicl, TOK, spec=spec, max_length=64),
+    ]}  # fmt: skip
+    assert sorted(yaml_tasks) == sorted(python_tasks)
+    for name, t in python_tasks.items():
+        assert yaml_tasks[name].examples == t.examples, name
+        assert yaml_tasks[name].class_names == t.class_names
+
+
+# ---------------------------------------------------------------------------------------- splits
+
+
+def test_split_by_files_txt_and_metaicl_json(tmp_path: Path) -> None:
+    (tmp_path / "test_tasks.txt").write_text("# held out\ntask003_negate\n\nparity\n")
+    (tmp_path / "setting.json").write_text(json.dumps({"train": ["sentiment"], "test": ["echo"]}))
+    cfg = _config(tmp_path, {"collection": _collection(tmp_path)[:2], "split": {
+        "held_out_file": str(tmp_path / "test_tasks.txt"),
+        "validation_file": str(tmp_path / "setting.json")}})  # fmt: skip
+    names = _build(cfg).names()
+    assert sorted(names["meta_test"]) == ["parity", "task003_negate"] and names["meta_val"] == ["echo"]
+
+
+def test_split_by_seeded_fractions(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, {"collection": _collection(tmp_path), "split": {
+        "held_out_fraction": 0.3, "validation_fraction": 0.2}})  # fmt: skip
+    a, b, c = _build(cfg, seed=0).names(), _build(cfg, seed=0).names(), _build(cfg, seed=1).names()
+    assert a == b and a != c
+    assert [len(a[s]) for s in ("meta_train", "meta_val", "meta_test")] == [5, 2, 3]  # of 10 tasks
+
+
+def test_split_default_draws_a_tenth_for_each_unnamed_split(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, {"collection": _collection(tmp_path),
+                             "split": {"held_out_families": ["arithmetic"]}})
+    names = _build(cfg).names()
+    assert names["meta_test"] == ["add1", "add2", "add3"]  # named: no share drawn on top
+    assert len(names["meta_val"]) == 1 and len(names["meta_train"]) == 6  # max(1, round(0.1 * 7))
+
+
+# ---------------------------------------------------------------------------------------- suites
+
+
+def test_suite_by_import_string(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "my_suite.py").write_text(textwrap.dedent("""
+        from fmmeta.tasks.suites import build_suite
+
+        def build(tokenizer, *, seed, max_length, scale=1):
+            suite = build_suite("synthetic", tokenizer, seed=seed, max_length=max_length)
+            return type(suite)(meta_train=suite.meta_train[:scale], meta_val=suite.meta_val,
+                               meta_test=suite.meta_test)
+
+        NOT_A_FUNCTION = 3
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = load_config(RecipeConfig, None, ["tasks.suite=my_suite:build", "tasks.options={scale: 2}"])
+    suite = build_task_set(cfg.tasks, TOK, seed=0)
+    assert len(suite.meta_train) == 2 and suite.meta_test
+    for bad, expected in (
+        ("no_such_module:build", "module 'no_such_module' does not import"),
+        ("my_suite:buld", "has no 'buld'; did you mean 'build'?"),
+        ("my_suite:NOT_A_FUNCTION", "'NOT_A_FUNCTION' is a int, not a function"),
+    ):
+        with pytest.raises(ConfigError, match=expected):
+            load_config(RecipeConfig, None, [f"tasks.suite={bad}"])
+    sys.modules.pop("my_suite", None)
+
+
+# ---------------------------------------------------------------------------------------- cache
+
+
+def _one_source(tmp_path: Path, template: str = "{input}") -> RecipeConfig:
+    return _config(tmp_path, {"collection": [
+        {"path": _jsonl(tmp_path / "m.jsonl", _metaicl_rows()), "preset": "metaicl",
+         "template": template, "shots": 2, "query": 2}],
+        "split": {"held_out": ["parity"], "validation": ["echo"]}})  # fmt: skip
+
+
+def _cache_folders(tmp_path: Path) -> list[Path]:
+    return sorted(p for p in (tmp_path / "cache" / "tokenized").iterdir() if not p.name.startswith("."))
+
+
+def test_cache_hit_skips_tokenization(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = _one_source(tmp_path)
+    first = _by_name(_build(cfg))
+    assert len(_cache_folders(tmp_path)) == 1
+
+    def no_tokenizing(*args, **kwargs):
+        raise AssertionError("tokenized again: the cache missed")
+
+    monkeypatch.setattr(task_cache, "_write", no_tokenizing)
+    again = _by_name(_build(cfg))
+    assert {n: t.examples for n, t in again.items()} == {n: t.examples for n, t in first.items()}
+
+
+def test_cache_misses_after_a_changed_template(tmp_path: Path) -> None:
+    before = _by_name(_build(_one_source(tmp_path)))
+    after = _by_name(_build(_one_source(tmp_path, template="Q: {input}")))
+    assert len(_cache_folders(tmp_path)) == 2
+    assert TOK.decode(after["echo"].examples[0].prompt_ids) == "Q: say 0"
+    assert TOK.decode(before["echo"].examples[0].prompt_ids) == "say 0"
+
+
+def test_corrupt_cache_is_rebuilt(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    cfg = _one_source(tmp_path)
+    first = _by_name(_build(cfg))
+    (folder,) = _cache_folders(tmp_path)
+    (arrow,) = (folder / "data").glob("*.arrow")
+    arrow.write_bytes(arrow.read_bytes()[:100])  # a write cut short
+    with caplog.at_level(logging.WARNING, logger="fmmeta.tasks.cache"):
+        again = _by_name(_build(cfg))
+    assert "is unreadable" in caplog.text and "rebuilding it" in caplog.text
+    assert {n: t.examples for n, t in again.items()} == {n: t.examples for n, t in first.items()}
+    assert _cache_folders(tmp_path) == [folder]  # rebuilt in place, readable again
+    assert _by_name(_build(cfg))["echo"].examples == first["echo"].examples
+
+
+def test_encode_fast_path_gives_the_tokenizers_ids() -> None:
+    """``encode`` calls a fast tokenizer's backend directly; ids must not change, and a backend
+    set to truncate goes through the tokenizer (which turns truncation off per call)."""
+    from fmmeta.tasks.task import encode
+
+    texts = ["Hello world", " Paris", "Ünïcode naïve 東京", "  two  spaces", "a\n\nb", "x" * 300]
+    tok = tiny_tokenizer()
+    reference = list(tok(texts, add_special_tokens=False)["input_ids"])
+    assert encode(tok, texts) == reference
+    tok.backend_tokenizer.enable_truncation(max_length=5)
+    assert encode(tok, texts) == reference
+
+
+def test_rank_zero_fills_the_cache_before_the_barrier_and_other_ranks_only_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fmmeta.tasks import collection
+
+    cfg = _one_source(tmp_path)
+    seen: list[int] = []
+    monkeypatch.setattr(collection, "_process_group",
+                        lambda: (0, lambda: seen.append(len(_cache_folders(tmp_path)))))
+    first = _by_name(_build(cfg))
+    assert seen == [1]  # rank 0 reached the barrier with the cache complete
+
+    def no_tokenizing(*args, **kwargs):
+        raise AssertionError("rank 1 tokenized instead of reading rank 0's cache")
+
+    order: list[str] = []
+    monkeypatch.setattr(task_cache, "_write", no_tokenizing)
+    monkeypatch.setattr(collection, "_process_group", lambda: (1, lambda: order.append("barrier")))
+    real_read = task_cache._read
+    monkeypatch.setattr(task_cache, "_read", lambda *a: (order.append("read"), real_read(*a))[1])
+    again = _by_name(_build(cfg))
+    assert order == ["barrier", "read"]  # waits for rank 0 first
+    assert {n: t.examples for n, t in again.items()} == {n: t.examples for n, t in first.items()}
+
+
+def test_help_lists_the_keys_of_a_collection_source() -> None:
+    from fmmeta.config import describe_config
+
+    text = describe_config(RecipeConfig)
+    for key in ("tasks.collection[].path (str, default '<required>')", "tasks.collection[].template",
+                "tasks.collection[].max_examples", "tasks.split.held_out_families"):
+        assert key in text, key
+
+
+def test_own_tasks_yaml_saved_config_loads_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run's config.yaml (what recipes/evaluate.py reloads) holds the collection and split."""
+    from fmmeta.config import save_resolved
+
+    repo = Path(__file__).resolve().parents[3]
+    monkeypatch.chdir(repo)  # the example's paths are relative to the repository root
+    overrides = ["model.tiny=true", "model.tokenizer=bytes", f"tasks.cache_dir={tmp_path}"]
+    cfg = load_config(RecipeConfig, repo / "recipes" / "configs" / "own_tasks.yaml", overrides)
+    again = load_config(RecipeConfig, save_resolved(cfg, tmp_path / "config.yaml"))
+    assert again.tasks == cfg.tasks and len(again.tasks.collection) == 4
+    assert again.tasks.split.held_out_families == ["arithmetic"]
+
+
+def test_split_by_validation_and_held_out_families(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, {"collection": _collection(tmp_path), "split": {
+        "held_out_families": ["arithmetic"], "validation_families": ["numbers"]}})  # fmt: skip
+    names = _build(cfg).names()
+    assert names["meta_val"] == ["task001_add_one", "task002_double", "task003_negate"]
+    assert names["meta_test"] == ["add1", "add2", "add3"]
+    assert sorted(names["meta_train"]) == ["echo", "parity", "sentiment", "topic"]
