@@ -19,7 +19,10 @@ from fmmeta.engine.optim import OuterOptimConfig
 from fmmeta.engine.protocol import Engine
 
 DEFAULT_DS_CONFIG = {
-    "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": "auto"},
+    "zero_optimization": {
+        "stage": 3, "stage3_param_persistence_threshold": "auto",
+        "stage3_max_live_parameters": "auto", "stage3_max_reuse_distance": "auto",
+    },
     "steps_per_print": 10**9,
 }
 """ZeRO-3 with every value fmmeta owns filled in by the engine (used when no JSON is given)."""

@@ -13,9 +13,10 @@ ZeRO-3 as enabled, which is what makes
 * ``_from_config`` construct under ``zero.Init`` (the tiny random models), and
 * ``from_pretrained`` construct under ``zero.Init`` and copy checkpoint tensors into the partitions
   one module at a time (rank 0 reads the checkpoint; the others only need names and shapes).
-  GGUF files are the exception transformers allows: its GGUF reader de-quantizes the whole file
-  into a full state dict on every rank before that copy, so each rank briefly holds the whole model
-  in host memory (never on a GPU), and frees it once loading returns.
+  GGUF files are the exception transformers allows: it builds the model whole and de-quantizes the
+  whole file into it on every rank, so each rank holds the whole model in host memory while
+  loading (never on a GPU); :meth:`PartitionedBuild.partition` then cuts it into partitions right
+  away, before anything else is allocated.
 
 The object must outlive the model (transformers and peft consult it after loading too), so the
 recipe keeps it for the whole run.
@@ -23,6 +24,8 @@ recipe keeps it for the whole run.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 from typing import Any, Mapping
 
@@ -66,6 +69,7 @@ class PartitionedBuild:
         # zero.Init reads the world size from DeepSpeed's own communication layer, which adopts
         # the process group that is already up.
         deepspeed.init_distributed(dist_backend=dist.get_backend(), verbose=False)
+        _return_large_frees_to_the_os()
         self.ds_config = dict(ds_config)
         # transformers holds only a weak reference to it: this attribute keeps ZeRO-3 enabled.
         self._hf_config = HfDeepSpeedConfig(self.ds_config)
@@ -73,6 +77,20 @@ class PartitionedBuild:
     def write_full(self, param: nn.Parameter, value: torch.Tensor) -> None:
         """Fills ``param`` with the full ``value`` by writing only this rank's partition."""
         write_partition(param, value)
+
+    def partition(self, model: nn.Module) -> None:
+        """Partitions every parameter of ``model`` that was built whole, in place (every rank).
+
+        For loaders that cannot construct under ``zero.Init`` (GGUF): rank 0's values are kept,
+        and each rank's full copy is freed as its parameter is partitioned.
+        """
+        import deepspeed
+
+        if all(is_zero3_param(p) for p in model.parameters()):
+            return
+        # mem_efficient_linear=False: with module= it would replace torch.nn.functional.linear
+        # for the rest of the process.
+        deepspeed.zero.Init(module=model, config_dict_or_path=self.ds_config, mem_efficient_linear=False)
 
     def check_partitioned(self, model: nn.Module) -> None:
         """Raises unless every parameter of ``model`` is a ZeRO-3 partition.
@@ -89,6 +107,31 @@ class PartitionedBuild:
                 )
         held, full = held_elements(model.parameters())
         logger.info("base built partitioned: this rank holds %d of %d parameter elements", held, full)
+
+
+_M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
+_MMAP_THRESHOLD_BYTES = 1 << 20
+
+
+def _return_large_frees_to_the_os() -> None:
+    """Makes glibc serve allocations of 1 MiB or more with mmap, which go back to the OS on free.
+
+    Building partitioned creates and frees a full tensor per parameter (zero.Init, the seeded
+    init, gathers while loading). glibc's default raises its mmap threshold up to 32 MiB after
+    such frees and then serves those sizes from the heap, where freed memory mostly stays part
+    of the process: measured on a 332M-parameter model with 2 ranks, about 0.6 GB per rank of
+    resident memory that held nothing. A no-op where the C library is not glibc.
+    """
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return
+    if mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES) != 1:
+        logger.debug("mallopt(M_MMAP_THRESHOLD) refused; freed memory may stay resident")
 
 
 def partitioned_build(

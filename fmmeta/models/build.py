@@ -67,6 +67,10 @@ class PartitionedInit(Protocol):
         """Fills ``param`` with the full ``value`` by writing only this rank's partition."""
         ...
 
+    def partition(self, model: nn.Module) -> None:
+        """Partitions, in place, every parameter of ``model`` that was built whole."""
+        ...
+
     def check_partitioned(self, model: nn.Module) -> None:
         """Raises unless every parameter of ``model`` is partitioned."""
         ...
@@ -260,7 +264,7 @@ def build_model_and_tokenizer(
         partitioned: build under ZeRO-3 so no rank ever holds the whole model (from
             ``fmmeta.engine.partition.partitioned_build``; ``None`` builds it whole). Tiny and
             ``from_pretrained`` models are partitioned as they are built or loaded; a GGUF file is
-            de-quantized whole on every rank by transformers first, then partitioned.
+            de-quantized into a whole model on every rank by transformers, then partitioned.
 
     Returns:
         ``(model, tokenizer)``: the model in ``cfg.dtype`` on CPU, in train mode, with
@@ -291,6 +295,10 @@ def build_model_and_tokenizer(
             kwargs["gguf_file"] = source.gguf_file
         logger.info("loading %s (%s)", model_id(cfg), source.kind)
         model = AutoModelForCausalLM.from_pretrained(source.path, **kwargs)
+        if partitioned is not None and source.gguf_file is not None:
+            # transformers builds GGUF models whole (it de-quantizes the file into them): cut
+            # them into partitions before anything else is allocated.
+            partitioned.partition(model)
     if partitioned is not None:
         partitioned.check_partitioned(model)
     if getattr(model.config, "pad_token_id", None) is None:
