@@ -9,6 +9,10 @@ Honest by construction (see fmmeta.evaluation): the adaptation lr of each method
 meta-validation tasks, never on the held-out ones; every method adapts with the same inner loop
 for 0..``eval.max_steps`` steps; scores are reported over ``eval.seeds`` episode draws, mean and
 worst case. ``recipes/train.py`` runs the same evaluation at the end of a run.
+
+Under a launcher (``deepspeed``, ``torchrun``, ``accelerate launch``) every rank loads the model the
+way training does (partitioned under ZeRO-3) and evaluates its share of the episodes; the report is
+the one a single process writes.
 """
 
 from __future__ import annotations
@@ -18,9 +22,14 @@ import logging
 import sys
 from pathlib import Path
 
+import torch
+
 from fmmeta.config import ConfigError, describe_config, load_config
+from fmmeta.engine.build import build_engine, resolve_engine_kind
+from fmmeta.engine.distributed import init_distributed, strip_local_rank
+from fmmeta.engine.partition import partitioned_build
 from fmmeta.evaluation.heldout import evaluate_run
-from fmmeta.models import build_model_and_tokenizer
+from fmmeta.models import add_lora, build_model_and_tokenizer
 from fmmeta.recipe_config import RecipeConfig
 from fmmeta.tasks.config import build_task_set
 
@@ -39,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--adapter", action="append", default=[], metavar="NAME=PATH",
                         help="an adapter folder in peft format to evaluate; repeatable")
     parser.add_argument("overrides", nargs="*", help="section.key=value")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(strip_local_rank(sys.argv[1:] if argv is None else argv))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config_path = args.config
     if args.run is not None:
@@ -61,9 +70,18 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         adapters[name] = Path(path)
     out = args.run if args.run is not None else Path(cfg.output_dir)
-    base, tokenizer = build_model_and_tokenizer(cfg.model)
+    if resolve_engine_kind(cfg.engine) != "local":
+        init_distributed("nccl" if torch.cuda.is_available() else "gloo", cfg.engine.collective_timeout_s)
+    precision = {"float32": "fp32", "bfloat16": "bf16"}[cfg.model.dtype]
+    partitioned = partitioned_build(cfg.engine, cfg.optim, precision=precision)
+    base, tokenizer = build_model_and_tokenizer(cfg.model, partitioned=partitioned)
     suite = build_task_set(cfg.tasks, tokenizer, seed=cfg.train.seed)
-    paths = evaluate_run(cfg, base, tokenizer, suite, adapters, out)
+    model = add_lora(base, cfg.lora, seed=cfg.train.seed)  # the shared initial adapter (B = 0)
+    engine = build_engine(cfg.engine, model, cfg.optim, precision=precision)
+    try:
+        paths = evaluate_run(cfg, engine, tokenizer, suite, adapters, out)
+    finally:
+        engine.close()
     print("\n".join(f"{name}: {path}" for name, path in paths.items()))
     return 0
 

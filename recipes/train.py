@@ -11,15 +11,16 @@ every method on held-out tasks. Any launcher works, with the same arguments:
     accelerate launch --config_file recipes/accelerate_zero3.yaml recipes/train.py ...
 
 The story, top to bottom: load and validate the whole config (before any model is touched), build
-the model and the task suite, then for each method: wrap a fresh adapter in an engine, resume from
-the latest complete checkpoint, run meta-steps (plan -> meta_step -> gather observations -> log ->
-checkpoint) and save the adapter. Finally rank 0 evaluates every adapter on held-out tasks.
+the model (under ZeRO-3 already partitioned, so no rank holds it whole) and the task suite, add the
+seeded initial adapter once, then for each method: reset the adapter to that initial one, wrap the
+model in an engine, resume from the latest complete checkpoint, run meta-steps (plan -> meta_step
+-> gather observations -> log -> checkpoint), save the adapter and release the engine. Finally every
+rank evaluates its share of the held-out episodes under one more engine on the same model.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import json
 import logging
@@ -40,7 +41,9 @@ from fmmeta.config import ConfigError, describe_config, load_config, save_resolv
 from fmmeta.engine.build import build_engine, resolve_engine_kind
 from fmmeta.engine.distributed import init_distributed, strip_local_rank
 from fmmeta.engine.guard import NonFiniteError, NonFiniteGuard
+from fmmeta.engine.partition import partitioned_build
 from fmmeta.engine.protocol import Engine
+from fmmeta.engine.zero import scatter_adapter
 from fmmeta.evaluation.heldout import evaluate_run
 from fmmeta.models import add_lora, build_model_and_tokenizer, count_parameters
 from fmmeta.models import lora_shapes, model_id
@@ -182,15 +185,34 @@ def save_checkpoint(ckpts: CheckpointManager, step: int, cfg: RecipeConfig, engi
     ckpts.save(step, write, meta={"model_id": model_id(cfg.model), "lora_shapes": lora_shapes(model)})
 
 
-def train_method(cfg: RecipeConfig, method: str, base: torch.nn.Module, pad_id: int,
-                 suite: Any, out: Path) -> Path:
+def adapter_tensors(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The LoRA tensors, in the order every engine uses (``named_parameters``)."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def fresh_engine(cfg: RecipeConfig, model: torch.nn.Module, initial: list[torch.Tensor]) -> Engine:
+    """Resets the adapter to the run's initial one and wraps the (shared) model in a new engine.
+
+    Every method starts from the same seeded adapter this way without a copy of the base; the
+    previous method's engine must have been closed (it removes its ZeRO-3 hooks).
+    """
+    scatter_adapter(adapter_tensors(model), initial)
+    return build_engine(cfg.engine, model, cfg.optim, precision=PRECISION[cfg.model.dtype])
+
+
+def train_method(cfg: RecipeConfig, method: str, model: torch.nn.Module, initial: list[torch.Tensor],
+                 pad_id: int, suite: Any, out: Path) -> Path:
     """Meta-trains one adapter from the shared initial adapter; returns its peft folder."""
     method_dir = out / method
-    model = add_lora(copy.deepcopy(base), cfg.lora, seed=cfg.train.seed)
-    engine = NonFiniteGuard(
-        build_engine(cfg.engine, model, cfg.optim, precision=PRECISION[cfg.model.dtype]),
-        cfg.train.nonfinite,
-    )
+    engine = NonFiniteGuard(fresh_engine(cfg, model, initial), cfg.train.nonfinite)
+    try:
+        return _train(cfg, method, engine, model, pad_id, suite, out, method_dir)
+    finally:
+        engine.close()
+
+
+def _train(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.Module, pad_id: int,
+           suite: Any, out: Path, method_dir: Path) -> Path:
     banner(cfg, method, engine, model)
     algorithm = build_algorithm(dataclasses.replace(cfg.algorithm, name=method), pad_id)
     sampler = CostAwareSampler(
@@ -268,22 +290,28 @@ def main(argv: list[str] | None = None) -> int:
         logger.info("resolved config written to %s", out / "config.yaml")
     torch.manual_seed(cfg.train.seed)
     t0 = time.perf_counter()
-    base, tokenizer = build_model_and_tokenizer(cfg.model)
+    # Under ZeRO-3 the base is partitioned as it is built; `partitioned` stays alive all run.
+    partitioned = partitioned_build(cfg.engine, cfg.optim, precision=PRECISION[cfg.model.dtype])
+    base, tokenizer = build_model_and_tokenizer(cfg.model, partitioned=partitioned)
+    model = add_lora(base, cfg.lora, seed=cfg.train.seed)
+    initial = [p.detach().clone() for p in adapter_tensors(model)]
     suite = build_task_set(cfg.tasks, tokenizer, seed=cfg.train.seed)
     logger.info(
         "model and %d/%d/%d meta-train/val/test tasks ready in %.1fs",
         len(suite.meta_train), len(suite.meta_val), len(suite.meta_test), time.perf_counter() - t0,
     )
-    # ZeRO-3 partitions the module it wraps, so evaluation keeps an untouched copy of the base.
-    pristine = copy.deepcopy(base) if cfg.eval.enabled and rank == 0 else None
     try:
-        adapters = {m: train_method(cfg, m, base, tokenizer.pad_token_id, suite, out)
+        adapters = {m: train_method(cfg, m, model, initial, tokenizer.pad_token_id, suite, out)
                     for m in cfg.methods}
     except NonFiniteError as err:
         logger.error("stopped: %s", err)
         return 3
-    if rank == 0 and pristine is not None:
-        evaluate_run(cfg, pristine, tokenizer, suite, adapters, out)
+    if cfg.eval.enabled:
+        engine = fresh_engine(cfg, model, initial)  # "base" is evaluated at the initial adapter
+        try:
+            evaluate_run(cfg, engine, tokenizer, suite, adapters, out)
+        finally:
+            engine.close()
     logger.info("done in %.1fs; everything is in %s", time.perf_counter() - t0, out)
     return 0
 

@@ -8,6 +8,8 @@ DeepSpeed config -> DeepSpeed, and a plain ``python`` process -> the local engin
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import Any, Mapping
 
 import torch
 from torch import nn
@@ -17,7 +19,10 @@ from fmmeta.engine.optim import OuterOptimConfig
 from fmmeta.engine.protocol import Engine
 
 DEFAULT_DS_CONFIG = {
-    "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": "auto"},
+    "zero_optimization": {
+        "stage": 3, "stage3_param_persistence_threshold": "auto",
+        "stage3_max_live_parameters": "auto", "stage3_max_reuse_distance": "auto",
+    },
     "steps_per_print": 10**9,
 }
 """ZeRO-3 with every value fmmeta owns filled in by the engine (used when no JSON is given)."""
@@ -34,6 +39,19 @@ def resolve_engine_kind(cfg: EngineConfig) -> str:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 or cfg.deepspeed_config is not None:
         return "deepspeed"
     return "local"
+
+
+def engine_ds_config(cfg: EngineConfig) -> str | Path | Mapping[str, Any]:
+    """The DeepSpeed config (unresolved) the DeepSpeed or accelerate engine will use.
+
+    ``accelerate launch`` with its DeepSpeed plugin brings its own; otherwise the JSON named by
+    ``engine.deepspeed_config``, or ZeRO-3 with fmmeta's values when none is named.
+    """
+    if resolve_engine_kind(cfg) == "accelerate":
+        from fmmeta.engine.accelerate_engine import deepspeed_config_from_accelerate
+
+        return deepspeed_config_from_accelerate()
+    return cfg.deepspeed_config or DEFAULT_DS_CONFIG
 
 
 def build_engine(
@@ -68,7 +86,7 @@ def build_engine(
     from fmmeta.engine.deepspeed_engine import DeepSpeedEngine
 
     return DeepSpeedEngine(
-        model, optim_cfg, cfg.deepspeed_config or DEFAULT_DS_CONFIG, precision=precision,
+        model, optim_cfg, engine_ds_config(cfg), precision=precision,
         dist_backend=backend, dist_timeout_s=cfg.collective_timeout_s,
     )
 

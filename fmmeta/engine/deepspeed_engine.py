@@ -104,7 +104,7 @@ class DeepSpeedEngine:
         self.cfg = optim_cfg
         self.precision = precision
         if precision == "bf16":
-            model = model.to(torch.bfloat16)
+            _cast_bf16(model)
         if activation_checkpointing:
             from fmmeta.models.build import enable_activation_checkpointing
 
@@ -134,6 +134,14 @@ class DeepSpeedEngine:
             "DeepSpeedEngine: world_size=%d zero_stage=%d precision=%s adapter tensors=%d (%d elements)",
             self.world_size, self.zero_stage, precision, len(self._params), n_adapter,
         )
+
+    def close(self) -> None:
+        """Removes DeepSpeed's hooks from the model so another engine can wrap the same model.
+
+        The model keeps its ZeRO-3 partitions and the adapter stays resident; the outer
+        optimizer's state is dropped. Every rank must call it.
+        """
+        self._ds.destroy()
 
     @property
     def model(self) -> nn.Module:
@@ -293,6 +301,23 @@ class DeepSpeedEngine:
             self._optimizer.load_state_dict(merged)
         self.scheduler.load_state_dict(state["scheduler"])
         ensure_resident(self._params)
+
+
+def _cast_bf16(model: nn.Module) -> None:
+    """Casts the model to bf16 in place; a model already partitioned by ZeRO-3 must be built in it.
+
+    ``Module.to`` would only cast the ``[0]`` placeholders of partitioned parameters, not their
+    partitions, so a partitioned model in another dtype is refused instead.
+    """
+    wrong = [n for n, p in model.named_parameters() if p.dtype != torch.bfloat16]
+    if not wrong:
+        return
+    if any(hasattr(p, "ds_id") for p in model.parameters()):
+        raise ValueError(
+            f"precision='bf16' but the ZeRO-3 partitioned model holds {wrong[0]!r} in another dtype: "
+            "build it with model.dtype=bfloat16"
+        )
+    model.to(torch.bfloat16)
 
 
 def _plain(obj: Any) -> Any:

@@ -51,9 +51,14 @@ _ZERO_AUTO_TO_DEFAULT = (
     "reduce_bucket_size",
     "stage3_prefetch_bucket_size",
     "allgather_bucket_size",
-    "stage3_max_live_parameters",
-    "stage3_max_reuse_distance",
 )
+
+ZERO3_LEAN_GATHER = {"stage3_max_live_parameters": 30_000_000, "stage3_max_reuse_distance": 0}
+"""What ``"auto"`` means for ZeRO-3's gather limits (in elements). DeepSpeed's defaults (1e9 each)
+keep every gathered parameter of a model below a billion parameters alive between passes, so each
+rank ends up holding the whole model again during a meta-step; these release a layer's weights as
+soon as its pass is done (more all-gathers, and memory per rank of about its partition plus a few
+layers). Give explicit values in the JSON to trade memory back for communication."""
 
 
 class DSConfigError(ValueError):
@@ -182,6 +187,9 @@ def resolve_ds_config(
         for key in _ZERO_AUTO_TO_DEFAULT:
             if zero.get(key) == AUTO:
                 del zero[key]
+        for key, value in ZERO3_LEAN_GATHER.items():
+            if zero.get(key) == AUTO:
+                zero[key] = value
         if zero_stage(cfg) == 3 and max_adapter_numel is not None:
             threshold = zero.get("stage3_param_persistence_threshold", AUTO)
             if threshold == AUTO or int(threshold) < max_adapter_numel:

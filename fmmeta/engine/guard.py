@@ -44,6 +44,12 @@ class NonFiniteGuard:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
+    def close(self) -> None:
+        """Closes the wrapped engine (see ``DeepSpeedEngine.close``)."""
+        close = getattr(self.inner, "close", None)
+        if close is not None:
+            close()
+
     def outer_step(self, grad_sum: Sequence[torch.Tensor], n_real_tasks: int) -> dict[str, float]:
         """Checks every rank's gradient, then steps, skips, or raises, the same on all ranks."""
         bad = any(not bool(torch.isfinite(g).all()) for g in grad_sum)

@@ -64,6 +64,10 @@ class LocalEngine:
         self._params = [p for _, p in named]
         self.optimizer, self.scheduler = build_outer_optimizer(self._params, cfg)
 
+    def close(self) -> None:
+        """Nothing to release: the model has no framework hooks (the method exists for symmetry
+        with the distributed engines, so a recipe can close any engine)."""
+
     @property
     def model(self) -> nn.Module:
         """The peft model."""

@@ -132,11 +132,49 @@ def scatter_adapter(params: Sequence[nn.Parameter], values: Sequence[torch.Tenso
             )
         p.data.copy_(v.to(p.dtype))
         if is_zero3_param(p):
-            # this rank's partition covers flat[rank * n : (rank + 1) * n] (the last one padded)
-            part = p.ds_tensor  # type: ignore[attr-defined]
-            rank = dist.get_rank(group=p.ds_process_group) if dist.is_initialized() else 0  # type: ignore[attr-defined]
-            flat = p.data.reshape(-1)
-            lo = rank * part.numel()
-            hi = min(lo + part.numel(), flat.numel())
-            if hi > lo:
-                part.data[: hi - lo].copy_(flat[lo:hi])
+            write_partition(p, p.data)
+
+
+@torch.no_grad()
+def write_partition(p: nn.Parameter, value: torch.Tensor) -> None:
+    """Copies this rank's share of the full ``value`` into ZeRO-3's partition of ``p``.
+
+    No collective: every rank holds ``value`` (or can compute it) and keeps only its slice, which
+    is how a parameter can be filled without ever gathering it. ``p.data`` is left alone (it is
+    the ``[0]`` placeholder while ``p`` is partitioned).
+
+    Raises:
+        ValueError: if ``value`` does not have ``p``'s full number of elements.
+    """
+    if not is_zero3_param(p):
+        raise TypeError("write_partition needs a ZeRO-3 parameter (built under deepspeed.zero.Init)")
+    flat = value.reshape(-1)
+    if flat.numel() != p.ds_numel:  # type: ignore[attr-defined]
+        raise ValueError(
+            f"write_partition got {flat.numel()} elements for a parameter of full shape "
+            f"{tuple(full_shape(p))}"
+        )
+    # this rank's partition covers flat[rank * n : (rank + 1) * n] (the last one padded)
+    part = p.ds_tensor  # type: ignore[attr-defined]
+    rank = dist.get_rank(group=p.ds_process_group) if dist.is_initialized() else 0  # type: ignore[attr-defined]
+    lo = rank * part.numel()
+    hi = min(lo + part.numel(), flat.numel())
+    if hi > lo:
+        part.data[: hi - lo].copy_(flat[lo:hi].to(part.dtype))
+
+
+def held_elements(params: Iterable[nn.Parameter]) -> tuple[int, int]:
+    """``(elements this rank holds, full elements)`` over ``params``.
+
+    Under ZeRO-3 a rank holds its partition (``ds_tensor``) plus the full tensor while a
+    parameter is gathered (persistent ones stay gathered); elsewhere it holds the whole tensor.
+    """
+    held = full = 0
+    for p in params:
+        if is_zero3_param(p):
+            held += p.ds_tensor.numel() + p.data.numel()  # type: ignore[attr-defined]
+            full += p.ds_numel  # type: ignore[attr-defined]
+        else:
+            held += p.numel()
+            full += p.numel()
+    return held, full

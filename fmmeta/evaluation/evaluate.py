@@ -22,8 +22,15 @@ What keeps it honest:
   overall. Within a seed every episode weighs the same (its own loss is per answer token).
 
 Evaluation runs with the model in eval mode (no dropout, so no random draws) and restores the mode
-afterwards. Forward/backward counts depend only on the episodes, so ZeRO-3 ranks that evaluate the
-same episodes stay in lockstep; the adapter tensors must be resident (see the engine layer).
+afterwards.
+
+Several ranks (``ranks=`` an engine) split the episodes: in round ``k`` rank ``r`` takes episode
+``k * world_size + r`` (or none), and the scores are gathered and put back in episode order, so the
+result is the one a single process computes. Under ZeRO-3 every forward and backward pass
+all-gathers parameters, so every rank must run the same sequence of passes or the run hangs: each
+phase of an episode (a support step, a query scoring) is padded with zero-weight dummy passes up to
+the largest pass count of any rank in that round. The adapter tensors must be resident (the
+engine layer keeps them so).
 """
 
 from __future__ import annotations
@@ -32,13 +39,20 @@ import dataclasses
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence, TypeVar
 
 import torch
 from torch import nn
 
-from fmmeta.algorithms.inner_loop import InnerLoopConfig, InnerOptimizer, adapt, restore, snapshot
-from fmmeta.evaluation.scoring import score_query
+from fmmeta.algorithms.inner_loop import (
+    InnerLoopConfig,
+    InnerOptimizer,
+    adapt,
+    evaluate_loss,
+    restore,
+    snapshot,
+)
+from fmmeta.evaluation.scoring import score_passes, score_query
 from fmmeta.tasks.episode import Batch, Episode, collate
 
 logger = logging.getLogger(__name__)
@@ -53,6 +67,95 @@ FAMILIES: tuple[str, ...] = (CLASSIFICATION, GENERATION, OVERALL)
 
 DEFAULT_LR_GRID: tuple[float, ...] = (0.003, 0.01, 0.03, 0.1)
 """Adaptation learning rates tried per method (the design notes' probe found 0.01-0.1 useful)."""
+
+
+class Ranks(Protocol):
+    """The part of an engine that splitting evaluation over ranks needs."""
+
+    rank: int
+    world_size: int
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order."""
+        ...
+
+
+class _OneRank:
+    rank = 0
+    world_size = 1
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        return [obj]
+
+
+_T = TypeVar("_T")
+
+
+class _Lockstep:
+    """Pads each phase of an episode to the same number of passes on every rank."""
+
+    def __init__(self, model: nn.Module, params: Sequence[torch.Tensor], ranks: Ranks) -> None:
+        self.model, self.params, self.ranks = model, params, ranks
+
+    def most(self, n: int) -> int:
+        """The largest ``n`` over ranks (a collective when there are several)."""
+        return n if self.ranks.world_size == 1 else max(self.ranks.all_gather_object(n))
+
+    def support(self, batches: list[Batch | None]) -> list[Batch | None]:
+        """``batches`` padded with dummy passes (``None``) to the longest support of the round."""
+        return batches + [None] * (self.most(len(batches)) - len(batches))
+
+    def score(self, passes: int, fn: Callable[[], _T] | None) -> _T | None:
+        """Runs ``fn`` (forward-only scoring of ``passes`` passes; ``None`` for a rank without an
+        episode), then dummy forward passes up to the busiest rank's count.
+
+        The counts are exchanged before any pass runs: a rank still in its forward passes while
+        another waits in the exchange would mismatch the collectives.
+
+        Raises:
+            RuntimeError: if ``fn`` ran another number of passes than announced.
+        """
+        target = self.most(passes)
+        ran = 0
+
+        def count(*_: Any) -> None:
+            nonlocal ran
+            ran += 1
+
+        handle = self.model.register_forward_pre_hook(count)
+        try:
+            result = fn() if fn is not None else None
+        finally:
+            handle.remove()
+        if ran != passes:
+            raise RuntimeError(
+                f"scoring ran {ran} forward passes but score_passes() announced {passes}: "
+                "fmmeta.evaluation.scoring.score_passes must follow score_query"
+            )
+        if target > ran:
+            evaluate_loss(self.model, self.params, [None] * (target - ran))
+        return result
+
+
+def _sharded(ranks: Ranks, items: Sequence[Any], fn: Callable[[Any | None], _T]) -> list[_T]:
+    """``[fn(item) for item in items]`` with the items split over ranks, in the original order.
+
+    Every rank calls ``fn`` once per round, with ``None`` when it has no item left, so ranks run the
+    same number of rounds.
+    """
+    world, rank = ranks.world_size, ranks.rank
+    mine: dict[int, _T] = {}
+    for start in range(0, len(items), world):
+        i = start + rank
+        result = fn(items[i] if i < len(items) else None)
+        if i < len(items):
+            mine[i] = result
+    if world == 1:
+        return [mine[i] for i in range(len(items))]
+    merged: dict[int, _T] = {}
+    for part in ranks.all_gather_object(mine):
+        merged.update(part)
+    return [merged[i] for i in range(len(items))]
 
 
 def family_of(episode: Episode) -> str:
@@ -268,29 +371,53 @@ def _load(params: Sequence[torch.Tensor], state: Sequence[torch.Tensor]) -> None
 def _adapt_and_score(
     model: nn.Module,
     params: Sequence[torch.Tensor],
-    episode: Episode,
+    episode: Episode | None,
     cfg: InnerLoopConfig,
     steps: int,
     pad_id: int,
     micro_batch_size: int,
+    lockstep: _Lockstep,
     *,
     score_every_step: bool = True,
 ) -> list[tuple[int, float, float, int]]:
     """Adapts on the support step by step; returns ``(step, loss, accuracy, n)`` per scored step.
 
     One :class:`InnerOptimizer` carries the trajectory across the one-step ``adapt`` calls, so
-    stepping and scoring in between gives exactly the weights of ``adapt(steps=k)``.
+    stepping and scoring in between gives exactly the weights of ``adapt(steps=k)``. ``episode``
+    ``None`` runs only the dummy passes that keep this rank in step with the others.
     """
     out: list[tuple[int, float, float, int]] = []
-    support = _support_batches(episode, pad_id, micro_batch_size)
+    support = [] if episode is None else _support_batches(episode, pad_id, micro_batch_size)
+    support = lockstep.support(support)
     opt = InnerOptimizer(cfg, params)
     for step in range(steps + 1):
         if step > 0:
             adapt(model, params, support, cfg, steps=1, optimizer=opt)
         if score_every_step or step == steps:
-            s = score_query(model, episode, pad_id, micro_batch_size=micro_batch_size)
-            out.append((step, s.loss, s.accuracy, s.n))
+            ep = episode
+            s = lockstep.score(
+                0 if ep is None else score_passes(ep, micro_batch_size=micro_batch_size),
+                None if ep is None else lambda: score_query(model, ep, pad_id, micro_batch_size=micro_batch_size),
+            )
+            if s is not None:
+                out.append((step, s.loss, s.accuracy, s.n))
     return out
+
+
+def _score_in_context(
+    model: nn.Module, episode: Episode | None, pad_id: int, micro_batch_size: int, lockstep: _Lockstep
+) -> list[tuple[int, float, float, int]]:
+    """The step-0 score with the support as demonstrations (no adaptation)."""
+    ep = episode
+    if ep is None:
+        s = lockstep.score(0, None)
+    else:
+        query = ep.in_context_query()
+        s = lockstep.score(
+            score_passes(query, choices=ep.choices, micro_batch_size=micro_batch_size),
+            lambda: score_query(model, query, pad_id, choices=ep.choices, micro_batch_size=micro_batch_size),
+        )
+    return [] if s is None else [(0, s.loss, s.accuracy, s.n)]
 
 
 def evaluate_methods(
@@ -307,6 +434,7 @@ def evaluate_methods(
     min_seeds: int = 3,
     lr_selection: LrSelection | None = None,
     progress: bool = False,
+    ranks: Ranks | None = None,
 ) -> EvalResult:
     """Adapts each method on each held-out episode for 0..``max_steps`` steps and scores the query.
 
@@ -325,6 +453,8 @@ def evaluate_methods(
         min_seeds: fewest episode draws accepted (3 by default; a worst case over fewer says little).
         lr_selection: recorded in the result so the report can show how lrs were chosen.
         progress: show a tqdm bar over (method, episode) pairs (turn on for rank 0 only).
+        ranks: split the episodes over the ranks of this engine (every rank must call, with the
+            same arguments); the result is the same on every rank and equals one process's.
 
     Returns:
         All records and their summary.
@@ -351,6 +481,8 @@ def evaluate_methods(
     _check_states(params, methods)
     lrs = {m: (inner_lrs or {}).get(m, inner.inner_lr) for m in methods if m != IN_CONTEXT}
 
+    ranks = ranks or _OneRank()
+    lockstep = _Lockstep(model, params, ranks)
     theta = snapshot(params)
     was_training = model.training
     model.eval()
@@ -365,19 +497,21 @@ def evaluate_methods(
             start = theta if state is None else [t.detach() for t in state]
             cfg = None if method == IN_CONTEXT else dataclasses.replace(inner, inner_lr=lrs[method])
             logger.info("evaluating %s (lr %s) on %d seeds", method, lrs.get(method), len(episodes_per_seed))
+
+            def one(ep: Episode | None) -> list[tuple[int, float, float, int]]:
+                _load(params, start)
+                if cfg is None:
+                    scored = _score_in_context(model, ep, pad_id, micro_batch_size, lockstep)
+                else:
+                    scored = _adapt_and_score(
+                        model, params, ep, cfg, max_steps, pad_id, micro_batch_size, lockstep
+                    )
+                if bar is not None:
+                    bar.update(ranks.world_size if ep is not None else 0)
+                return scored
+
             for seed, episodes in enumerate(episodes_per_seed):
-                for i, ep in enumerate(episodes):
-                    _load(params, start)
-                    if cfg is None:
-                        s = score_query(
-                            model, ep.in_context_query(), pad_id, choices=ep.choices,
-                            micro_batch_size=micro_batch_size,
-                        )
-                        scored = [(0, s.loss, s.accuracy, s.n)]
-                    else:
-                        scored = _adapt_and_score(
-                            model, params, ep, cfg, max_steps, pad_id, micro_batch_size
-                        )
+                for i, (ep, scored) in enumerate(zip(episodes, _sharded(ranks, episodes, one))):
                     records.extend(
                         EpisodeRecord(
                             method=method, seed=seed, episode=i, task=ep.task, family=family_of(ep),
@@ -385,8 +519,6 @@ def evaluate_methods(
                         )
                         for step, loss, acc, n in scored
                     )
-                    if bar is not None:
-                        bar.update(1)
     finally:
         if bar is not None:
             bar.close()
@@ -414,6 +546,7 @@ def select_inner_lr(
     pad_id: int,
     lr_grid: Sequence[float] = DEFAULT_LR_GRID,
     micro_batch_size: int = 8,
+    ranks: Ranks | None = None,
 ) -> LrSelection:
     """Chooses each method's adaptation lr on meta-validation episodes (never held-out ones).
 
@@ -431,6 +564,7 @@ def select_inner_lr(
         pad_id: padding token id.
         lr_grid: candidate lrs, each > 0.
         micro_batch_size: sequences per forward pass.
+        ranks: split the episodes over the ranks of this engine (as for :func:`evaluate_methods`).
 
     Raises:
         ValueError: on no validation episodes, an empty grid or a non-positive lr.
@@ -445,6 +579,8 @@ def select_inner_lr(
     if steps < 0:
         raise ValueError(f"steps={steps} is invalid: must be >= 0")
     _check_states(params, methods)
+    ranks = ranks or _OneRank()
+    lockstep = _Lockstep(model, params, ranks)
     theta = snapshot(params)
     was_training = model.training
     model.eval()
@@ -458,14 +594,16 @@ def select_inner_lr(
             table: dict[float, float] = {}
             for lr in sorted(lr_grid):
                 cfg = dataclasses.replace(inner, inner_lr=lr)
-                losses = []
-                for ep in validation_episodes:
+
+                def final_loss(ep: Episode | None) -> float:
                     _load(params, start)
-                    [(_, loss, _, _)] = _adapt_and_score(
-                        model, params, ep, cfg, steps, pad_id, micro_batch_size,
+                    scored = _adapt_and_score(
+                        model, params, ep, cfg, steps, pad_id, micro_batch_size, lockstep,
                         score_every_step=False,
                     )
-                    losses.append(loss)
+                    return scored[0][1] if scored else math.nan
+
+                losses = _sharded(ranks, validation_episodes, final_loss)
                 mean = sum(losses) / len(losses)
                 table[lr] = mean if math.isfinite(mean) else math.inf
             val_loss[method] = table
@@ -496,6 +634,7 @@ def evaluate_held_out(
     micro_batch_size: int = 8,
     min_seeds: int = 3,
     progress: bool = False,
+    ranks: Ranks | None = None,
 ) -> EvalResult:
     """Chooses lrs on validation tasks, then evaluates on held-out tasks: the whole honest protocol.
 
@@ -503,8 +642,8 @@ def evaluate_held_out(
     refused (the held-out numbers would no longer be held out).
 
     Args:
-        model, params, methods, inner, max_steps, pad_id, micro_batch_size, min_seeds, progress:
-            as for :func:`evaluate_methods`.
+        model, params, methods, inner, max_steps, pad_id, micro_batch_size, min_seeds, progress,
+            ranks: as for :func:`evaluate_methods`.
         validation_episodes: episodes of meta-validation tasks, for :func:`select_inner_lr`.
         test_episodes_per_seed: held-out episodes, one list per seed of episode draws.
         lr_grid: candidate adaptation lrs; each method's is chosen at ``max_steps`` steps.
@@ -529,9 +668,10 @@ def evaluate_held_out(
     sel = select_inner_lr(
         model, params, methods, validation_episodes, inner,
         steps=max_steps, pad_id=pad_id, lr_grid=lr_grid, micro_batch_size=micro_batch_size,
+        ranks=ranks,
     )
     return evaluate_methods(
         model, params, methods, test_episodes_per_seed, inner, max_steps, pad_id,
         inner_lrs=sel.chosen, micro_batch_size=micro_batch_size, min_seeds=min_seeds,
-        lr_selection=sel, progress=progress,
+        lr_selection=sel, progress=progress, ranks=ranks,
     )

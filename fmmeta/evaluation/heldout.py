@@ -1,7 +1,8 @@
 """Held-out evaluation of a run: the glue between a config, a task suite and saved adapters.
 
 ``recipes/train.py`` calls :func:`evaluate_run` at the end of a run and ``recipes/evaluate.py``
-calls it on saved adapters, so both report the same way.
+calls it on saved adapters, so both report the same way. It runs on every rank of the engine that
+wraps the model (episodes split over ranks), so the base is never needed whole anywhere.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
+from fmmeta.engine.protocol import Engine
 from fmmeta.evaluation.evaluate import evaluate_held_out
 from fmmeta.evaluation.report import format_markdown, write_report
-from fmmeta.models import add_lora
 from fmmeta.recipe_config import RecipeConfig
 from fmmeta.tasks.episode import Episode
 
@@ -32,7 +33,10 @@ def draw_episodes(tasks: Any, seed: int, draw: int, per_task: int) -> list[Episo
 
 
 def adapter_tensors(model: torch.nn.Module, folder: Path) -> list[torch.Tensor]:
-    """The adapter saved in ``folder`` (peft format) as tensors in the model's parameter order."""
+    """The adapter saved in ``folder`` (peft format) as tensors in the model's parameter order.
+
+    The model's adapter tensors must be resident (an engine keeps them so); they are put back.
+    """
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
@@ -55,17 +59,23 @@ def adapter_tensors(model: torch.nn.Module, folder: Path) -> list[torch.Tensor]:
 
 
 def evaluate_run(
-    cfg: RecipeConfig, base: torch.nn.Module, tokenizer: Any, suite: Any,
+    cfg: RecipeConfig, engine: Engine, tokenizer: Any, suite: Any,
     adapters: Mapping[str, Path], out: Path,
 ) -> dict[str, Path]:
     """Evaluates the base model, in-context demonstrations and every adapter; writes the report.
 
+    Every rank of ``engine`` must call it; they split the episodes and all get the same result;
+    rank 0 writes the report.
+
+    Args:
+        engine: the engine wrapping the peft model, whose adapter holds the run's initial adapter
+            (scored as ``"base"``: LoRA B is zero).
+
     Returns:
-        Name -> path of each report file (eval.json, eval.md, PNG plots).
+        Name -> path of each report file (eval.json, eval.md, PNG plots); empty on other ranks.
     """
-    model = add_lora(base, cfg.lora, seed=cfg.train.seed)  # the shared initial adapter (B = 0)
-    model.eval()
-    params = [p for p in model.parameters() if p.requires_grad]
+    model = engine.model
+    params = engine.adapter_parameters()
     methods: dict[str, list[torch.Tensor] | None] = {"base": None}
     if cfg.eval.in_context:
         methods["in_context"] = None
@@ -83,7 +93,10 @@ def evaluate_run(
         model, params, methods, val, test, cfg.algorithm.inner_loop, cfg.eval.max_steps,
         tokenizer.pad_token_id, lr_grid=cfg.eval.lr_grid,
         micro_batch_size=cfg.eval.micro_batch_size, min_seeds=min(3, cfg.eval.seeds),
+        ranks=engine,
     )
+    if engine.rank != 0:
+        return {}
     metrics = out / "metrics.jsonl"
     paths = write_report(result, out / "eval", metrics_jsonl=metrics if metrics.exists() else None)
     logger.info("held-out evaluation:\n%s", format_markdown(result))

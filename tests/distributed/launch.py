@@ -26,19 +26,20 @@ def _free_port() -> int:
 
 def run_worker(
     out: Path,
-    configs: list[str],
+    configs: list[str] | None,
     *,
     nprocs: int = 1,
     launcher: str = "python",
     timeout_s: float = 240.0,
     pg_timeout_s: float = 60.0,
     extra: list[str] | None = None,
+    worker: Path = WORKER,
 ) -> subprocess.CompletedProcess[str]:
-    """Launches the worker and returns the finished process; raises ``AssertionError`` with its
-    output tail when it fails or runs past ``timeout_s``."""
+    """Launches ``worker`` (``--configs`` only when ``configs`` is given) and returns the finished
+    process; raises ``AssertionError`` with its output tail when it fails or runs past ``timeout_s``."""
     bindir = Path(sys.executable).parent
     port = _free_port()
-    script = [str(WORKER), "--out", str(out), "--configs", ",".join(configs),
+    script = [str(worker), "--out", str(out), *(["--configs", ",".join(configs)] if configs else []),
               "--timeout", str(pg_timeout_s), *(extra or [])]
     if launcher == "python":
         if nprocs != 1:

@@ -82,3 +82,15 @@ def test_explicit_equal_values_accepted_and_input_untouched() -> None:
     cfg = resolve_ds_config(raw, owned=OWNED)
     assert cfg["train_batch_size"] == 2 and raw == {"train_micro_batch_size_per_gpu": 1,
                                                     "gradient_clipping": 1, "bf16": {"enabled": True}}
+
+
+@pytest.mark.parametrize("name", ["zero3.json", "zero3_offload.json"])
+def test_zero3_auto_gather_limits_release_layers_after_their_pass(name: str) -> None:
+    from fmmeta.engine.ds_config import ZERO3_LEAN_GATHER
+
+    zero = resolve_ds_config(REPO / "ds_configs" / name, owned=OWNED)["zero_optimization"]
+    assert {k: zero[k] for k in ZERO3_LEAN_GATHER} == ZERO3_LEAN_GATHER
+    explicit = {"zero_optimization": {"stage": 3, "stage3_max_live_parameters": 5,
+                                      "stage3_max_reuse_distance": 7}}
+    zero = resolve_ds_config(explicit, owned=OWNED)["zero_optimization"]
+    assert (zero["stage3_max_live_parameters"], zero["stage3_max_reuse_distance"]) == (5, 7)
