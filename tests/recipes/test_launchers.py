@@ -1,6 +1,10 @@
 """The same recipe under ``deepspeed`` and ``accelerate launch`` (2 processes, ZeRO-3, CPU/gloo)
 gives the same adapter as one plain process: the meta-gradient is averaged over ranks, so in fp32
-only the summation order differs.
+only the summation order differs. With packed passes it differs in every matmul, not only in the
+all-reduce: one process packs all of a meta-batch's tasks into shared passes, two ranks pack each
+rank's tasks, so rows meet other rows; over 8 Adam steps that rounding grows to ~1e-5 of the
+adapter (measured 1.2e-5), hence 5e-5 here. Per-step agreement at 1e-5 with identical passes on
+every engine is tests/distributed/test_equivalence.py's job; a wrong average would be off by ~1e-1.
 
 The ``deepspeed`` launcher appends ``--local_rank=N`` to the script's arguments; that this run
 succeeds at all is the check that the recipe tolerates it.
@@ -14,7 +18,7 @@ import pytest
 
 from tests.recipes import _recipe
 
-RTOL = 1e-5
+RTOL = 5e-5
 
 
 @pytest.mark.timeout(300)
