@@ -90,16 +90,12 @@ class InnerLoopConfig:
 # Losses
 # --------------------------------------------------------------------------------------------
 
-_LOGITS_TO_KEEP: dict[type, bool] = {}
+_LOGITS_TO_KEEP: dict[type, str] = {}
 
 
-def accepts_logits_to_keep(model: nn.Module) -> bool:
-    """Whether the underlying causal LM takes ``logits_to_keep`` (cached per class).
-
-    Unwraps framework wrappers and peft, so scoring code can skip the LM head over prompts too.
-    """
+def _unwrap(model: nn.Module) -> nn.Module:
+    """The causal LM under framework wrappers (DeepSpeedEngine/DDP: ``.module``) and peft."""
     inner = model
-    # Unwrap framework wrappers (DeepSpeedEngine/DDP: .module) and peft (get_base_model()).
     for _ in range(4):
         if hasattr(inner, "get_base_model"):
             inner = inner.get_base_model()
@@ -107,42 +103,63 @@ def accepts_logits_to_keep(model: nn.Module) -> bool:
             inner = inner.module
         else:
             break
-    cls = type(inner)
+    return inner
+
+
+def _logits_to_keep_kind(model: nn.Module) -> str:
+    """How the model takes ``logits_to_keep`` (cached per class): ``"mask"`` (a 2D boolean mask,
+    through transformers' ``slice_logits_to_keep``), ``"index"`` (a 1D index tensor) or ``""``."""
+    cls = type(_unwrap(model))
     if cls not in _LOGITS_TO_KEEP:
+        kind = ""
         try:
-            _LOGITS_TO_KEEP[cls] = "logits_to_keep" in inspect.signature(inner.forward).parameters
-        except (TypeError, ValueError):
-            _LOGITS_TO_KEEP[cls] = False
+            if "logits_to_keep" in inspect.signature(cls.forward).parameters:
+                kind = "mask" if "slice_logits_to_keep" in inspect.getsource(cls.forward) else "index"
+        except (TypeError, ValueError, OSError):
+            kind = ""
+        _LOGITS_TO_KEEP[cls] = kind
     return _LOGITS_TO_KEEP[cls]
 
 
+def accepts_logits_to_keep(model: nn.Module) -> bool:
+    """Whether the underlying causal LM takes ``logits_to_keep`` (cached per class)."""
+    return bool(_logits_to_keep_kind(model))
 
 
-def answer_logits(model: nn.Module, batch: Batch, **model_kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits at the positions that predict answer tokens, and the tokens they predict.
+def answer_logits(model: nn.Module, batch: Batch, **model_kwargs: object
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Logits at exactly the positions that predict answer tokens, flattened.
 
-    The LM head only runs at positions some row's next token is an answer token (``logits_to_keep``
-    as an index tensor, where the model takes it): prompts are long and the vocabulary wide. An
-    index tensor, not an int: HF slices hidden states with it, and an indexed copy is contiguous,
-    so the head runs as one matmul; with an int the slice is a strided view that matmul expands
-    into a batched matmul reading the whole head once per row (measured on CPU: the head then cost
-    more than the rest of the pass).
+    The LM head is as wide as the vocabulary and prompts are long, so it runs only where it is
+    needed. Models whose forward slices hidden states with transformers' ``slice_logits_to_keep``
+    get a boolean ``[B, T]`` mask: one head row per answer token, whatever the rows' lengths (a
+    packed pass mixes tasks whose answers sit at different positions). Other models that take
+    ``logits_to_keep`` get the index tensor of positions some row needs (an indexed copy is
+    contiguous, so the head runs as one matmul; an int made HF slice a strided view that matmul
+    expanded into a batched matmul reading the whole head once per row); the rest get full logits.
 
     Returns:
-        ``(logits [B, K, V], targets [B, K])``; targets are ``IGNORE_INDEX`` where a row's next
-        token is not an answer token.
+        ``(logits [M, V], targets [M], rows [M])``: one entry per answer token, its target token
+        and its row, in row-major order.
     """
     labels = batch.labels
-    keep = torch.nonzero((labels[:, 1:] != IGNORE_INDEX).any(dim=0)).flatten()  # p predicts p + 1
-    if keep.numel() == 0:
-        keep = torch.zeros(1, dtype=torch.long, device=labels.device)
-    if accepts_logits_to_keep(model):
+    need = torch.zeros_like(labels, dtype=torch.bool)
+    need[:, :-1] = labels[:, 1:] != IGNORE_INDEX  # position p predicts token p + 1
+    kind = _logits_to_keep_kind(model)
+    keep = torch.nonzero(need.any(dim=0)).flatten()
+    if kind == "mask" and bool(need.any()):
+        model_kwargs["logits_to_keep"] = need
+    elif kind and keep.numel():
         model_kwargs["logits_to_keep"] = keep
     out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **model_kwargs)
     logits = out.logits if hasattr(out, "logits") else out[0]
-    if logits.shape[1] != keep.numel():  # a model that ignored logits_to_keep
-        logits = logits[:, keep]
-    return logits, labels[:, keep + 1]
+    rows, cols = torch.nonzero(need, as_tuple=True)
+    targets = labels[rows, cols + 1]
+    if logits.dim() == 2 and logits.shape[0] == rows.numel():  # the mask was honoured
+        return logits, targets, rows
+    if logits.shape[1] == keep.numel() and kind:  # indexed positions: map columns into ``keep``
+        cols = torch.searchsorted(keep, cols)
+    return logits[rows, cols], targets, rows
 
 
 def answer_loss_rows(model: nn.Module, batch: Batch) -> torch.Tensor:
@@ -158,14 +175,13 @@ def answer_loss_rows(model: nn.Module, batch: Batch) -> torch.Tensor:
     Returns:
         ``[B]`` fp32 tensor connected to the graph (zeros, still connected, where no answer tokens).
     """
-    logits, targets = answer_logits(model, batch)
-    mask = targets != IGNORE_INDEX
+    logits, targets, rows = answer_logits(model, batch)
+    n_rows = batch.labels.shape[0]
     zero = logits.float().sum() * 0.0  # keeps the result connected to the graph
-    if not bool(mask.any()):
-        return zero.expand(targets.shape[0])
-    nll = F.cross_entropy(logits[mask].float(), targets[mask], reduction="none")
-    row = torch.nonzero(mask)[:, 0]
-    return torch.zeros(targets.shape[0], device=nll.device).index_add(0, row, nll) + zero
+    if rows.numel() == 0:
+        return zero.expand(n_rows)
+    nll = F.cross_entropy(logits.float(), targets, reduction="none")
+    return torch.zeros(n_rows, device=nll.device).index_add(0, rows, nll) + zero
 
 
 def answer_loss_sum(model: nn.Module, batch: Batch) -> torch.Tensor:

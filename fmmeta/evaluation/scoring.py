@@ -76,20 +76,17 @@ def _model_device(model: nn.Module) -> torch.device:
 
 def _score_batch(model: nn.Module, batch: Batch) -> _SequenceScores:
     """Teacher-forced per-sequence log-probability and argmax agreement on answer tokens."""
-    logits, targets = answer_logits(model, batch, use_cache=False)
-    mask = targets != IGNORE_INDEX
+    logits, tgt, rows = answer_logits(model, batch, use_cache=False)
     # Only the answer positions go through the (vocabulary-wide) softmax, in fp32.
-    picked = logits[mask].float()  # [M, V]
-    tgt = targets[mask]  # [M]
+    picked = logits.float()  # [M, V]
     token_logprob = F.log_softmax(picked, dim=-1).gather(1, tgt[:, None]).squeeze(1)
     token_ok = picked.argmax(dim=-1) == tgt
-    rows = mask.nonzero(as_tuple=True)[0]
     n_seq = batch.input_ids.shape[0]
     seq_logprob = torch.zeros(n_seq, dtype=torch.float32, device=picked.device)
     seq_logprob.index_add_(0, rows, token_logprob)
     n_wrong = torch.zeros(n_seq, dtype=torch.float32, device=picked.device)
     n_wrong.index_add_(0, rows, (~token_ok).float())
-    n_tok = mask.sum(dim=1)
+    n_tok = torch.bincount(rows, minlength=n_seq)
     return _SequenceScores(seq_logprob.cpu(), n_tok.cpu(), (n_wrong == 0).cpu())
 
 
