@@ -70,7 +70,7 @@ class RecipeConfig:
     tasks: TasksConfig = field(default_factory=TasksConfig)
     # The embedded default run (no arguments) departs from the layers' own defaults only where a
     # 2-core CPU must finish meta-training and evaluation of three methods in 15 minutes, and
-    # where the design notes' calibration on SmolLM2 found what works (clipped inner SGD at
+    # where the SmolLM2 calibration in docs/design.md found what works (clipped inner SGD at
     # lr 0.03, outer lr 3e-3). "diversity" puts both task families in every meta-batch: the
     # language-id family has 3 of the 33 meta-training tasks and would be rare under uniform.
     sampler: SamplerConfig = field(

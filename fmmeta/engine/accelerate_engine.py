@@ -6,8 +6,8 @@ accelerate config file (``recipes/accelerate_zero*.yaml``) in ``ACCELERATE_DEEPS
 We read those settings through accelerate's own ``DeepSpeedPlugin`` and build the ordinary
 :class:`~fmmeta.engine.deepspeed_engine.DeepSpeedEngine` from them, rather than letting
 ``Accelerator.prepare`` wrap the model: its forward would route inner-loop passes through
-DeepSpeed's ``engine.backward`` machinery, which the meta-learning inner loop must avoid (trap 1),
-and a second engine implementation would be a second place for results to drift.
+DeepSpeed's ``engine.backward`` machinery, which the meta-learning inner loop must avoid
+(docs/design.md, "No `no_sync` under ZeRO-2/3"), and a second engine implementation would be a second place for results to drift.
 
 Without the DeepSpeed plugin (plain multi-process accelerate), the run uses ZeRO stage 0: plain
 data parallelism, where the meta-gradient is all-reduced once per meta-step, exactly as DDP would.

@@ -1,14 +1,14 @@
 """The DeepSpeed engine: ZeRO stages 0-3, fp32 or bf16, touched once per meta-step.
 
-How it meets the :class:`~fmmeta.engine.protocol.Engine` contract under DeepSpeed's traps:
+How it meets the :class:`~fmmeta.engine.protocol.Engine` contract under DeepSpeed's behaviour:
 
 * The inner loop runs on :attr:`DeepSpeedEngine.model`, the bare peft module (with ZeRO-3's
   gather hooks installed on it), and takes ``torch.autograd.grad`` over the adapter tensors. It
   never goes through DeepSpeed's ``forward``/``backward``, so no gradient is reduced per inner step
-  and no ``no_sync`` is needed (trap 1).
+  and no ``no_sync`` is needed (docs/design.md, "No `no_sync`").
 * The adapter tensors are pinned full and resident on every rank (:mod:`fmmeta.engine.zero`, the
   one place that gathers ZeRO-3 parameters), so inner-loop updates, snapshots and saves are plain
-  tensor ops (trap 2).
+  tensor ops (docs/design.md, "LoRA tensors under ZeRO-3").
 * :meth:`DeepSpeedEngine.outer_step` turns this rank's ``grad_sum`` into DeepSpeed gradients with a
   surrogate loss ``sum((p * g).sum())`` whose gradient is exactly ``g``. With
   ``g = grad_sum * world_size / n_real_tasks`` DeepSpeed's data-parallel mean yields
@@ -16,9 +16,11 @@ How it meets the :class:`~fmmeta.engine.protocol.Engine` contract under DeepSpee
   computes; DeepSpeed then clips (same ``max_norm / (norm + 1e-6)`` rule as
   :func:`fmmeta.engine.optim.clip_grad_norm`) and steps the very AdamW that
   :func:`~fmmeta.engine.optim.build_outer_optimizer` built, passed in as a client optimizer.
-  ``gradient_accumulation_steps`` is 1: one backward, one step (trap 4).
-* Activation checkpointing, when asked for, is non-reentrant (trap 5); bf16 casts the base and
-  the adapter alike, so ZeRO-3 never all-gathers mixed dtypes (trap 9).
+  ``gradient_accumulation_steps`` is 1: one backward, one step (docs/design.md, "Gradient
+  accumulation boundaries").
+* Activation checkpointing, when asked for, is non-reentrant (docs/design.md, "Activation
+  checkpointing"); bf16 casts the base and the adapter alike, so ZeRO-3 never all-gathers mixed
+  dtypes (docs/design.md, "Mixed dtypes").
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Process-group set-up that works under every launcher.
 
-Launchers disagree on how a process learns its rank (trap 7 in the design notes): ``deepspeed``
-appends ``--local_rank=N`` to the script's arguments, while ``torchrun`` and ``accelerate launch``
-set ``LOCAL_RANK``. A rank that exits early leaves the others blocked until the collective timeout
-(trap 8), whose default is many minutes; :func:`init_distributed` takes a short, explicit timeout
-so a dead rank turns into a prompt failure.
+Launchers disagree on how a process learns its rank (docs/design.md, "Launchers differ"):
+``deepspeed`` appends ``--local_rank=N`` to the script's arguments, while ``torchrun`` and
+``accelerate launch`` set ``LOCAL_RANK``. A rank that exits early leaves the others blocked until
+the collective timeout (docs/design.md, "A rank that exits early"), whose default is many minutes;
+:func:`init_distributed` takes a short, explicit timeout so a dead rank turns into a prompt failure.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def init_distributed(
     Args:
         backend: ``"gloo"`` (CPU) or ``"nccl"`` (GPU).
         timeout_s: seconds a collective may wait before failing; keep it short in tests so a
-            dead or diverged rank fails fast instead of hanging (trap 8).
+            dead or diverged rank fails fast instead of hanging (docs/design.md, "A rank that exits early").
         argv: command-line arguments, read for ``--local_rank`` (deepspeed's launcher).
 
     Returns:

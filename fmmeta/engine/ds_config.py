@@ -10,10 +10,10 @@ honour are rejected by name instead of being silently ignored:
   (:func:`fmmeta.engine.optim.build_outer_optimizer`), passed to DeepSpeed as a client optimizer, so
   the local and DeepSpeed engines run the very same update;
 * ``gradient_accumulation_steps`` other than 1: the engine is touched once per meta-step and the
-  meta-gradient is accumulated before it (trap 4);
+  meta-gradient is accumulated before it (docs/design.md, "Gradient accumulation boundaries");
 * under ZeRO-3, a ``stage3_param_persistence_threshold`` smaller than the largest adapter tensor:
   it is raised to fit (with a log line), because the inner loop needs the LoRA tensors full and
-  resident on every rank (trap 2).
+  resident on every rank (docs/design.md, "LoRA tensors under ZeRO-3").
 """
 
 from __future__ import annotations

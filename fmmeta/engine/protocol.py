@@ -3,7 +3,7 @@
 Meta-algorithms talk to an :class:`Engine`; they never import DeepSpeed or accelerate. The local
 engine (plain torch, one process) is the reference every distributed engine is compared against.
 
-The contract, shaped by DeepSpeed's traps (see the design notes):
+The contract, shaped by DeepSpeed's behaviour (docs/design.md):
 
 * Inner loops are rank-local and never call the framework's ``backward``: they use
   ``torch.autograd.grad`` over :meth:`Engine.adapter_parameters`, which are full, resident

@@ -1,8 +1,8 @@
 """The one place that gathers ZeRO-3 parameters.
 
 Under ZeRO-3 a parameter's ``.data`` is an empty ``[0]`` tensor except while DeepSpeed has gathered
-it for a forward or backward (trap 2 in the design notes). The meta-learning inner loop needs the
-LoRA tensors full and resident on every rank: it updates them in place, snapshots and restores
+it for a forward or backward (docs/design.md, "LoRA tensors under ZeRO-3"). The meta-learning
+inner loop needs the LoRA tensors full and resident on every rank: it updates them in place, snapshots and restores
 them, and saves them. Two DeepSpeed facts decide how this module keeps them resident:
 
 * ``stage3_param_persistence_threshold`` marks small tensors persistent (``ds_persist``), but
@@ -81,7 +81,7 @@ def ensure_resident(params: Sequence[nn.Parameter]) -> None:
 
 
 def check_resident(params: Iterable[nn.Parameter]) -> None:
-    """Raises if any tensor's data is not its full shape (the ``[0]`` symptom of trap 2)."""
+    """Raises if any tensor's data is not its full shape (the ``[0]`` symptom of a partitioned tensor)."""
     for i, p in enumerate(params):
         if tuple(p.data.shape) != tuple(full_shape(p)):
             raise RuntimeError(

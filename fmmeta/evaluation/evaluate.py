@@ -14,7 +14,7 @@ What keeps it honest:
 * the same inner loop, support set and step budget for every method; the adapter is restored
   bit-exactly after each episode, and the caller's parameters after the whole evaluation;
 * the adaptation learning rate is chosen per method on meta-*validation* tasks from a small grid
-  (:func:`select_inner_lr`; the design notes found inner-loop SGD on LoRA fragile, so one shared lr
+  (:func:`select_inner_lr`; inner-loop SGD on LoRA is fragile, docs/design.md, so one shared lr
   would favour whichever method it happens to suit), never on the held-out tasks;
   :func:`evaluate_held_out` refuses validation and held-out sets that share a task name;
 * at least 3 seeds of episode draws, reported as the mean over seeds and the worst seed (the lowest
@@ -66,7 +66,7 @@ OVERALL = "overall"
 FAMILIES: tuple[str, ...] = (CLASSIFICATION, GENERATION, OVERALL)
 
 DEFAULT_LR_GRID: tuple[float, ...] = (0.003, 0.01, 0.03, 0.1)
-"""Adaptation learning rates tried per method (the design notes' probe found 0.01-0.1 useful)."""
+"""Adaptation learning rates tried per method (a SmolLM2 probe found 0.01-0.1 useful; docs/design.md)."""
 
 
 class Ranks(Protocol):

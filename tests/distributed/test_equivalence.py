@@ -70,7 +70,7 @@ def _check(out: Path, spec: str, ref_dir: Path, ref: str, tol: float = TOL) -> d
     want, ref_meta = _load(ref_dir, ref)
     err = relative_error(got, want)
     assert err < tol, f"{spec}: relative error {err:.3e} vs {ref} (tolerance {tol})"
-    assert meta["shapes_after_init"] and meta["shapes_ok"], f"{spec}: an adapter tensor was [0] (trap 2)"
+    assert meta["shapes_after_init"] and meta["shapes_ok"], f"{spec}: an adapter tensor was [0] (a partitioned tensor, not pinned)"
     # the pre-clip norms agree (for "local:all" the clip is active on every step)
     if ref == "local:all":
         assert all(n > 0.001 for n in ref_meta["grad_norms"])

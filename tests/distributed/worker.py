@@ -85,7 +85,7 @@ def main() -> None:
         shapes_ok = True
         for step in range(STEPS):
             if "exit_early" in flags and step == 1 and rank == world - 1:
-                # trap 8: a rank that leaves with rc 0 while the others still need it
+                # a rank that leaves with rc 0 while the others still need it
                 logging.getLogger(__name__).warning("rank %d leaving early on purpose", rank)
                 os._exit(0)
             if "ckpt" in flags and step == STEPS - 1:

@@ -1,7 +1,7 @@
 """The embedded default task suite: country names across languages, from CLDR via ``babel``.
 
 Unicode CLDR ships in the ``babel`` package, so this suite needs no network and no download. It
-reproduces the setup calibrated on SmolLM2-135M (DESIGN_NOTES, "Calibration on the real model"),
+reproduces the setup calibrated on SmolLM2-135M (docs/design.md, "Inner-loop SGD on LoRA is fragile"),
 with two families side by side:
 
 * ``translation``: one generation task per language L, "English country name -> its name in L"
