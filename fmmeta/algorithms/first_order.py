@@ -128,6 +128,11 @@ def _mean_seconds(per_step: list[list[float]]) -> list[float]:
     return [sum(col) / len(col) for col in zip(*per_step)]
 
 
+def _prepare(self: FOMAML | Reptile | MultiTask, plan: RankPlan) -> RankWork:
+    """Collates a rank's plan (see :func:`prepare_rank`); the ``prepare`` of every algorithm."""
+    return prepare_rank(plan, self.pad_id, pad_to_multiple_of=self.cfg.pad_to_multiple_of)
+
+
 class _LoraCache:
     """The model's :class:`TaskLoRA`, built once per model (it walks every module)."""
 
@@ -165,9 +170,7 @@ class FOMAML:
         self.pad_id = pad_id
         self._lora = _LoraCache()
 
-    def prepare(self, plan: RankPlan) -> RankWork:
-        """Collates a rank's plan (see :func:`prepare_rank`)."""
-        return prepare_rank(plan, self.pad_id, pad_to_multiple_of=self.cfg.pad_to_multiple_of)
+    prepare = _prepare
 
     def rank_gradient(self, model: nn.Module, params: Sequence[nn.Parameter], work: RankWork) -> RankResult:
         """Adapts every task on its support rows, then takes the query gradients at phi."""
@@ -200,9 +203,7 @@ class Reptile:
         self.pad_id = pad_id
         self._lora = _LoraCache()
 
-    def prepare(self, plan: RankPlan) -> RankWork:
-        """Collates a rank's plan (see :func:`prepare_rank`)."""
-        return prepare_rank(plan, self.pad_id, pad_to_multiple_of=self.cfg.pad_to_multiple_of)
+    prepare = _prepare
 
     def rank_gradient(self, model: nn.Module, params: Sequence[nn.Parameter], work: RankWork) -> RankResult:
         """Adapts every task on its support (and optionally query) rows and returns sum(theta - phi)."""
@@ -244,9 +245,7 @@ class MultiTask:
         self.inner = cfg.inner_loop
         self.pad_id = pad_id
 
-    def prepare(self, plan: RankPlan) -> RankWork:
-        """Collates a rank's plan (see :func:`prepare_rank`)."""
-        return prepare_rank(plan, self.pad_id, pad_to_multiple_of=self.cfg.pad_to_multiple_of)
+    prepare = _prepare
 
     def rank_gradient(self, model: nn.Module, params: Sequence[nn.Parameter], work: RankWork) -> RankResult:
         """Returns the sum over tasks of each task's pooled support+query loss gradient at theta."""
