@@ -216,7 +216,8 @@ def _train(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.Modul
     banner(cfg, method, engine, model)
     algorithm = build_algorithm(dataclasses.replace(cfg.algorithm, name=method), pad_id)
     sampler = CostAwareSampler(
-        suite.meta_train, cfg.sampler, world_size=engine.world_size, seed=cfg.train.seed
+        suite.meta_train, cfg.sampler, world_size=engine.world_size, seed=cfg.train.seed,
+        support_draws=algorithm.support_draws, support_repeats=algorithm.support_repeats,
     )
     # The next step's passes are collated in the prefetcher's thread while this one trains.
     prefetcher = Prefetcher(sampler, stop_step=cfg.train.meta_steps,

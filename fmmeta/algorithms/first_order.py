@@ -1,4 +1,5 @@
-"""First-order meta-algorithms over adapter parameters: FOMAML, Reptile and the multi-task baseline.
+"""First-order meta-algorithms over adapter parameters: FOMAML and Reptile, and the two baselines
+they must beat: multi-task training and MetaICL.
 
 Each turns one rank's packed work (:class:`RankWork`: its tasks and passes) into the sum of its
 tasks' meta-gradients and leaves the adapter exactly at theta. They share the one inner loop
@@ -14,7 +15,10 @@ FOMAML     query-loss gradient at phi                     k*S (fwd+bwd) + Q (fwd
 Reptile    theta - phi                                    k*S (fwd+bwd) + Q (fwd only, or fwd+bwd
                                                           when the query step is folded in)
 MultiTask  pooled support+query loss gradient at theta    k*S + Q (fwd+bwd) when ``multitask_match_
-                                                          passes``, else S + Q
+                                                          passes`` (S over k distinct support
+                                                          sets), else S + Q
+MetaICL    query-answer loss gradient at theta with the   Q' (fwd+bwd): the query passes, each row
+           support as in-context demonstrations           with its demonstrations prepended
 ========== ============================================== ==========================================
 
 ``k`` is ``inner_steps``. Measuring the query loss before adaptation (``measure_query_before``)
@@ -22,12 +26,22 @@ adds Q forward-only passes to FOMAML and Reptile; every rank must use the same s
 under ZeRO-3 every forward is a collective.
 
 How the multi-task baseline's compute is matched to FOMAML's: with ``multitask_match_passes``
-(default) it runs exactly FOMAML's passes -- every support pass ``k`` times, then every query
-pass once -- all at theta. Each of the ``k`` support repetitions is weighted ``1/k`` and each
-task's sum is divided by its pooled answer-token count (support + query), so the gradient is the
-plain pooled mean gradient, independent of ``k``; only the spent compute matches. (With ``k = 0``
-the support is never visited, as in FOMAML, and the gradient is the query gradient.) It needs no
-fast weights: all tasks share theta, so it runs the model's own LoRA forward.
+(default) the sampler gives each of its episodes ``k`` distinct support sets (``support_draws``:
+the first is the one FOMAML would see, the others come from fresh episodes of the same task), and
+it runs every support pass once, then every query pass once, all at theta. So it processes as many
+support rows as FOMAML's ``k`` inner steps, but spends them on new examples instead of the same
+gradient ``k`` times; each task's sum is divided by its pooled answer-token count (support +
+query). (With ``k = 0`` the support is never visited, as in FOMAML, and the gradient is the query
+gradient.) It needs no fast weights: all tasks share theta, so it runs the model's own LoRA forward.
+
+MetaICL (Min et al., 2022) trains theta to use demonstrations: each query row gets its episode's
+support prepended (:meth:`~fmmeta.tasks.episode.Episode.in_context_query`, cut from the left to
+``icl_max_length`` tokens) and the loss covers the query answers only. It keeps the plan's query
+passes (same rows, so every rank runs the same pass count under ZeRO-3) and runs no support pass;
+its rows are longer, so a pass costs more than the plan's cost model predicts.
+
+``support_draws`` and ``support_repeats`` on each algorithm tell the sampler the shape of its
+work: how many support sets an episode carries, and how often each support pass runs.
 """
 
 from __future__ import annotations
@@ -43,17 +57,21 @@ from torch import nn
 from fmmeta.algorithms.inner_loop import (
     InnerLoopConfig,
     InnerOptimizer,
+    PackedBatch,
+    Pass,
     adapt_tasks,
+    answer_tokens_per_task,
     run_passes,
 )
 from fmmeta.algorithms.protocol import MetaAlgorithm, RankResult, RankWork, prepare_rank
 from fmmeta.algorithms.task_lora import TaskLoRA, stack_adapters
 from fmmeta.config import ConfigError
 from fmmeta.sampling.plan import RankPlan
+from fmmeta.tasks.episode import collate
 
 logger = logging.getLogger(__name__)
 
-ALGORITHMS = ("fomaml", "reptile", "multitask")
+ALGORITHMS = ("fomaml", "reptile", "multitask", "metaicl")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,7 +79,7 @@ class AlgorithmConfig:
     """Which meta-algorithm to run and its per-task settings (identical on every rank).
 
     Attributes:
-        name: "fomaml", "reptile" or "multitask".
+        name: "fomaml", "reptile", "multitask" or "metaicl".
         inner_steps: inner optimizer steps on the support set per task (>= 0).
         inner_lr: inner learning rate (> 0).
         inner_optimizer: "sgd" or "adam" (fresh moments per task).
@@ -75,6 +93,8 @@ class AlgorithmConfig:
         multitask_match_passes: MultiTask only: run FOMAML's pass count (support chunks
             ``inner_steps`` times each, query once) so the baseline spends the same compute; see
             the module docstring.
+        icl_max_length: MetaICL (training and in-context scoring): longest sequence of
+            demonstrations + query in tokens; longer ones lose their oldest demonstration tokens.
     """
 
     name: str = "fomaml"
@@ -86,6 +106,7 @@ class AlgorithmConfig:
     measure_query_before: bool = False
     reptile_query_step: bool = False
     multitask_match_passes: bool = True
+    icl_max_length: int = 1024
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -95,6 +116,11 @@ class AlgorithmConfig:
             value = getattr(self, key)
             if value is not None and value < 1:
                 problems.append(f"{key}={value} is invalid: must be >= 1, or None")
+        if not self.icl_max_length >= 2:
+            problems.append(
+                f"icl_max_length={self.icl_max_length} is invalid: must be >= 2 (tokens of "
+                "demonstrations + query; MetaICL used 1024)"
+            )
         try:
             _ = self.inner_loop  # validates the inner-loop fields (raises ValueError naming them)
         except ValueError as err:
@@ -163,11 +189,13 @@ class FOMAML:
     """
 
     name = "fomaml"
+    support_draws = 1
 
     def __init__(self, cfg: AlgorithmConfig, pad_id: int) -> None:
         self.cfg = cfg
         self.inner = cfg.inner_loop
         self.pad_id = pad_id
+        self.support_repeats = cfg.inner_steps
         self._lora = _LoraCache()
 
     prepare = _prepare
@@ -196,11 +224,13 @@ class Reptile:
     """
 
     name = "reptile"
+    support_draws = 1
 
     def __init__(self, cfg: AlgorithmConfig, pad_id: int) -> None:
         self.cfg = cfg
         self.inner = cfg.inner_loop
         self.pad_id = pad_id
+        self.support_repeats = cfg.inner_steps
         self._lora = _LoraCache()
 
     prepare = _prepare
@@ -244,23 +274,68 @@ class MultiTask:
         self.cfg = cfg
         self.inner = cfg.inner_loop
         self.pad_id = pad_id
+        k = cfg.inner_steps
+        self.support_draws = max(k, 1) if cfg.multitask_match_passes else 1
+        self.support_repeats = min(k, 1) if cfg.multitask_match_passes else 1
 
     prepare = _prepare
 
     def rank_gradient(self, model: nn.Module, params: Sequence[nn.Parameter], work: RankWork) -> RankResult:
         """Returns the sum over tasks of each task's pooled support+query loss gradient at theta."""
-        repeats = self.inner.inner_steps if self.cfg.multitask_match_passes else 1
-        scale = _inverse((work.support_answers if repeats else 0) + work.query_answers)
-        support = run_passes(model, params, list(work.support) * repeats, scale,
-                             pass_scales=[1.0 / max(repeats, 1)] * (len(work.support) * repeats))
+        support_passes = list(work.support) if self.support_repeats else []
+        scale = _inverse((work.support_answers if support_passes else 0) + work.query_answers)
+        support = run_passes(model, params, support_passes, scale)
         query = run_passes(model, params, work.query, scale)
         assert support.grads is not None and query.grads is not None
         grads = [a.add_(b) for a, b in zip(support.grads, query.grads)]
         q_loss = _per_token(query.task_sums[: work.n_tasks], work.query_answers[: work.n_tasks])
         before = q_loss if self.cfg.measure_query_before else torch.full_like(q_loss, math.nan)
-        per_step = [support.seconds[i * len(work.support):(i + 1) * len(work.support)]
-                    for i in range(repeats)]
-        return RankResult(grads, before, q_loss, _mean_seconds(per_step), query.seconds, repeats, 1)
+        return RankResult(grads, before, q_loss, support.seconds, query.seconds,
+                          self.support_repeats, 1)
+
+
+class MetaICL:
+    """MetaICL baseline: train theta to answer queries with the support set as demonstrations.
+
+    No adaptation: the query loss before and after are the in-context query loss at theta. The
+    query passes' times are not reported to the cost model, whose features describe the plan's
+    plain rows, not these longer ones.
+
+    Example:
+        >>> algo = MetaICL(AlgorithmConfig(name="metaicl"), pad_id=tok.pad_token_id)
+        >>> result = algo.rank_gradient(engine.model, engine.adapter_parameters(), algo.prepare(plan))
+    """
+
+    name = "metaicl"
+    support_draws = 1
+    support_repeats = 0
+
+    def __init__(self, cfg: AlgorithmConfig, pad_id: int) -> None:
+        self.cfg = cfg
+        self.pad_id = pad_id
+
+    def prepare(self, plan: RankPlan) -> RankWork:
+        """The plan's query passes with each row's demonstrations prepended; no support passes."""
+        in_context = [s.episode.in_context_query(self.cfg.icl_max_length) for s in plan.slots]
+        query: list[Pass] = []
+        for p in plan.query:
+            if p.is_dummy:
+                query.append(None)
+                continue
+            rows = [in_context[s][e] for s, e in zip(p.slots, p.examples)]
+            batch = collate(rows, self.pad_id, self.cfg.pad_to_multiple_of)
+            query.append(PackedBatch(batch, torch.tensor(p.slots, dtype=torch.long)))
+        n = max(len(plan.slots), 1)
+        return RankWork(len(plan.slots), [], query, torch.zeros(n, dtype=torch.float64),
+                        answer_tokens_per_task(query, n))
+
+    def rank_gradient(self, model: nn.Module, params: Sequence[nn.Parameter], work: RankWork) -> RankResult:
+        """Returns the sum over tasks of each task's in-context query-loss gradient at theta."""
+        query = run_passes(model, params, work.query, _inverse(work.query_answers))
+        assert query.grads is not None
+        q_loss = _per_token(query.task_sums[: work.n_tasks], work.query_answers[: work.n_tasks])
+        before = q_loss if self.cfg.measure_query_before else torch.full_like(q_loss, math.nan)
+        return RankResult(query.grads, before, q_loss, [], None, 0, 1)
 
 
 def build_algorithm(cfg: AlgorithmConfig, pad_id: int) -> MetaAlgorithm:
@@ -273,7 +348,7 @@ def build_algorithm(cfg: AlgorithmConfig, pad_id: int) -> MetaAlgorithm:
     Example:
         >>> algo = build_algorithm(AlgorithmConfig(name="reptile", inner_steps=5), pad_id=tok.pad_token_id)
     """
-    classes: dict[str, type[FOMAML] | type[Reptile] | type[MultiTask]] = {
-        "fomaml": FOMAML, "reptile": Reptile, "multitask": MultiTask,
+    classes: dict[str, type[FOMAML] | type[Reptile] | type[MultiTask] | type[MetaICL]] = {
+        "fomaml": FOMAML, "reptile": Reptile, "multitask": MultiTask, "metaicl": MetaICL,
     }
     return classes[cfg.name](cfg, pad_id)  # name validated by AlgorithmConfig

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from fmmeta.algorithms.inner_loop import Pass
 from fmmeta.algorithms.protocol import MetaAlgorithm, RankResult, RankWork
 from fmmeta.engine.protocol import Engine
 from fmmeta.sampling.plan import MetaBatchPlan, PackedPass
@@ -68,9 +69,10 @@ def _mean(values: torch.Tensor) -> float:
     return float(real.mean()) if real.numel() else math.nan
 
 
-def _tokens(passes: tuple[PackedPass, ...], repeats: int) -> tuple[int, int]:
-    real = sum(p.n_tokens for p in passes)
-    padded = sum(p.n_padded_tokens for p in passes)
+def _tokens(passes: list[Pass], repeats: int) -> tuple[int, int]:
+    """Real and padded tokens of the passes as collated (what ran; a dummy pass counts 1)."""
+    real = sum(p.batch.n_tokens for p in passes if p is not None)
+    padded = sum(1 if p is None else p.batch.n_padded_tokens for p in passes)
     return repeats * real, repeats * padded
 
 
@@ -122,8 +124,8 @@ def meta_step(
     outer = engine.outer_step(result.grads, plan.n_real_tasks)
     if engine.device.type == "cuda":
         torch.cuda.synchronize(engine.device)
-    s_real, s_pad = _tokens(mine.support, result.support_repeats)
-    q_real, q_pad = _tokens(mine.query, result.query_repeats)
+    s_real, s_pad = _tokens(work.support, result.support_repeats)
+    q_real, q_pad = _tokens(work.query, result.query_repeats)
     after = result.query_loss_after
     tasks = tuple(
         TaskObservation(task_id=slot.task_id, query_loss=float(after[i]), step=plan.step)
@@ -141,7 +143,7 @@ def meta_step(
         n_real_tasks=len(mine.slots),
         n_tokens=s_real + q_real,
         n_padded_tokens=s_pad + q_pad,
-        n_passes=result.support_repeats * len(mine.support) + result.query_repeats * len(mine.query),
+        n_passes=result.support_repeats * len(work.support) + result.query_repeats * len(work.query),
         seconds=time.perf_counter() - start,
         outer=dict(outer),
         tasks=tasks,

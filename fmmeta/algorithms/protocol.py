@@ -78,6 +78,11 @@ class MetaAlgorithm(Protocol):
     """Computes one rank's summed meta-gradient; leaves the adapter parameters as it found them."""
 
     name: str
+    support_draws: int
+    """Support sets per episode the sampler should draw (the multi-task baseline spends its
+    matched compute on ``inner_steps`` distinct ones; everything else takes 1)."""
+    support_repeats: int
+    """How many times each support pass runs per meta-step (the plan's cost model needs it)."""
 
     def prepare(self, plan: RankPlan) -> RankWork:
         """Collates a rank's plan into the passes :meth:`rank_gradient` runs."""

@@ -16,6 +16,7 @@ the sampler applies them in a canonical order, so the gather order does not matt
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass, fields
@@ -28,6 +29,7 @@ from fmmeta.sampling.cost import CostModel
 from fmmeta.sampling.plan import MetaBatchPlan
 from fmmeta.sampling.planner import plan_meta_batch
 from fmmeta.sampling.source import EpisodeSource, Observation, PassObservation, TaskObservation
+from fmmeta.tasks.episode import Episode
 from fmmeta.sampling.strategies import (
     STRATEGIES,
     Curriculum,
@@ -41,7 +43,7 @@ from fmmeta.sampling.strategies import (
 
 logger = logging.getLogger(__name__)
 
-_STREAM_STRATEGY, _STREAM_EPISODE, _STREAM_PLAN, _STREAM_PROBE = 0, 1, 2, 3
+_STREAM_STRATEGY, _STREAM_EPISODE, _STREAM_PLAN, _STREAM_PROBE, _STREAM_SUPPORT = 0, 1, 2, 3, 4
 _STATE_VERSION = 1
 
 
@@ -160,6 +162,12 @@ class CostAwareSampler:
         config: sampling and planning settings.
         world_size: data-parallel ranks (>= 1).
         seed: the run's seed (>= 0); equal on every rank.
+        support_draws: support sets per episode (>= 1): the first is the episode's own, the others
+            are the support sets of fresh episodes of the same task (from a stream of their own, so
+            the first draw is the same whatever this is). The multi-task baseline spends the
+            compute of ``inner_steps`` support passes on them instead of repeating one set.
+        support_repeats: how often each support pass runs (weights the support cost in the plan);
+            ``None`` = ``config.inner_steps``.
 
     Example:
         >>> sampler = CostAwareSampler(tasks, SamplerConfig(meta_batch_size=8), world_size=2, seed=0)
@@ -170,7 +178,8 @@ class CostAwareSampler:
     """
 
     def __init__(
-        self, sources: Sequence[EpisodeSource], config: SamplerConfig, *, world_size: int, seed: int
+        self, sources: Sequence[EpisodeSource], config: SamplerConfig, *, world_size: int, seed: int,
+        support_draws: int = 1, support_repeats: int | None = None,
     ) -> None:
         if not sources:
             raise ValueError("CostAwareSampler got no sources: pass at least one task")
@@ -184,6 +193,8 @@ class CostAwareSampler:
                 f"world_size={world_size} and sampler.on_uneven='error'; use a multiple of "
                 f"{world_size} or on_uneven='pad'"
             )
+        if not (isinstance(support_draws, int) and support_draws >= 1):
+            raise ValueError(f"support_draws={support_draws!r} is invalid: must be an integer >= 1")
         names = [s.name for s in sources]
         if len(set(names)) != len(names):
             dup = sorted({n for n in names if names.count(n) > 1})
@@ -192,6 +203,8 @@ class CostAwareSampler:
         self.config = config
         self.world_size = world_size
         self.seed = seed
+        self.support_draws = support_draws
+        self.support_repeats = config.inner_steps if support_repeats is None else support_repeats
         self.strategy = config.build_strategy()
         self.cost_model = CostModel(a=config.cost_a, b=config.cost_b, c=config.cost_c, damping=config.cost_damping)
         n = len(self.sources)
@@ -206,8 +219,8 @@ class CostAwareSampler:
 
     # -- randomness ---------------------------------------------------------------------------
 
-    def _rng(self, stream: int, step: int, index: int = 0) -> np.random.Generator:
-        return np.random.default_rng([self.seed, stream, step, index])
+    def _rng(self, stream: int, step: int, *index: int) -> np.random.Generator:
+        return np.random.default_rng([self.seed, stream, step, *(index or (0,))])
 
     # -- pool view ----------------------------------------------------------------------------
 
@@ -253,7 +266,7 @@ class CostAwareSampler:
         if not (isinstance(step, int) and step >= 0):
             raise ValueError(f"step={step!r} is invalid: must be an integer >= 0")
         ids = self.select(step).tolist()
-        episodes = [self.sources[t].sample_episode(self._rng(_STREAM_EPISODE, step, i)) for i, t in enumerate(ids)]
+        episodes = [self._episode(t, step, i) for i, t in enumerate(ids)]
         plan = plan_meta_batch(
             episodes,
             ids,
@@ -261,7 +274,7 @@ class CostAwareSampler:
             world_size=self.world_size,
             micro_batch_size=self.config.micro_batch_size,
             tokens_per_pass=self.config.tokens_per_pass or None,
-            inner_steps=self.config.inner_steps,
+            inner_steps=self.support_repeats,
             cost_model=self.cost_model,
             rng=self._rng(_STREAM_PLAN, step),
             on_uneven=self.config.on_uneven,  # type: ignore[arg-type]
@@ -269,6 +282,19 @@ class CostAwareSampler:
         )
         self._last_step = max(self._last_step, step)
         return plan
+
+    def _episode(self, task: int, step: int, i: int) -> Episode:
+        """The ``i``-th episode of ``step`` (task ``task``), with ``support_draws`` support sets."""
+        source = self.sources[task]
+        episode = source.sample_episode(self._rng(_STREAM_EPISODE, step, i))
+        if self.support_draws == 1:
+            return episode
+        extra = tuple(
+            ex
+            for d in range(1, self.support_draws)
+            for ex in source.sample_episode(self._rng(_STREAM_SUPPORT, step, i, d)).support
+        )
+        return dataclasses.replace(episode, support=episode.support + extra)
 
     # -- feedback -----------------------------------------------------------------------------
 

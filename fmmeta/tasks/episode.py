@@ -78,11 +78,16 @@ class Episode:
         """Token count of each query sequence."""
         return [ex.n_tokens for ex in self.query]
 
-    def in_context_query(self) -> tuple[Example, ...]:
+    def in_context_query(self, max_length: int | None = None) -> tuple[Example, ...]:
         """Queries with every support example prepended as a demonstration (MetaICL style).
 
         The demonstrations (prompt and answer) become part of the prompt, so the loss still covers
         only the query's own answer tokens.
+
+        Args:
+            max_length: longest sequence (prompt + answer) to return; a longer one loses tokens from
+                the left of its prompt (the oldest demonstrations first, as tasks truncate long
+                prompts), so the query and its answer always survive. ``None`` keeps everything.
         """
         demos: list[int] = []
         for ex in self.support:
@@ -90,9 +95,13 @@ class Episode:
             demos.extend(ex.answer_ids)
             demos.extend(self.separator_ids)
         prefix = tuple(demos)
-        return tuple(
-            Example(prefix + ex.prompt_ids, ex.answer_ids, ex.label) for ex in self.query
-        )
+        out = []
+        for ex in self.query:
+            prompt = prefix + ex.prompt_ids
+            if max_length is not None and len(prompt) + len(ex.answer_ids) > max_length:
+                prompt = prompt[-max(max_length - len(ex.answer_ids), 1) :]
+            out.append(Example(prompt, ex.answer_ids, ex.label))
+        return tuple(out)
 
 
 @dataclass(frozen=True)

@@ -104,24 +104,56 @@ def test_reptile_query_step_folds_one_query_step(peft_factory, episodes) -> None
     assert res.query_loss_after == pytest.approx(q_loss, rel=1e-5)
 
 
-def test_multitask_is_pooled_gradient_at_theta_with_fomaml_pass_count(peft_factory, episodes) -> None:
+def test_multitask_is_pooled_gradient_at_theta_over_distinct_support_sets(peft_factory, episodes) -> None:
     ep = episodes[1]
-    rank = make_rank([ep], 2, 1)
-    model = peft_factory(0)
     cfg = AlgorithmConfig(name="multitask", inner_steps=3)
-    res = _run(MultiTask(cfg, PAD_ID), model, rank)
-    grads, _ = _hf_grad(peft_factory(0), ep.support + ep.query)
+    algo = MultiTask(cfg, PAD_ID)
+    assert (algo.support_draws, algo.support_repeats) == (3, 1)
+    # what the sampler hands it: the episode's own support set, then two more of the same size
+    drawn = dataclasses.replace(ep, support=ep.support + episodes[0].support + episodes[2].support)
+    res = _run(algo, peft_factory(0), make_rank([drawn], 2, 1))
+    grads, _ = _hf_grad(peft_factory(0), drawn.support + drawn.query)
     _close(res.grads, grads)
-    fomaml = _run(FOMAML(dataclasses.replace(cfg, name="fomaml"), PAD_ID), model, rank)
-    assert _passes(res, rank) == _passes(fomaml, rank) == 3 * 2 + 3
+    # as many support rows and passes as FOMAML's 3 inner steps over one support set
+    fomaml = _run(FOMAML(dataclasses.replace(cfg, name="fomaml"), PAD_ID), peft_factory(0), make_rank([ep], 2, 1))
+    assert _passes(res, make_rank([drawn], 2, 1)) == _passes(fomaml, make_rank([ep], 2, 1)) == 3 * 2 + 3
     _, q_loss = _hf_grad(peft_factory(0), ep.query)
     assert float(res.query_loss_after[0]) == pytest.approx(q_loss, rel=1e-5)
-    cheap = _run(MultiTask(dataclasses.replace(cfg, multitask_match_passes=False), PAD_ID), model, rank)
-    assert _passes(cheap, rank) == 2 + 3
-    _close(cheap.grads, grads)
+    cheap = MultiTask(dataclasses.replace(cfg, multitask_match_passes=False), PAD_ID)
+    assert (cheap.support_draws, cheap.support_repeats) == (1, 1)
+    res = _run(cheap, peft_factory(0), make_rank([ep], 2, 1))
+    assert _passes(res, make_rank([ep], 2, 1)) == 2 + 3
+    _close(res.grads, _hf_grad(peft_factory(0), ep.support + ep.query)[0])
 
 
-@pytest.mark.parametrize("name", ["fomaml", "reptile", "multitask"])
+def test_multitask_without_inner_steps_trains_on_the_query_only(peft_factory, episodes) -> None:
+    ep = episodes[0]
+    algo = MultiTask(AlgorithmConfig(name="multitask", inner_steps=0), PAD_ID)
+    res = _run(algo, peft_factory(0), make_rank([ep], 2, 2))
+    _close(res.grads, _hf_grad(peft_factory(0), ep.query)[0])
+    assert res.support_repeats == 0
+
+
+def test_metaicl_is_the_query_gradient_with_demonstrations_in_context(peft_factory, episodes) -> None:
+    ep = dataclasses.replace(episodes[2], separator_ids=(5, 6))
+    algo = build_algorithm(AlgorithmConfig(name="metaicl", icl_max_length=40), PAD_ID)
+    rank = make_rank([ep], 2, 2)
+    work = algo.prepare(rank)
+    assert work.support == [] and len(work.query) == len(rank.query)
+    model = peft_factory(0)
+    res = algo.rank_gradient(model, _params(model), work)
+    shown = ep.in_context_query(max_length=40)
+    assert all(q.prompt_ids[-len(o.prompt_ids):] == o.prompt_ids for q, o in zip(shown, ep.query))
+    grads, q_loss = _hf_grad(peft_factory(0), shown)
+    _close(res.grads, grads)
+    assert float(res.query_loss_after[0]) == pytest.approx(q_loss, rel=1e-5)
+    assert _passes(res, rank) == len(rank.query)
+    # the demonstrations matter: without them the gradient is another one
+    plain, _ = _hf_grad(peft_factory(0), ep.query)
+    assert max(float((a - b).abs().max()) for a, b in zip(res.grads, plain)) > 1e-4
+
+
+@pytest.mark.parametrize("name", ["fomaml", "reptile", "multitask", "metaicl"])
 def test_micro_batch_sizes_do_not_change_the_meta_gradient(peft_factory, episodes, name) -> None:
     ep = episodes[0]
     cfg = AlgorithmConfig(name=name, inner_steps=2, inner_lr=0.1)
@@ -153,7 +185,7 @@ def test_params_restored_exactly_and_before_loss_measured(peft_factory, episodes
             assert float(res.query_loss_after[0]) != pytest.approx(float(res.query_loss_before[0]), rel=1e-6)
 
 
-@pytest.mark.parametrize("name", ["fomaml", "reptile", "multitask"])
+@pytest.mark.parametrize("name", ["fomaml", "reptile", "multitask", "metaicl"])
 def test_dummy_passes_and_empty_ranks_contribute_nothing(peft_factory, episodes, name) -> None:
     ep = episodes[2]
     model = peft_factory(0)
@@ -179,6 +211,8 @@ def test_algorithm_config_errors_name_the_key() -> None:
         AlgorithmConfig(pad_to_multiple_of=0)
     with pytest.raises(ValueError, match="inner_lr"):
         AlgorithmConfig(inner_lr=-1.0)
+    with pytest.raises(ValueError, match="icl_max_length=1 "):
+        AlgorithmConfig(icl_max_length=1)
 
 
 def test_chunks_helper() -> None:

@@ -153,3 +153,21 @@ def test_cost_fit_learns_from_the_critical_pass_of_each_index() -> None:
     np.testing.assert_allclose(s.cost_model.coefficients, TRUE_COST, rtol=0.05)
     # the control learnt the waiting: some coefficient is far off
     assert np.abs(np.array(naive.coefficients) / np.array(TRUE_COST) - 1).max() > 0.3
+
+
+def test_support_draws_add_fresh_support_sets_and_keep_the_first_draw() -> None:
+    cfg = SamplerConfig(meta_batch_size=6, micro_batch_size=4, inner_steps=3)
+    plain = CostAwareSampler(_pool(), cfg, world_size=2, seed=1)
+    drawn = CostAwareSampler(_pool(), cfg, world_size=2, seed=1, support_draws=3, support_repeats=1)
+    for step in range(3):
+        a = {s.task_id: s.episode for r in plain.sample(step).ranks for s in r.slots}
+        b = {s.task_id: s.episode for r in drawn.sample(step).ranks for s in r.slots}
+        assert a.keys() == b.keys()
+        for t, ep in a.items():
+            more = b[t]
+            n = len(ep.support)
+            assert more.support[:n] == ep.support and more.query == ep.query
+            assert len(more.support) == 3 * n
+            assert more.support[n:2 * n] != more.support[2 * n:]  # fresh draws, not copies
+    with pytest.raises(ValueError, match="support_draws=0"):
+        CostAwareSampler(_pool(), cfg, world_size=2, seed=1, support_draws=0)

@@ -163,6 +163,18 @@ def test_in_context_query_puts_support_before_query_and_labels_only_query_answer
     assert first_label_col == len(icq[0].prompt_ids)
 
 
+def test_in_context_query_truncates_demonstrations_from_the_left() -> None:
+    ep = _gen_task().sample_episode(np.random.default_rng(1))
+    full = ep.in_context_query()
+    limit = max(q.n_tokens for q in full) - 5
+    cut = ep.in_context_query(max_length=limit)
+    for q, whole in zip(cut, full):
+        assert q.n_tokens <= limit and q.answer_ids == whole.answer_ids
+        assert whole.prompt_ids[len(whole.prompt_ids) - len(q.prompt_ids) :] == q.prompt_ids
+    assert any(q.n_tokens < w.n_tokens for q, w in zip(cut, full))
+    assert ep.in_context_query(max_length=10**6) == full
+
+
 def test_truncation_cuts_prompt_from_left_never_answer() -> None:
     long_prompt = "x" * 50 + " tail:"
     task = Task.from_texts(
