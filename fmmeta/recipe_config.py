@@ -41,6 +41,9 @@ class EvalConfig:
     """Sequences per forward pass during evaluation (>= 1)."""
     in_context: bool = True
     """Also score the base model with the support set as in-context demonstrations."""
+    with_demonstrations: tuple[str, ...] = ()
+    """Methods (trained ones, or ``base``) also scored with the support set as in-context
+    demonstrations after each adaptation step, as rows named ``<method>+demos``."""
 
     def validate(self) -> list[str]:
         """Range checks."""
@@ -104,6 +107,12 @@ class RecipeConfig:
             )
         if len(set(self.methods)) != len(self.methods):
             problems.append(f"methods={list(self.methods)} is invalid: a method is listed twice")
+        unknown = [m for m in self.eval.with_demonstrations if m not in ("base", *self.methods)]
+        if unknown:
+            problems.append(
+                f"eval.with_demonstrations={list(self.eval.with_demonstrations)} is invalid: "
+                f"{unknown} not among base and the run's methods {list(self.methods)}"
+            )
         problems.extend(self._launch_problems())
         return problems
 

@@ -73,6 +73,17 @@ logger = logging.getLogger(__name__)
 
 ALGORITHMS = ("fomaml", "reptile", "multitask", "metaicl")
 
+BUDGET_RULES: dict[str, str] = {
+    "fomaml": "{k} inner steps over the support set, then the query gradient at the adapted weights.",
+    "reptile": "{k} inner steps over the support set; theta - phi is the meta-gradient.",
+    "multitask": "the same support rows as {k} inner steps, spent on {k} distinct support sets "
+    "(not one set {k} times), plus the query, all at theta.",
+    "metaicl": "the query rows with the support prepended as demonstrations (longer rows, no "
+    "support passes).",
+}
+"""The compute each method spends per episode, as the evaluation report states it (``{k}``:
+inner steps)."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class AlgorithmConfig:

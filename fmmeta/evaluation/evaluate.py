@@ -52,6 +52,7 @@ from fmmeta.algorithms.inner_loop import (
     restore,
     snapshot,
 )
+from fmmeta.evaluation.intervals import Interval, bootstrap_interval
 from fmmeta.evaluation.scoring import score_passes, score_query
 from fmmeta.tasks.episode import Batch, Episode, collate
 
@@ -59,6 +60,8 @@ logger = logging.getLogger(__name__)
 
 IN_CONTEXT = "in_context"
 """Name of the method that uses the support set as demonstrations instead of adapting on it."""
+MULTITASK = "multitask"
+"""The same-compute baseline every meta-learned method is compared with."""
 
 CLASSIFICATION = "classification"
 GENERATION = "generation"
@@ -158,6 +161,40 @@ def _sharded(ranks: Ranks, items: Sequence[Any], fn: Callable[[Any | None], _T])
     return [merged[i] for i in range(len(items))]
 
 
+@dataclass(frozen=True)
+class EvalMethod:
+    """How one row of the report is scored.
+
+    Attributes:
+        state: adapter tensors to load (``None`` = the adapter as it is, e.g. the base model's
+            zero-B LoRA).
+        demonstrations: score each query with the episode's support prepended as in-context
+            demonstrations (MetaICL style), after adaptation if ``adapt``.
+        adapt: adapt on the support for 1..max_steps steps and score after each; ``False``
+            scores at step 0 only.
+    """
+
+    state: Sequence[torch.Tensor] | None = None
+    demonstrations: bool = False
+    adapt: bool = True
+
+
+def as_eval_method(name: str, value: EvalMethod | Sequence[torch.Tensor] | None) -> EvalMethod:
+    """``value`` as an :class:`EvalMethod`: a bare state (or ``None``) adapts without
+    demonstrations, except under the name ``"in_context"``, which scores with demonstrations and
+    no adaptation."""
+    if isinstance(value, EvalMethod):
+        return value
+    if name == IN_CONTEXT:
+        return EvalMethod(value, demonstrations=True, adapt=False)
+    return EvalMethod(value)
+
+
+MethodSpec = EvalMethod | Sequence[torch.Tensor] | None
+"""What callers pass per method name: an :class:`EvalMethod` or just a state (see
+:func:`as_eval_method`)."""
+
+
 def family_of(episode: Episode) -> str:
     """``"classification"`` when the episode has answer ``choices``, else ``"generation"``."""
     return CLASSIFICATION if episode.choices is not None else GENERATION
@@ -173,6 +210,7 @@ class EpisodeRecord:
         episode: index of the episode within its seed.
         task: the episode's task name.
         family: ``"classification"`` or ``"generation"``.
+        domain: the task's family in the suite (e.g. ``"cldr-langid"``), or ``""`` if not given.
         step: adaptation steps taken before scoring (0 = none).
         loss: mean query loss per answer token (nats).
         accuracy: query accuracy in [0, 1].
@@ -188,6 +226,7 @@ class EpisodeRecord:
     loss: float
     accuracy: float
     n: int
+    domain: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -201,6 +240,9 @@ class MetricSummary:
         accuracy_worst: lowest seed-mean accuracy (worst case, as MetaICL reports).
         n_seeds: seeds that had episodes of this family.
         n_episodes: episodes aggregated over all those seeds.
+        accuracy_interval: mean accuracy over episodes with its 95% bootstrap interval
+            (stratified by task, :mod:`fmmeta.evaluation.intervals`).
+        loss_interval: the same for the query loss.
     """
 
     loss_mean: float
@@ -209,6 +251,32 @@ class MetricSummary:
     accuracy_worst: float
     n_seeds: int
     n_episodes: int
+    accuracy_interval: Interval
+    loss_interval: Interval
+
+
+@dataclass(frozen=True, kw_only=True)
+class Comparison:
+    """A paired difference ``method - baseline`` over the episodes both were scored on.
+
+    Each method is taken at its headline step: the most adaptation steps it was scored at (step 0
+    for methods that do not adapt, such as in-context demonstrations).
+
+    Attributes:
+        method, baseline: the two methods.
+        family: the family the episodes belong to (or ``"overall"``).
+        method_step, baseline_step: the steps compared.
+        accuracy: difference in accuracy (positive: ``method`` is better) with its interval.
+        loss: difference in query loss (negative: ``method`` is better) with its interval.
+    """
+
+    method: str
+    baseline: str
+    family: str
+    method_step: int
+    baseline_step: int
+    accuracy: Interval
+    loss: Interval
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -240,6 +308,7 @@ class EvalResult:
         inner_lrs: adaptation lr used per method (absent for ``"in_context"``).
         inner: the inner-loop settings shared by all methods (lr aside).
         lr_selection: how ``inner_lrs`` were chosen, when they were.
+        notes: how the compared adapters were trained (budget rules), for the report.
     """
 
     records: list[EpisodeRecord]
@@ -249,24 +318,68 @@ class EvalResult:
     inner_lrs: dict[str, float]
     inner: InnerLoopConfig
     lr_selection: LrSelection | None = None
+    notes: list[str] = field(default_factory=list)
     _summary: dict[str, dict[str, dict[int, MetricSummary]]] | None = field(
         default=None, repr=False, compare=False
     )
 
     def steps_of(self, method: str) -> list[int]:
-        """Adaptation steps scored for ``method`` (``[0]`` for in-context)."""
-        return [0] if method == IN_CONTEXT else list(range(self.max_steps + 1))
+        """Adaptation steps scored for ``method`` (``[0]`` for methods that do not adapt)."""
+        return sorted({r.step for r in self.records if r.method == method})
 
     def families(self) -> list[str]:
-        """Families present in the records, then ``"overall"``."""
+        """Families present in the records (classification, generation, then the suite's task
+        families when records name them), then ``"overall"``."""
         present = {r.family for r in self.records}
-        return [f for f in (CLASSIFICATION, GENERATION) if f in present] + [OVERALL]
+        domains = sorted({r.domain for r in self.records if r.domain})
+        return [f for f in (CLASSIFICATION, GENERATION) if f in present] + domains + [OVERALL]
 
     def summary(self) -> dict[str, dict[str, dict[int, MetricSummary]]]:
-        """``summary()[method][family][step]``: mean and worst case over seeds."""
+        """``summary()[method][family][step]``: mean, worst case over seeds, and intervals."""
         if self._summary is None:
             self._summary = _summarise(self.records)
         return self._summary
+
+    def compare(self, method: str, baseline: str, family: str = OVERALL) -> Comparison | None:
+        """The paired difference ``method - baseline`` at their headline steps on ``family``'s
+        episodes; ``None`` when either has no episode there.
+
+        Raises:
+            ValueError: if the two were not scored on the same episodes (no pairing possible).
+        """
+        def at_headline(m: str) -> tuple[int, dict[tuple[int, int], EpisodeRecord]]:
+            steps = self.steps_of(m)
+            step = steps[-1] if steps else 0
+            return step, {(r.seed, r.episode): r for r in self.records
+                          if r.method == m and r.step == step and family in (r.family, r.domain, OVERALL)}
+
+        m_step, mine = at_headline(method)
+        b_step, theirs = at_headline(baseline)
+        if not mine or not theirs:
+            return None
+        if mine.keys() != theirs.keys():
+            raise ValueError(
+                f"{method} and {baseline} were scored on different {family} episodes: a paired "
+                "difference needs both on the same episodes (evaluate them in one call)"
+            )
+        keys = sorted(mine)
+        strata = [mine[k].task for k in keys]
+        return Comparison(
+            method=method, baseline=baseline, family=family, method_step=m_step, baseline_step=b_step,
+            accuracy=bootstrap_interval([mine[k].accuracy - theirs[k].accuracy for k in keys], strata),
+            loss=bootstrap_interval([mine[k].loss - theirs[k].loss for k in keys], strata),
+        )
+
+    def comparisons(self, baselines: Sequence[str] = (MULTITASK, IN_CONTEXT)) -> list[Comparison]:
+        """Every method against each of ``baselines`` that was evaluated, on every family."""
+        out: list[Comparison] = []
+        for baseline in (b for b in baselines if b in self.methods):
+            for method in (m for m in self.methods if m != baseline):
+                for fam in self.families():
+                    c = self.compare(method, baseline, fam)
+                    if c is not None:
+                        out.append(c)
+        return out
 
     def get(self, method: str, step: int, family: str = OVERALL) -> MetricSummary:
         """One cell of :meth:`summary`, with an error that lists what exists."""
@@ -307,30 +420,34 @@ class EvalResult:
             "inner_lrs": self.inner_lrs,
             "inner": dataclasses.asdict(self.inner),
             "lr_selection": sel,
+            "notes": self.notes,
             "summary": summary,
+            "comparisons": [dataclasses.asdict(c) for c in self.comparisons()],
             "records": [dataclasses.asdict(r) for r in self.records],
         }
 
 
 def _summarise(records: Sequence[EpisodeRecord]) -> dict[str, dict[str, dict[int, MetricSummary]]]:
-    # (method, family, step) -> seed -> [(loss, acc)]
-    cells: dict[tuple[str, str, int], dict[int, list[tuple[float, float]]]] = {}
+    # (method, family, step) -> seed -> records
+    cells: dict[tuple[str, str, int], dict[int, list[EpisodeRecord]]] = {}
     for r in records:
-        for fam in (r.family, OVERALL):
-            cells.setdefault((r.method, fam, r.step), {}).setdefault(r.seed, []).append(
-                (r.loss, r.accuracy)
-            )
+        for fam in {r.family, r.domain, OVERALL} - {""}:
+            cells.setdefault((r.method, fam, r.step), {}).setdefault(r.seed, []).append(r)
     out: dict[str, dict[str, dict[int, MetricSummary]]] = {}
     for (method, fam, step), by_seed in cells.items():
-        seed_loss = [sum(v[0] for v in vals) / len(vals) for vals in by_seed.values()]
-        seed_acc = [sum(v[1] for v in vals) / len(vals) for vals in by_seed.values()]
+        seed_loss = [sum(r.loss for r in rs) / len(rs) for rs in by_seed.values()]
+        seed_acc = [sum(r.accuracy for r in rs) / len(rs) for rs in by_seed.values()]
+        every = [r for rs in by_seed.values() for r in rs]
+        strata = [r.task for r in every]
         out.setdefault(method, {}).setdefault(fam, {})[step] = MetricSummary(
             loss_mean=sum(seed_loss) / len(seed_loss),
             loss_worst=max(seed_loss),
             accuracy_mean=sum(seed_acc) / len(seed_acc),
             accuracy_worst=min(seed_acc),
             n_seeds=len(by_seed),
-            n_episodes=sum(len(v) for v in by_seed.values()),
+            n_episodes=len(every),
+            accuracy_interval=bootstrap_interval([r.accuracy for r in every], strata),
+            loss_interval=bootstrap_interval([r.loss for r in every], strata),
         )
     for by_fam in out.values():
         for fam in list(by_fam):
@@ -343,12 +460,11 @@ def _support_batches(episode: Episode, pad_id: int, micro_batch_size: int) -> li
     return [collate(s[i : i + micro_batch_size], pad_id) for i in range(0, len(s), micro_batch_size)]
 
 
-def _check_states(
-    params: Sequence[torch.Tensor], methods: Mapping[str, Sequence[torch.Tensor] | None]
-) -> None:
+def _check_states(params: Sequence[torch.Tensor], methods: Mapping[str, EvalMethod]) -> None:
     if not methods:
         raise ValueError("methods is empty: pass at least one adapter state, e.g. {'base': None}")
-    for name, state in methods.items():
+    for name, method in methods.items():
+        state = method.state
         if state is None:
             continue
         if len(state) != len(params):
@@ -368,6 +484,24 @@ def _load(params: Sequence[torch.Tensor], state: Sequence[torch.Tensor]) -> None
     restore(params, [t.to(device=p.device, dtype=p.dtype) for p, t in zip(params, state)])
 
 
+def _score(
+    model: nn.Module, episode: Episode | None, pad_id: int, micro_batch_size: int, lockstep: _Lockstep,
+    icl_max_length: int | None,
+) -> tuple[float, float, int] | None:
+    """Scores the query as it is now: plain, or with the support in context when
+    ``icl_max_length`` is given (``None`` for a rank without an episode)."""
+    ep = episode
+    if ep is None:
+        s = lockstep.score(0, None)
+    else:
+        query = ep.query if icl_max_length is None else ep.in_context_query(icl_max_length)
+        s = lockstep.score(
+            score_passes(query, choices=ep.choices, micro_batch_size=micro_batch_size),
+            lambda: score_query(model, query, pad_id, choices=ep.choices, micro_batch_size=micro_batch_size),
+        )
+    return None if s is None else (s.loss, s.accuracy, s.n)
+
+
 def _adapt_and_score(
     model: nn.Module,
     params: Sequence[torch.Tensor],
@@ -378,52 +512,46 @@ def _adapt_and_score(
     micro_batch_size: int,
     lockstep: _Lockstep,
     *,
+    icl_max_length: int | None = None,
     score_every_step: bool = True,
 ) -> list[tuple[int, float, float, int]]:
     """Adapts on the support step by step; returns ``(step, loss, accuracy, n)`` per scored step.
 
     One :class:`InnerOptimizer` carries the trajectory across the one-step ``adapt`` calls, so
     stepping and scoring in between gives exactly the weights of ``adapt(steps=k)``. ``episode``
-    ``None`` runs only the dummy passes that keep this rank in step with the others.
+    ``None`` runs only the dummy passes that keep this rank in step with the others. With
+    ``icl_max_length`` every query is scored with the support prepended as demonstrations.
     """
     out: list[tuple[int, float, float, int]] = []
-    support = [] if episode is None else _support_batches(episode, pad_id, micro_batch_size)
-    support = lockstep.support(support)
+    support = [] if episode is None or steps == 0 else _support_batches(episode, pad_id, micro_batch_size)
+    support = lockstep.support(support) if steps else []
     opt = InnerOptimizer(cfg, params)
     for step in range(steps + 1):
         if step > 0:
             adapt(model, params, support, cfg, steps=1, optimizer=opt)
         if score_every_step or step == steps:
-            ep = episode
-            s = lockstep.score(
-                0 if ep is None else score_passes(ep, micro_batch_size=micro_batch_size),
-                None if ep is None else lambda: score_query(model, ep, pad_id, micro_batch_size=micro_batch_size),
-            )
+            s = _score(model, episode, pad_id, micro_batch_size, lockstep, icl_max_length)
             if s is not None:
-                out.append((step, s.loss, s.accuracy, s.n))
+                out.append((step, *s))
     return out
 
 
-def _score_in_context(
-    model: nn.Module, episode: Episode | None, pad_id: int, micro_batch_size: int, lockstep: _Lockstep
-) -> list[tuple[int, float, float, int]]:
-    """The step-0 score with the support as demonstrations (no adaptation)."""
-    ep = episode
-    if ep is None:
-        s = lockstep.score(0, None)
-    else:
-        query = ep.in_context_query()
-        s = lockstep.score(
-            score_passes(query, choices=ep.choices, micro_batch_size=micro_batch_size),
-            lambda: score_query(model, query, pad_id, choices=ep.choices, micro_batch_size=micro_batch_size),
-        )
-    return [] if s is None else [(0, s.loss, s.accuracy, s.n)]
+def _prepare_methods(
+    params: Sequence[torch.Tensor], methods: Mapping[str, MethodSpec]
+) -> dict[str, EvalMethod]:
+    specs = {name: as_eval_method(name, value) for name, value in methods.items()}
+    _check_states(params, specs)
+    return specs
+
+
+def _adapting(specs: Mapping[str, EvalMethod]) -> list[str]:
+    return [m for m, spec in specs.items() if spec.adapt]
 
 
 def evaluate_methods(
     model: nn.Module,
     params: Sequence[torch.Tensor],
-    methods: Mapping[str, Sequence[torch.Tensor] | None],
+    methods: Mapping[str, MethodSpec],
     episodes_per_seed: Sequence[Sequence[Episode]],
     inner: InnerLoopConfig,
     max_steps: int,
@@ -435,15 +563,19 @@ def evaluate_methods(
     lr_selection: LrSelection | None = None,
     progress: bool = False,
     ranks: Ranks | None = None,
+    domains: Mapping[str, str] | None = None,
+    icl_max_length: int = 1024,
 ) -> EvalResult:
     """Adapts each method on each held-out episode for 0..``max_steps`` steps and scores the query.
+
+    Every method sees the very same episodes (so differences between methods are paired).
 
     Args:
         model: the causal LM whose adapter tensors are ``params``.
         params: the adapter tensors (resident, in the engine's order); restored exactly on return.
-        methods: method name -> adapter state to load into ``params`` (``None`` = ``params`` as they
-            are now, e.g. the base model's zero-B LoRA). The name ``"in_context"`` scores its state
-            with the support as demonstrations and no adaptation.
+        methods: method name -> :class:`EvalMethod`, or just the adapter state to load into
+            ``params`` (``None`` = ``params`` as they are now, e.g. the base model's zero-B LoRA;
+            see :func:`as_eval_method`: the name ``"in_context"`` scores with demonstrations).
         episodes_per_seed: ``episodes_per_seed[s]`` are the held-out episodes of seed ``s``.
         inner: the inner loop shared by all methods (its ``inner_lr`` is the default lr).
         max_steps: largest number of adaptation steps to score (>= 0).
@@ -455,6 +587,9 @@ def evaluate_methods(
         progress: show a tqdm bar over (method, episode) pairs (turn on for rank 0 only).
         ranks: split the episodes over the ranks of this engine (every rank must call, with the
             same arguments); the result is the same on every rank and equals one process's.
+        domains: task name -> its family in the suite; the report then also has a table per family.
+        icl_max_length: longest in-context query (demonstrations + query) in tokens; longer ones
+            lose their oldest demonstration tokens.
 
     Returns:
         All records and their summary.
@@ -478,8 +613,9 @@ def evaluate_methods(
     for s, eps in enumerate(episodes_per_seed):
         if len(eps) == 0:
             raise ValueError(f"episodes_per_seed[{s}] is empty: every seed needs >= 1 episode")
-    _check_states(params, methods)
-    lrs = {m: (inner_lrs or {}).get(m, inner.inner_lr) for m in methods if m != IN_CONTEXT}
+    specs = _prepare_methods(params, methods)
+    lrs = {m: (inner_lrs or {}).get(m, inner.inner_lr) for m in _adapting(specs)}
+    domains = domains or {}
 
     ranks = ranks or _OneRank()
     lockstep = _Lockstep(model, params, ranks)
@@ -491,21 +627,19 @@ def evaluate_methods(
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(methods) * sum(len(e) for e in episodes_per_seed), desc="eval", unit="ep")
+        bar = tqdm(total=len(specs) * sum(len(e) for e in episodes_per_seed), desc="eval", unit="ep")
     try:
-        for method, state in methods.items():
-            start = theta if state is None else [t.detach() for t in state]
-            cfg = None if method == IN_CONTEXT else dataclasses.replace(inner, inner_lr=lrs[method])
+        for method, spec in specs.items():
+            start = theta if spec.state is None else [t.detach() for t in spec.state]
+            cfg = dataclasses.replace(inner, inner_lr=lrs.get(method, inner.inner_lr))
+            steps = max_steps if spec.adapt else 0
+            icl = icl_max_length if spec.demonstrations else None
             logger.info("evaluating %s (lr %s) on %d seeds", method, lrs.get(method), len(episodes_per_seed))
 
             def one(ep: Episode | None) -> list[tuple[int, float, float, int]]:
                 _load(params, start)
-                if cfg is None:
-                    scored = _score_in_context(model, ep, pad_id, micro_batch_size, lockstep)
-                else:
-                    scored = _adapt_and_score(
-                        model, params, ep, cfg, max_steps, pad_id, micro_batch_size, lockstep
-                    )
+                scored = _adapt_and_score(model, params, ep, cfg, steps, pad_id, micro_batch_size,
+                                          lockstep, icl_max_length=icl)
                 if bar is not None:
                     bar.update(ranks.world_size if ep is not None else 0)
                 return scored
@@ -515,7 +649,7 @@ def evaluate_methods(
                     records.extend(
                         EpisodeRecord(
                             method=method, seed=seed, episode=i, task=ep.task, family=family_of(ep),
-                            step=step, loss=loss, accuracy=acc, n=n,
+                            domain=domains.get(ep.task, ""), step=step, loss=loss, accuracy=acc, n=n,
                         )
                         for step, loss, acc, n in scored
                     )
@@ -526,7 +660,7 @@ def evaluate_methods(
         model.train(was_training)
     return EvalResult(
         records=records,
-        methods=list(methods),
+        methods=list(specs),
         max_steps=max_steps,
         n_seeds=len(episodes_per_seed),
         inner_lrs=lrs,
@@ -538,7 +672,7 @@ def evaluate_methods(
 def select_inner_lr(
     model: nn.Module,
     params: Sequence[torch.Tensor],
-    methods: Mapping[str, Sequence[torch.Tensor] | None],
+    methods: Mapping[str, MethodSpec],
     validation_episodes: Sequence[Episode],
     inner: InnerLoopConfig,
     *,
@@ -547,13 +681,15 @@ def select_inner_lr(
     lr_grid: Sequence[float] = DEFAULT_LR_GRID,
     micro_batch_size: int = 8,
     ranks: Ranks | None = None,
+    icl_max_length: int = 1024,
 ) -> LrSelection:
     """Chooses each method's adaptation lr on meta-validation episodes (never held-out ones).
 
-    For every method and every lr of the grid, adapts ``steps`` steps on each validation episode's
-    support and measures the mean query loss; the lr with the lowest loss wins (loss, not accuracy:
+    For every method that adapts and every lr of the grid, adapts ``steps`` steps on each
+    validation episode's support and measures the mean query loss, scored as the method is scored
+    (with demonstrations where it uses them); the lr with the lowest loss wins (loss, not accuracy:
     it is smooth on small query sets; ties go to the smaller lr; a diverged, non-finite loss counts
-    as ``inf``). ``"in_context"`` does not adapt and gets no lr.
+    as ``inf``). Methods that do not adapt (in-context demonstrations) get no lr.
 
     Args:
         model: the causal LM; params: its adapter tensors, restored exactly on return.
@@ -565,6 +701,7 @@ def select_inner_lr(
         lr_grid: candidate lrs, each > 0.
         micro_batch_size: sequences per forward pass.
         ranks: split the episodes over the ranks of this engine (as for :func:`evaluate_methods`).
+        icl_max_length: as for :func:`evaluate_methods`.
 
     Raises:
         ValueError: on no validation episodes, an empty grid or a non-positive lr.
@@ -578,7 +715,7 @@ def select_inner_lr(
         raise ValueError(f"lr_grid={list(lr_grid)} is invalid: give one or more lrs, each > 0")
     if steps < 0:
         raise ValueError(f"steps={steps} is invalid: must be >= 0")
-    _check_states(params, methods)
+    specs = _prepare_methods(params, methods)
     ranks = ranks or _OneRank()
     lockstep = _Lockstep(model, params, ranks)
     theta = snapshot(params)
@@ -587,10 +724,10 @@ def select_inner_lr(
     val_loss: dict[str, dict[float, float]] = {}
     chosen: dict[str, float] = {}
     try:
-        for method, state in methods.items():
-            if method == IN_CONTEXT:
-                continue
-            start = theta if state is None else [t.detach() for t in state]
+        for method in _adapting(specs):
+            spec = specs[method]
+            start = theta if spec.state is None else [t.detach() for t in spec.state]
+            icl = icl_max_length if spec.demonstrations else None
             table: dict[float, float] = {}
             for lr in sorted(lr_grid):
                 cfg = dataclasses.replace(inner, inner_lr=lr)
@@ -599,7 +736,7 @@ def select_inner_lr(
                     _load(params, start)
                     scored = _adapt_and_score(
                         model, params, ep, cfg, steps, pad_id, micro_batch_size, lockstep,
-                        score_every_step=False,
+                        icl_max_length=icl, score_every_step=False,
                     )
                     return scored[0][1] if scored else math.nan
 
@@ -623,7 +760,7 @@ def select_inner_lr(
 def evaluate_held_out(
     model: nn.Module,
     params: Sequence[torch.Tensor],
-    methods: Mapping[str, Sequence[torch.Tensor] | None],
+    methods: Mapping[str, MethodSpec],
     validation_episodes: Sequence[Episode],
     test_episodes_per_seed: Sequence[Sequence[Episode]],
     inner: InnerLoopConfig,
@@ -635,6 +772,8 @@ def evaluate_held_out(
     min_seeds: int = 3,
     progress: bool = False,
     ranks: Ranks | None = None,
+    domains: Mapping[str, str] | None = None,
+    icl_max_length: int = 1024,
 ) -> EvalResult:
     """Chooses lrs on validation tasks, then evaluates on held-out tasks: the whole honest protocol.
 
@@ -643,7 +782,7 @@ def evaluate_held_out(
 
     Args:
         model, params, methods, inner, max_steps, pad_id, micro_batch_size, min_seeds, progress,
-            ranks: as for :func:`evaluate_methods`.
+            ranks, domains, icl_max_length: as for :func:`evaluate_methods`.
         validation_episodes: episodes of meta-validation tasks, for :func:`select_inner_lr`.
         test_episodes_per_seed: held-out episodes, one list per seed of episode draws.
         lr_grid: candidate adaptation lrs; each method's is chosen at ``max_steps`` steps.
@@ -668,10 +807,11 @@ def evaluate_held_out(
     sel = select_inner_lr(
         model, params, methods, validation_episodes, inner,
         steps=max_steps, pad_id=pad_id, lr_grid=lr_grid, micro_batch_size=micro_batch_size,
-        ranks=ranks,
+        ranks=ranks, icl_max_length=icl_max_length,
     )
     return evaluate_methods(
         model, params, methods, test_episodes_per_seed, inner, max_steps, pad_id,
         inner_lrs=sel.chosen, micro_batch_size=micro_batch_size, min_seeds=min_seeds,
-        lr_selection=sel, progress=progress, ranks=ranks,
+        lr_selection=sel, progress=progress, ranks=ranks, domains=domains,
+        icl_max_length=icl_max_length,
     )

@@ -14,8 +14,9 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
+from fmmeta.algorithms.first_order import BUDGET_RULES
 from fmmeta.engine.protocol import Engine
-from fmmeta.evaluation.evaluate import evaluate_held_out
+from fmmeta.evaluation.evaluate import IN_CONTEXT, EvalMethod, evaluate_held_out
 from fmmeta.evaluation.report import format_markdown, write_report
 from fmmeta.recipe_config import RecipeConfig
 from fmmeta.tasks.episode import Episode
@@ -58,6 +59,39 @@ def adapter_tensors(model: torch.nn.Module, folder: Path) -> list[torch.Tensor]:
     return loaded
 
 
+def eval_methods(
+    cfg: RecipeConfig, states: Mapping[str, list[torch.Tensor] | None]
+) -> dict[str, EvalMethod]:
+    """The report's rows: each state adapted and scored plainly, except MetaICL's, which is
+    scored with its demonstrations and no adaptation; in-context demonstrations on the base
+    (``eval.in_context``); and ``<method>+demos`` for every method of ``eval.with_demonstrations``
+    (adapted, then scored with the demonstrations)."""
+    rows: dict[str, EvalMethod] = {}
+    for name, state in states.items():
+        if name == "base" and cfg.eval.in_context:
+            rows["base"] = EvalMethod(state)
+            rows[IN_CONTEXT] = EvalMethod(state, demonstrations=True, adapt=False)
+        elif name == "metaicl":
+            rows[name] = EvalMethod(state, demonstrations=True, adapt=False)
+        else:
+            rows[name] = EvalMethod(state)
+    for name in cfg.eval.with_demonstrations:
+        rows[f"{name}+demos"] = EvalMethod(states[name], demonstrations=True)
+    return rows
+
+
+def budget_notes(cfg: RecipeConfig) -> list[str]:
+    """How much training each compared adapter got, and the rule each method follows."""
+    s, a = cfg.sampler, cfg.algorithm
+    notes = [
+        f"Every method: {cfg.train.meta_steps} meta-steps x {s.meta_batch_size} episodes, "
+        f"outer lr {cfg.optim.outer_lr:g}, from the same initial adapter and the same episode draws."
+    ]
+    notes += [f"{m}: {BUDGET_RULES[m].format(k=a.inner_steps)}" for m in cfg.methods if m in BUDGET_RULES]
+    notes.append("base / in_context: the initial adapter (LoRA B = 0), no meta-training.")
+    return notes
+
+
 def evaluate_run(
     cfg: RecipeConfig, engine: Engine, tokenizer: Any, suite: Any,
     adapters: Mapping[str, Path], out: Path,
@@ -76,25 +110,27 @@ def evaluate_run(
     """
     model = engine.model
     params = engine.adapter_parameters()
-    methods: dict[str, list[torch.Tensor] | None] = {"base": None}
-    if cfg.eval.in_context:
-        methods["in_context"] = None
+    states: dict[str, list[torch.Tensor] | None] = {"base": None}
     for name, folder in adapters.items():
-        methods[name] = adapter_tensors(model, Path(folder))
+        states[name] = adapter_tensors(model, Path(folder))
+    methods = eval_methods(cfg, states)
     seed = cfg.train.seed
     val = draw_episodes(suite.meta_val, seed, 0, cfg.eval.val_episodes_per_task)
     test = [draw_episodes(suite.meta_test, seed, 1 + s, cfg.eval.episodes_per_task)
             for s in range(cfg.eval.seeds)]
     logger.info(
-        "evaluating %s on %d held-out tasks x %d seeds (lr chosen on %d validation episodes)",
-        ", ".join(methods), len(suite.meta_test), cfg.eval.seeds, len(val),
+        "evaluating %s on %d held-out tasks x %d seeds x %d episodes (lr chosen on %d validation "
+        "episodes)", ", ".join(methods), len(suite.meta_test), cfg.eval.seeds,
+        cfg.eval.episodes_per_task, len(val),
     )
     result = evaluate_held_out(
         model, params, methods, val, test, cfg.algorithm.inner_loop, cfg.eval.max_steps,
         tokenizer.pad_token_id, lr_grid=cfg.eval.lr_grid,
         micro_batch_size=cfg.eval.micro_batch_size, min_seeds=min(3, cfg.eval.seeds),
-        ranks=engine,
+        ranks=engine, icl_max_length=cfg.algorithm.icl_max_length,
+        domains={t.name: t.domain for t in suite.meta_test if t.domain != t.name},
     )
+    result.notes = budget_notes(cfg)
     if engine.rank != 0:
         return {}
     metrics = out / "metrics.jsonl"

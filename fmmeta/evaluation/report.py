@@ -2,7 +2,7 @@
 
 ``eval.json`` holds everything (summary and per-episode records) for machines; ``eval.md`` holds,
 per family, a method x adaptation-steps table of accuracy and one of loss, each cell
-``mean (worst)`` over seeds; the plots show held-out query accuracy against adaptation steps per
+``mean [95% interval] (worst seed)``, and paired differences against the baselines; the plots show held-out query accuracy against adaptation steps per
 method, and the meta-training curves from ``metrics.jsonl``. Plots use matplotlib's Agg backend
 (no display needed) through an explicit ``Figure``, so importing this module changes no global state.
 """
@@ -15,7 +15,8 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fmmeta.evaluation.evaluate import IN_CONTEXT, EvalResult
+from fmmeta.evaluation.evaluate import IN_CONTEXT, MULTITASK, Comparison, EvalResult
+from fmmeta.evaluation.intervals import N_BOOTSTRAP, Interval
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -45,23 +46,43 @@ def _fmt(x: float) -> str:
     return f"{x:.3f}" if math.isfinite(x) else str(x)
 
 
+def _interval(i: Interval, signed: bool = False) -> str:
+    est = f"{i.estimate:+.3f}" if signed else _fmt(i.estimate)
+    return f"{est} [{i.low:{'+' if signed else ''}.3f}, {i.high:{'+' if signed else ''}.3f}]"
+
+
+def _difference(c: Comparison | None, metric: str) -> str:
+    if c is None:
+        return "-"
+    i: Interval = getattr(c, metric)
+    text = _interval(i, signed=True)
+    return f"**{text}**" if i.excludes_zero else text
+
+
 def format_markdown(result: EvalResult) -> str:
-    """The markdown report: settings, then accuracy and loss tables per family.
+    """The markdown report: settings, accuracy and loss tables per family, paired differences.
 
     Each table has one row per method and one column per adaptation step; a cell reads
-    ``mean (worst)`` over seeds. In-context has a step-0 cell only (it does not adapt).
+    ``mean [95% interval] (worst seed)``. Methods that do not adapt have a step-0 cell only. The
+    differences table compares every method at its headline step with the multi-task baseline and
+    with in-context demonstrations on the same episodes; bold marks intervals that exclude 0.
     """
     steps = list(range(result.max_steps + 1))
     summary = result.summary()
+    n_boot = f"{N_BOOTSTRAP} stratified bootstrap resamples over episodes, by task"
     lines = [
         "# Held-out evaluation",
         "",
         f"Seeds (episode draws): {result.n_seeds}. Adaptation: {result.inner.inner_optimizer}, "
         f"clip norm {result.inner.inner_clip_norm}, 0..{result.max_steps} steps on the support set; "
-        "cells are `mean (worst)` over seeds (worst = lowest seed-mean accuracy, highest seed-mean "
-        "loss). Accuracy: verbalizer ranking (classification), exact match (generation).",
+        f"cells are `mean [95% interval] (worst seed)`: the mean over episodes, its interval from "
+        f"{n_boot}, and the worst seed-mean (lowest accuracy, highest loss). Every method is scored "
+        "on the same episodes. Accuracy: verbalizer ranking (classification), exact match "
+        "(generation).",
         "",
     ]
+    if result.notes:
+        lines += ["## Budgets", "", *(f"- {n}" for n in result.notes), ""]
     if result.inner_lrs:
         lines.append(
             "Adaptation lr per method: "
@@ -78,11 +99,9 @@ def format_markdown(result: EvalResult) -> str:
     header = "| method | " + " | ".join(f"{s} step{'' if s == 1 else 's'}" for s in steps) + " |"
     rule = "|---|" + "---|" * len(steps)
     for fam in result.families():
-        for metric, mean_key, worst_key in (
-            ("accuracy", "accuracy_mean", "accuracy_worst"),
-            ("loss", "loss_mean", "loss_worst"),
-        ):
-            lines += [f"## {fam}: query {metric}", "", header, rule]
+        n_eps = max((c.n_episodes for m in summary.values() for c in m.get(fam, {}).values()), default=0)
+        for metric in ("accuracy", "loss"):
+            lines += [f"## {fam}: query {metric} ({n_eps} episodes)", "", header, rule]
             for m in result.methods:
                 cells = []
                 for s in steps:
@@ -90,8 +109,29 @@ def format_markdown(result: EvalResult) -> str:
                     cells.append(
                         "-"
                         if cell is None
-                        else f"{_fmt(getattr(cell, mean_key))} ({_fmt(getattr(cell, worst_key))})"
+                        else f"{_interval(getattr(cell, metric + '_interval'))} "
+                        f"({_fmt(getattr(cell, metric + '_worst'))})"
                     )
+                lines.append(f"| {m} | " + " | ".join(cells) + " |")
+            lines.append("")
+    comparisons = {(c.method, c.baseline, c.family): c for c in result.comparisons()}
+    baselines = [b for b in (MULTITASK, IN_CONTEXT) if b in result.methods]
+    if baselines:
+        lines += [
+            "## Paired differences at each method's headline step",
+            "",
+            "A method's headline step is the most adaptation steps it was scored at (0 for methods "
+            "that do not adapt). Accuracy differences above 0 and loss differences below 0 favour "
+            "the method; **bold**: the 95% interval excludes 0.",
+            "",
+        ]
+        for fam in result.families():
+            cols = [f"{metric} vs {b}" for metric in ("accuracy", "loss") for b in baselines]
+            lines += [f"### {fam}", "", "| method | " + " | ".join(cols) + " |",
+                      "|---|" + "---|" * len(cols)]
+            for m in result.methods:
+                cells = [_difference(comparisons.get((m, b, fam)) if m != b else None, metric)
+                         for metric in ("accuracy", "loss") for b in baselines]
                 lines.append(f"| {m} | " + " | ".join(cells) + " |")
             lines.append("")
     if result.lr_selection is not None:
@@ -123,8 +163,9 @@ def _figure(n_axes: int, width_per_axis: float = 4.5) -> tuple[Figure, list[Axes
 def plot_adaptation_curves(result: EvalResult, path: str | Path) -> Path:
     """Held-out query accuracy vs adaptation steps, one line per method, one panel per family.
 
-    Solid lines are the mean over seeds, dotted lines of the same colour the worst seed; in-context
-    (no adaptation) is a horizontal dashed line at its step-0 accuracy.
+    Solid lines are the mean over seeds, dotted lines of the same colour the worst seed; a method
+    that does not adapt (in-context demonstrations, MetaICL) is a horizontal dashed line at its
+    step-0 accuracy.
 
     Returns:
         The written PNG's path.
@@ -141,7 +182,7 @@ def plot_adaptation_curves(result: EvalResult, path: str | Path) -> Path:
             if not cells:
                 continue
             color = f"C{i % 10}"
-            if m == IN_CONTEXT:
+            if list(cells) == [0]:  # does not adapt: one score, drawn across
                 ax.axhline(cells[0].accuracy_mean, color=color, linestyle="--", label=m)
                 continue
             xs = [s for s in steps if s in cells]

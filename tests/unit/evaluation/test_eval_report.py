@@ -16,6 +16,8 @@ from fmmeta.evaluation.evaluate import IN_CONTEXT, EpisodeRecord, EvalResult, Lr
 from fmmeta.evaluation.report import format_markdown, plot_training_curves, write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+CELL = r"(\S+) \[(\S+), (\S+)\] \((\S+)\)"
+"""A table cell: ``mean [low, high] (worst)``."""
 
 
 def _result() -> EvalResult:
@@ -36,8 +38,8 @@ def _result() -> EvalResult:
 
 
 def _table(md: str, title: str) -> dict[str, list[str]]:
-    """Rows of the markdown table under ``## title``: method -> cells."""
-    block = md.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+    """Rows of the markdown table under the heading that starts with ``title``: method -> cells."""
+    block = md.split(f"{title}", 1)[1].split("\n#", 1)[0]
     rows = [line for line in block.splitlines() if line.startswith("| ") and not line.startswith("| method")]
     return {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:-1]] for r in rows}
 
@@ -77,22 +79,31 @@ def test_report_files_carry_the_result_numbers(tmp_path: Path) -> None:
     md = paths["eval.md"].read_text()
     assert md == format_markdown(res)
     for fam in ("classification", "generation", "overall"):
-        acc = _table(md, f"{fam}: query accuracy")
-        loss = _table(md, f"{fam}: query loss")
+        acc = _table(md, f"## {fam}: query accuracy (")
+        loss = _table(md, f"## {fam}: query loss (")
         assert set(acc) == {"base", "fomaml", IN_CONTEXT}
         for m in ("base", "fomaml"):
             for step in (0, 1, 2):
                 cell = summary[m][fam][step]
-                mean, worst = re.fullmatch(r"(\S+) \((\S+)\)", acc[m][step]).groups()
-                assert float(mean) == pytest.approx(cell.accuracy_mean, abs=5e-4)
-                assert float(worst) == pytest.approx(cell.accuracy_worst, abs=5e-4)
-                mean, worst = re.fullmatch(r"(\S+) \((\S+)\)", loss[m][step]).groups()
-                assert float(mean) == pytest.approx(cell.loss_mean, abs=5e-4)
-                assert float(worst) == pytest.approx(cell.loss_worst, abs=5e-4)
+                for metric, text in (("accuracy", acc[m][step]), ("loss", loss[m][step])):
+                    mean, low, high, worst = map(float, re.fullmatch(CELL, text).groups())
+                    interval = getattr(cell, f"{metric}_interval")
+                    assert mean == pytest.approx(getattr(cell, f"{metric}_mean"), abs=5e-4)
+                    assert (low, high) == pytest.approx((interval.low, interval.high), abs=5e-4)
+                    assert worst == pytest.approx(getattr(cell, f"{metric}_worst"), abs=5e-4)
         assert acc[IN_CONTEXT][1:] == ["-", "-"]
     # the worst case really differs from the mean in this data, so the test can tell them apart
     assert summary["base"]["overall"][0].accuracy_worst < summary["base"]["overall"][0].accuracy_mean
-    lr_rows = _table(md, "Adaptation lr selection (mean validation query loss)")
+    # paired differences against in-context: the numbers of EvalResult.compare, bold if they exclude 0
+    diffs = _table(md, "### overall\n")
+    c = res.compare("fomaml", IN_CONTEXT)
+    text = diffs["fomaml"][0]
+    assert text.startswith("**") == c.accuracy.excludes_zero
+    est, low, high = map(float, re.fullmatch(r"\**(\S+) \[(\S+), (\S+)\]\**", text).groups())
+    assert (est, low, high) == pytest.approx((c.accuracy.estimate, c.accuracy.low, c.accuracy.high), abs=5e-4)
+    assert diffs[IN_CONTEXT] == ["-", "-"]
+    assert data["comparisons"][0]["accuracy"]["estimate"] == pytest.approx(res.comparisons()[0].accuracy.estimate)
+    lr_rows = _table(md, "## Adaptation lr selection (mean validation query loss)")
     assert lr_rows["fomaml"] == ["1.500", "inf", "0.03"] and lr_rows["base"][-1] == "0.1"
     _assert_png(paths["adaptation_curves.png"])
     _assert_png(paths["training_curves.png"])

@@ -12,6 +12,7 @@ from torch import nn
 from fmmeta.algorithms.inner_loop import InnerLoopConfig, adapt, restore, snapshot
 from fmmeta.evaluation.evaluate import (
     IN_CONTEXT,
+    EvalMethod,
     EvalResult,
     EpisodeRecord,
     evaluate_held_out,
@@ -184,3 +185,57 @@ def test_invalid_evaluation_inputs_name_the_problem() -> None:
         select_inner_lr(model, params, {"base": None}, [], inner, steps=1, pad_id=PAD)
     with pytest.raises(ValueError, match="lr_grid"):
         select_inner_lr(model, params, {"base": None}, eps[0], inner, steps=1, pad_id=PAD, lr_grid=(0.0,))
+
+
+def test_every_method_sees_the_same_episodes_and_demonstrations_follow_adaptation() -> None:
+    model = tiny_lora_llama(seed=11)
+    params = lora_params(model)
+    model.eval()
+    before = snapshot(params)
+    trained = random_state(params, seed=12)
+    rec = _Recorder(model, SENTINEL)
+    methods = {
+        "base": None,
+        IN_CONTEXT: None,
+        "trained": trained,
+        "trained+demos": EvalMethod(trained, demonstrations=True),
+        "icl_only": EvalMethod(trained, demonstrations=True, adapt=False),
+    }
+    eps = _episodes(13)
+    inner = InnerLoopConfig(inner_steps=2, inner_lr=0.1)
+    res = evaluate_methods(rec, params, methods, eps, inner, 2, PAD, icl_max_length=10_000,
+                           domains={"test_cls": "fam_a", "test_gen": "fam_b"})
+    keys = {m: {(r.seed, r.episode, r.task) for r in res.records if r.method == m} for m in methods}
+    assert all(k == keys["base"] for k in keys.values()) and len(keys["base"]) == 6
+    assert res.steps_of("icl_only") == [0] and res.steps_of("trained+demos") == [0, 1, 2]
+    assert res.families() == ["classification", "generation", "fam_a", "fam_b", "overall"]
+    by_key = {(r.method, r.seed, r.episode, r.step): r for r in res.records}
+    ep = eps[1][0]
+    # step 0 with demonstrations is the in-context score of that state ...
+    restore(params, trained)
+    icl = score_query(model, ep.in_context_query(), PAD, choices=ep.choices)
+    assert by_key[("icl_only", 1, 0, 0)].loss == pytest.approx(icl.loss, rel=1e-6)
+    assert by_key[("trained+demos", 1, 0, 0)].loss == pytest.approx(icl.loss, rel=1e-6)
+    # ... and after 2 steps it is the adapted weights' in-context score
+    adapt(model, params, [collate(ep.support, PAD)], inner, steps=2)
+    adapted = score_query(model, ep.in_context_query(), PAD, choices=ep.choices)
+    assert by_key[("trained+demos", 1, 0, 2)].loss == pytest.approx(adapted.loss, rel=1e-5)
+    restore(params, before)
+    # paired differences at headline steps: the hand computation on the same episodes
+    c = res.compare("trained+demos", IN_CONTEXT, "classification")
+    assert (c.method_step, c.baseline_step) == (2, 0)
+    want = [by_key[("trained+demos", s, 0, 2)].accuracy - by_key[(IN_CONTEXT, s, 0, 0)].accuracy
+            for s in range(3)]
+    assert c.accuracy.estimate == pytest.approx(sum(want) / 3) and c.accuracy.n == 3
+    assert {(x.method, x.baseline) for x in res.comparisons()} == {
+        (m, IN_CONTEXT) for m in methods if m != IN_CONTEXT}
+    cell = res.get("trained", 2, "fam_a")
+    assert cell.accuracy_interval.low <= cell.accuracy_mean <= cell.accuracy_interval.high
+
+
+def test_a_difference_needs_the_same_episodes() -> None:
+    recs = [_rec("a", 0, "classification", 1.0, 1.0), _rec("b", 1, "classification", 1.0, 0.0)]
+    res = EvalResult(records=recs, methods=["a", "b"], max_steps=0, n_seeds=2, inner_lrs={},
+                     inner=InnerLoopConfig())
+    with pytest.raises(ValueError, match="different classification episodes"):
+        res.compare("a", "b", "classification")
