@@ -10,13 +10,20 @@ with two families side by side:
 * ``langid``: 3-way classification of a country name written in some language, by language, with
   the three labels remapped to random words from a pool of 12 in every episode. Only the support
   set says which word means which language, which is where meta-learning earns its place.
+* ``continent`` (held out as a whole family: meta-test only): 3-way classification of a country
+  name written in a held-out language by its continent, labels remapped the same way. No
+  meta-training task asks about continents, so it tests learning a *new kind* of task from a
+  handful of examples, not a new language of a trained kind.
 
 Languages are assigned to meta-train / meta-validation / meta-test once (seeded) and shared by
-both families, so a held-out task never uses a language the meta-learner trained on.
+all families, so a held-out task never uses a language the meta-learner trained on. The held-out
+``langid`` tasks are every 3-language subset of the meta-test languages (10 tasks with 5
+languages), so the classification score rests on many tasks, not one.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -46,6 +53,20 @@ COUNTRIES: tuple[str, ...] = (
 )  # fmt: skip
 """60 well-known countries (ISO 3166-1 alpha-2), so prompts name things a small LM has seen."""
 
+CONTINENTS: dict[str, str] = {
+    **dict.fromkeys(
+        ("FR", "DE", "ES", "IT", "PT", "NL", "BE", "CH", "AT", "SE", "NO", "DK", "FI", "PL", "CZ",
+         "HU", "RO", "GR", "RU", "UA", "IE", "GB", "IS", "HR", "BG", "RS"), "Europe"),
+    **dict.fromkeys(
+        ("TR", "JP", "CN", "KR", "IN", "PK", "ID", "TH", "VN", "PH", "SA", "IR", "IQ", "IL", "AF"),
+        "Asia"),
+    **dict.fromkeys(("US", "CA", "MX", "BR", "AR", "CL", "PE", "CO", "CU"), "America"),
+    **dict.fromkeys(("EG", "MA", "ZA", "NG", "KE", "ET", "DZ", "TN"), "Africa"),
+    **dict.fromkeys(("AU", "NZ"), "Oceania"),
+}  # fmt: skip
+"""The continent of each of :data:`COUNTRIES` (Turkey counted in Asia, Russia in Europe). Oceania
+has too few countries for an episode, so ``continent`` episodes draw 3 of the other 4."""
+
 LABEL_POOL: tuple[str, ...] = (
     "apple", "river", "stone", "cloud", "tiger", "piano",
     "lemon", "candle", "forest", "silver", "rocket", "garden",
@@ -57,6 +78,8 @@ TRANSLATION_SPEC = EpisodeSpec(shots=4, query=4)
 
 LANGID_SPEC = EpisodeSpec(shots=2, query=2, ways=3, remap_labels=True, label_pool=LABEL_POOL)
 """Calibration setup: 3-way, 2 shots + 2 queries per class, labels remapped from 12 words."""
+
+FAMILIES: tuple[str, ...] = ("translation", "langid", "continent")
 
 
 def _territory_names(lang: str, countries: Sequence[str]) -> dict[str, str]:
@@ -83,16 +106,18 @@ def build_cldr_suite(
     n_test_languages: int = 5,
     n_langid_train_languages: int = 15,
     langid_group_size: int = 5,
-    families: Sequence[str] = ("translation", "langid"),
+    families: Sequence[str] = FAMILIES,
     translation_spec: EpisodeSpec = TRANSLATION_SPEC,
     langid_spec: EpisodeSpec = LANGID_SPEC,
     on_too_long: OnTooLong = "drop",
 ) -> SuiteSplit:
-    """Builds the CLDR suite: translation and remapped language-id tasks, split by language.
+    """Builds the CLDR suite: translation, remapped language-id and continent tasks, split by language.
 
     With the defaults: 40 languages, 30 for meta-training (30 translation tasks; the first 15
-    also form 3 ``langid`` tasks of 5 languages each), 5 for meta-validation and 5 for meta-test
-    (one translation task per language plus one ``langid`` task over the 5 languages).
+    also form 3 ``langid`` tasks of 5 languages each), 5 for meta-validation (one translation task
+    per language plus one ``langid`` task over the 5 languages) and 5 for meta-test (one
+    translation and one ``continent`` task per language, and a ``langid`` task for every
+    ``ways``-subset of the 5 languages).
 
     Args:
         tokenizer: a Hugging Face tokenizer (any; sequences stay short with SmolLM2's).
@@ -104,9 +129,11 @@ def build_cldr_suite(
         n_test_languages: held-out languages for meta-test tasks.
         n_langid_train_languages: meta-train languages used by the ``langid`` family.
         langid_group_size: languages per ``langid`` task (each episode draws ``ways`` of them).
-        families: which families to build: ``"translation"`` and/or ``"langid"``.
+        families: which families to build, among ``"translation"``, ``"langid"`` and
+            ``"continent"`` (always held out: meta-test only).
         translation_spec: episode shape of translation tasks.
-        langid_spec: episode shape of ``langid`` tasks (classification with remapping).
+        langid_spec: episode shape of ``langid`` and ``continent`` tasks (classification with
+            remapping).
         on_too_long: what to do with an example whose answer cannot fit ``max_length``.
 
     Returns:
@@ -120,11 +147,16 @@ def build_cldr_suite(
         >>> [t.name for t in suite.meta_test][:2]  # doctest: +SKIP
         ['translate-xx', ...]
     """
-    unknown = sorted(set(families) - {"translation", "langid"})
+    unknown = sorted(set(families) - set(FAMILIES))
     if unknown or not families:
         raise ValueError(
             f"build_cldr_suite families={list(families)!r} is invalid: choose from "
-            "'translation' and 'langid'"
+            f"{', '.join(map(repr, FAMILIES))}"
+        )
+    if set(families) == {"continent"}:
+        raise ValueError(
+            "build_cldr_suite families=['continent'] leaves nothing to meta-train on: the continent "
+            "family is held out; add 'translation' or 'langid'"
         )
     langs = list(dict.fromkeys(languages))
     n_train = len(langs) - n_val_languages - n_test_languages
@@ -161,18 +193,26 @@ def build_cldr_suite(
                     )  # fmt: skip
                 )
         if "langid" in families:
+            ways = langid_spec.ways or 2
             if split == "meta_train":
                 pool = ls[:n_langid_train_languages]
                 groups = [
                     pool[i : i + langid_group_size] for i in range(0, len(pool), langid_group_size)
                 ]
-            else:
+            elif split == "meta_val":
                 groups = [ls]
+            else:
+                groups = [list(g) for g in itertools.combinations(ls, ways)]
             for group in groups:
-                if len(group) >= (langid_spec.ways or 2):
+                if len(group) >= ways:
                     out[split].append(
                         _langid_task(group, names, tokenizer, langid_spec, max_length)
                     )
+        if "continent" in families and split == "meta_test":
+            for lang in ls:
+                out[split].append(
+                    _continent_task(lang, names[lang], tokenizer, langid_spec, max_length)
+                )
     suite = TaskSet(**out)
     logger.info(
         "CLDR suite: %d meta-train, %d meta-val, %d meta-test tasks (held-out languages %s / %s)",
@@ -233,5 +273,22 @@ def _langid_task(
         tokenizer,
         spec=spec,
         domain="cldr-langid",
+        max_length=max_length,
+    )
+
+
+def _continent_task(
+    lang: str, local: dict[str, str], tokenizer: Any, spec: EpisodeSpec, max_length: int
+) -> Task:
+    classes = sorted(set(CONTINENTS.values()))
+    codes = [c for c in local if c in CONTINENTS]
+    return Task.from_labeled_texts(
+        f"continent-{lang}",
+        [f"Country: {local[c]}\nContinent:" for c in codes],
+        [classes.index(CONTINENTS[c]) for c in codes],
+        classes,
+        tokenizer,
+        spec=spec,
+        domain="cldr-continent",
         max_length=max_length,
     )

@@ -7,7 +7,13 @@ import pytest
 from babel import Locale
 
 from fmmeta.tasks.suites import build_suite
-from fmmeta.tasks.suites.cldr import COUNTRIES, DEFAULT_LANGUAGES, LABEL_POOL, build_cldr_suite
+from fmmeta.tasks.suites.cldr import (
+    CONTINENTS,
+    COUNTRIES,
+    DEFAULT_LANGUAGES,
+    LABEL_POOL,
+    build_cldr_suite,
+)
 from fmmeta.tasks.task import TaskSet
 from fmmeta.tasks.testing import tiny_tokenizer
 
@@ -28,14 +34,18 @@ def test_cldr_suite_shape_and_language_disjoint_splits(suite: TaskSet) -> None:
     trans = {k: [n for n in v if n.startswith("translate-")] for k, v in names.items()}
     langid = {k: [n for n in v if n.startswith("langid-")] for k, v in names.items()}
     assert [len(trans[k]) for k in names] == [30, 5, 5]
-    assert [len(langid[k]) for k in names] == [3, 1, 1]
+    continent = {k: [n for n in v if n.startswith("continent-")] for k, v in names.items()}
+    assert [len(langid[k]) for k in names] == [3, 1, 10]  # every 3-language subset of 5 held out
+    assert [len(continent[k]) for k in names] == [0, 0, 5]  # a family held out whole
+    assert {_langs(n).pop() for n in continent["meta_test"]} == {
+        lang for n in trans["meta_test"] for lang in _langs(n)}
     used = {k: set().union(*(_langs(n) for n in v)) for k, v in names.items()}
     assert not used["meta_train"] & used["meta_val"]
     assert not used["meta_train"] & used["meta_test"]
     assert not used["meta_val"] & used["meta_test"]
     assert used["meta_train"] | used["meta_val"] | used["meta_test"] == set(DEFAULT_LANGUAGES)
     for t in suite.meta_train + suite.meta_val + suite.meta_test:
-        assert t.domain in ("cldr-translation", "cldr-langid")
+        assert t.domain in ("cldr-translation", "cldr-langid", "cldr-continent")
         assert t.n_dropped == 0
 
 
@@ -102,3 +112,29 @@ def test_build_suite_registry() -> None:
         assert TOK.decode(ex.answer_ids) == f" {int(a) + int(k)}</s>"
     with pytest.raises(ValueError, match=r"unknown task suite 'cldrr': choose one of \['cldr', 'synthetic'\]. Did you mean 'cldr'\?"):
         build_suite("cldrr", TOK)
+
+
+def test_continent_episodes_name_each_country_by_its_continent(suite: TaskSet) -> None:
+    assert set(CONTINENTS) == set(COUNTRIES)
+    task = next(t for t in suite.meta_test if t.name.startswith("continent-"))
+    lang = task.name.split("-")[1]
+    local = Locale.parse(lang).territories
+    continent_of = {local[c]: CONTINENTS[c] for c in COUNTRIES}
+    rng = np.random.default_rng(3)
+    for _ in range(5):
+        ep = task.sample_episode(rng)
+        assert ep.ways == 3 and len(ep.support) == 6 and len(ep.query) == 6
+        words = [TOK.decode(c).removesuffix("</s>").strip() for c in ep.choices]
+        assert set(words) <= set(LABEL_POOL)  # remapped: the continent names never appear
+        meaning: dict[int, str] = {}
+        for ex in ep.support + ep.query:
+            prompt = TOK.decode(ex.prompt_ids)
+            assert prompt.startswith("Country: ") and prompt.endswith("\nContinent:")
+            continent = continent_of[prompt[len("Country: "):prompt.index("\n")]]
+            assert meaning.setdefault(ex.label, continent) == continent  # one word, one continent
+        assert len(set(meaning.values())) == 3 and "Oceania" not in meaning.values()
+
+
+def test_continent_alone_is_refused() -> None:
+    with pytest.raises(ValueError, match="held out"):
+        build_cldr_suite(TOK, families=("continent",))
