@@ -96,24 +96,6 @@ def format_markdown(result: EvalResult) -> str:
             + "."
         )
         lines.append("")
-    header = "| method | " + " | ".join(f"{s} step{'' if s == 1 else 's'}" for s in steps) + " |"
-    rule = "|---|" + "---|" * len(steps)
-    for fam in result.families():
-        n_eps = max((c.n_episodes for m in summary.values() for c in m.get(fam, {}).values()), default=0)
-        for metric in ("accuracy", "loss"):
-            lines += [f"## {fam}: query {metric} ({n_eps} episodes)", "", header, rule]
-            for m in result.methods:
-                cells = []
-                for s in steps:
-                    cell = summary.get(m, {}).get(fam, {}).get(s)
-                    cells.append(
-                        "-"
-                        if cell is None
-                        else f"{_interval(getattr(cell, metric + '_interval'))} "
-                        f"({_fmt(getattr(cell, metric + '_worst'))})"
-                    )
-                lines.append(f"| {m} | " + " | ".join(cells) + " |")
-            lines.append("")
     comparisons = {(c.method, c.baseline, c.family): c for c in result.comparisons()}
     baselines = [b for b in (MULTITASK, IN_CONTEXT) if b in result.methods]
     if baselines:
@@ -132,6 +114,24 @@ def format_markdown(result: EvalResult) -> str:
             for m in result.methods:
                 cells = [_difference(comparisons.get((m, b, fam)) if m != b else None, metric)
                          for metric in ("accuracy", "loss") for b in baselines]
+                lines.append(f"| {m} | " + " | ".join(cells) + " |")
+            lines.append("")
+    header = "| method | " + " | ".join(f"{s} step{'' if s == 1 else 's'}" for s in steps) + " |"
+    rule = "|---|" + "---|" * len(steps)
+    for fam in result.families():
+        n_eps = max((c.n_episodes for m in summary.values() for c in m.get(fam, {}).values()), default=0)
+        for metric in ("accuracy", "loss"):
+            lines += [f"## {fam}: query {metric} ({n_eps} episodes)", "", header, rule]
+            for m in result.methods:
+                cells = []
+                for s in steps:
+                    cell = summary.get(m, {}).get(fam, {}).get(s)
+                    cells.append(
+                        "-"
+                        if cell is None
+                        else f"{_interval(getattr(cell, metric + '_interval'))} "
+                        f"({_fmt(getattr(cell, metric + '_worst'))})"
+                    )
                 lines.append(f"| {m} | " + " | ".join(cells) + " |")
             lines.append("")
     if result.lr_selection is not None:
