@@ -103,12 +103,15 @@ def episodes(n: int, offset: int) -> list[Any]:
 
 def evaluate(engine: Any) -> dict[str, Any]:
     from fmmeta.algorithms.inner_loop import InnerLoopConfig
-    from fmmeta.evaluation.evaluate import evaluate_held_out
+    from fmmeta.evaluation.evaluate import EvalMethod, evaluate_held_out
 
     params = engine.adapter_parameters()
     trained = [p.detach().clone() + 0.01 * torch.ones_like(p) for p in params]
+    # adapted, then scored with the demonstrations: other pass counts than plain scoring
+    demos = EvalMethod(trained, demonstrations=True)
     result = evaluate_held_out(
-        engine.model, params, {"base": None, "in_context": None, "trained": trained},
+        engine.model, params,
+        {"base": None, "in_context": None, "trained": trained, "trained+demos": demos},
         episodes(5, 0), [episodes(3, 10 + 3 * s) for s in range(3)],
         InnerLoopConfig(inner_steps=2, inner_lr=0.05), 2, 0, lr_grid=(0.01, 0.05),
         micro_batch_size=1, ranks=engine,
