@@ -66,8 +66,9 @@ class RecipeConfig:
 
     output_dir: str = "runs/default"
     """Folder the run writes everything into (config, metrics, adapters, checkpoints, report)."""
-    methods: tuple[str, ...] = ("fomaml", "reptile", "multitask")
-    """Adapters to meta-train, one after the other, each from the same initial adapter."""
+    methods: tuple[str, ...] = ("fomaml", "reptile", "multitask", "metaicl")
+    """Adapters to meta-train, one after the other, each from the same initial adapter and the
+    same episode draws: meta-learners and the baselines they must beat."""
     model: ModelConfig = field(default_factory=ModelConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     tasks: TasksConfig = field(default_factory=TasksConfig)

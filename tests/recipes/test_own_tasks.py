@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from fmmeta.recipe_config import RecipeConfig
+
 from tests.recipes import _recipe
 
 CONFIG = _recipe.REPO / "recipes" / "configs" / "own_tasks.yaml"
@@ -23,13 +25,13 @@ HELD_OUT = {"add_ten", "double", "next_number"}  # the arithmetic family: one ta
 def _check_report(out: Path) -> None:
     report = json.loads((out / "eval" / "eval.json").read_text())
     assert {r["task"] for r in report["records"]} == HELD_OUT
-    assert set(report["methods"]) >= {"base", "fomaml", "reptile", "multitask"}
+    assert set(report["methods"]) >= {"base", *RecipeConfig().methods}
     text = (out / "eval" / "eval.md").read_text()
     assert "## generation: query accuracy" in text  # the held-out family's table
     assert "chosen on validation tasks hot_or_cold, uppercase" in text
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [(r["method"], r["step"]) for r in lines] == [
-        (m, s) for m in ("fomaml", "reptile", "multitask") for s in (0, 1)
+        (m, s) for m in RecipeConfig().methods for s in (0, 1)
     ]
 
 
