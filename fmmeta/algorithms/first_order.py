@@ -1,6 +1,9 @@
 """First-order meta-algorithms over adapter parameters: FOMAML and Reptile, and the two baselines
 they must beat: multi-task training and MetaICL.
 
+(Meta-SGD, FOMAML with learned inner step sizes, lives in :mod:`fmmeta.algorithms.meta_sgd` and
+is built here too.)
+
 Each turns one rank's packed work (:class:`RankWork`: its tasks and passes) into the sum of its
 tasks' meta-gradients and leaves the adapter exactly at theta. They share the one inner loop
 (:mod:`fmmeta.algorithms.inner_loop`), run every task of the rank in the same passes (each row
@@ -63,6 +66,7 @@ from fmmeta.algorithms.inner_loop import (
     answer_tokens_per_task,
     run_passes,
 )
+from fmmeta.algorithms.meta_sgd import MetaSGD
 from fmmeta.algorithms.protocol import MetaAlgorithm, RankResult, RankWork, prepare_rank
 from fmmeta.algorithms.task_lora import TaskLoRA, stack_adapters
 from fmmeta.config import ConfigError
@@ -71,10 +75,12 @@ from fmmeta.tasks.episode import collate
 
 logger = logging.getLogger(__name__)
 
-ALGORITHMS = ("fomaml", "reptile", "multitask", "metaicl")
+ALGORITHMS = ("fomaml", "metasgd", "reptile", "multitask", "metaicl")
 
 BUDGET_RULES: dict[str, str] = {
     "fomaml": "{k} inner steps over the support set, then the query gradient at the adapted weights.",
+    "metasgd": "{k} inner steps over the support set at its learned per-tensor step sizes, then the "
+    "query gradient at the adapted weights (the step sizes' gradient reuses those tensors).",
     "reptile": "{k} inner steps over the support set; theta - phi is the meta-gradient.",
     "multitask": "the same support rows as {k} inner steps, spent on {k} distinct support sets "
     "(not one set {k} times), plus the query, all at theta.",
@@ -90,9 +96,10 @@ class AlgorithmConfig:
     """Which meta-algorithm to run and its per-task settings (identical on every rank).
 
     Attributes:
-        name: "fomaml", "reptile", "multitask" or "metaicl".
+        name: "fomaml", "metasgd" (FOMAML with learned per-tensor inner step sizes), "reptile",
+            "multitask" or "metaicl".
         inner_steps: inner optimizer steps on the support set per task (>= 0).
-        inner_lr: inner learning rate (> 0).
+        inner_lr: inner learning rate (> 0); metasgd: every step size's initial value.
         inner_optimizer: "sgd" or "adam" (fresh moments per task).
         inner_clip_norm: per-inner-step global gradient-norm clip; ``None`` = off.
         pad_to_multiple_of: pad each micro-batch's length to a multiple of this (``None`` = exact).
@@ -106,6 +113,8 @@ class AlgorithmConfig:
             the module docstring.
         icl_max_length: MetaICL (training and in-context scoring): longest sequence of
             demonstrations + query in tokens; longer ones lose their oldest demonstration tokens.
+        step_size_lr: metasgd only: Adam learning rate of the log inner step sizes (> 0); one
+            meta-step changes each step size by at most about this fraction (0.01: 1%).
     """
 
     name: str = "fomaml"
@@ -118,6 +127,7 @@ class AlgorithmConfig:
     reptile_query_step: bool = False
     multitask_match_passes: bool = True
     icl_max_length: int = 1024
+    step_size_lr: float = 0.01
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -131,6 +141,11 @@ class AlgorithmConfig:
             problems.append(
                 f"icl_max_length={self.icl_max_length} is invalid: must be >= 2 (tokens of "
                 "demonstrations + query; MetaICL used 1024)"
+            )
+        if not (math.isfinite(self.step_size_lr) and self.step_size_lr > 0):
+            problems.append(
+                f"step_size_lr={self.step_size_lr} is invalid: must be > 0 (Adam lr of metasgd's "
+                "log inner step sizes, e.g. 0.01)"
             )
         try:
             _ = self.inner_loop  # validates the inner-loop fields (raises ValueError naming them)
@@ -211,20 +226,36 @@ class FOMAML:
 
     prepare = _prepare
 
-    def rank_gradient(self, model: nn.Module, params: Sequence[nn.Parameter], work: RankWork) -> RankResult:
-        """Adapts every task on its support rows, then takes the query gradients at phi."""
+    def rank_gradient(self, model: nn.Module, params: Sequence[nn.Parameter], work: RankWork, *,
+                      lrs: Sequence[float] | None = None) -> RankResult:
+        """Adapts every task on its support rows, then takes the query gradients at phi.
+
+        With ``lrs`` (one inner step size per adapter tensor: Meta-SGD) the result also carries
+        ``step_size_grad``, the first-order gradient of the query losses with respect to the log
+        step sizes: ``sum over tasks of <g_q(phi), phi - theta>`` per tensor (derivation in
+        :mod:`fmmeta.algorithms.meta_sgd`); it needs nothing but tensors this method already has.
+        """
         lora = self._lora.get(model, params)
         fast = stack_adapters(params, max(work.n_tasks, 1))
         with lora.active(fast):
             before = _query_before(self.cfg, model, fast, lora, work)
-            adaptation = adapt_tasks(model, fast, work.support, work.support_answers, self.inner, lora=lora)
+            adaptation = adapt_tasks(model, fast, work.support, work.support_answers, self.inner,
+                                     lora=lora, lrs=lrs)
             res = run_passes(model, fast, work.query, _inverse(work.query_answers), lora=lora)
         assert res.grads is not None
-        grads = [g[: work.n_tasks].sum(dim=0) for g in res.grads]
-        after = _per_token(res.task_sums[: work.n_tasks], work.query_answers[: work.n_tasks])
+        n = work.n_tasks
+        step_size_grad = None
+        if lrs is not None:
+            with torch.no_grad():
+                step_size_grad = torch.stack([
+                    (g[:n].float() * (f[:n].float() - p.detach().float().unsqueeze(0))).sum()
+                    for g, f, p in zip(res.grads, fast, params, strict=True)
+                ])
+        grads = [g[:n].sum(dim=0) for g in res.grads]
+        after = _per_token(res.task_sums[:n], work.query_answers[:n])
         return RankResult(grads, before, after,
                           _mean_seconds(adaptation.seconds), res.seconds, self.inner.inner_steps,
-                          1 + self.cfg.measure_query_before)
+                          1 + self.cfg.measure_query_before, step_size_grad)
 
 
 class Reptile:
@@ -359,6 +390,8 @@ def build_algorithm(cfg: AlgorithmConfig, pad_id: int) -> MetaAlgorithm:
     Example:
         >>> algo = build_algorithm(AlgorithmConfig(name="reptile", inner_steps=5), pad_id=tok.pad_token_id)
     """
+    if cfg.name == "metasgd":  # FOMAML plus learned step sizes: composed, not subclassed
+        return MetaSGD(FOMAML(cfg, pad_id), cfg)
     classes: dict[str, type[FOMAML] | type[Reptile] | type[MultiTask] | type[MetaICL]] = {
         "fomaml": FOMAML, "reptile": Reptile, "multitask": MultiTask, "metaicl": MetaICL,
     }

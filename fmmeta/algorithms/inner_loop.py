@@ -383,16 +383,40 @@ def clip_per_task(grads: Sequence[torch.Tensor], max_norm: float, *, stacked: bo
         g.mul_(coef.view(-1, *([1] * (g.dim() - 1))).to(g.dtype))
 
 
+def check_lrs(lrs: Sequence[float], n_params: int) -> list[float]:
+    """Per-tensor step sizes as floats, refused unless there is one finite, positive lr per tensor."""
+    values = [float(lr) for lr in lrs]
+    if len(values) != n_params:
+        raise ValueError(
+            f"got {len(values)} inner lrs for {n_params} adapter tensors: pass one step size per "
+            "adapter tensor, in the order of the adapter parameters (e.g. load_inner_lrs(folder))"
+        )
+    bad = [(i, lr) for i, lr in enumerate(values) if not (math.isfinite(lr) and lr > 0)]
+    if bad:
+        raise ValueError(f"inner lrs must be finite and > 0; got (index, lr) {bad[:5]}")
+    return values
+
+
 class InnerOptimizer:
     """The inner update rule (SGD or Adam) on plain tensors, updated in place under ``no_grad``.
 
     Every operation is elementwise, so the same rule serves stacked ``[T, ...]`` fast weights (each
     task its own moments) and single adapters. Adam keeps its moments here, fresh per task; create
     one per adaptation or pass the same one to successive calls to continue a trajectory.
+
+    Args:
+        cfg: the inner-loop settings.
+        params: the tensors it will update (shapes for Adam's moments).
+        lrs: one step size per tensor of ``params`` (Meta-SGD's learned step sizes, see
+            :mod:`fmmeta.algorithms.meta_sgd`); ``None`` uses ``cfg.inner_lr`` for every tensor.
+            Both rules are linear in the step size, which is what makes the first-order gradient
+            of the query loss with respect to it exact (see that module).
     """
 
-    def __init__(self, cfg: InnerLoopConfig, params: Sequence[torch.Tensor]) -> None:
+    def __init__(self, cfg: InnerLoopConfig, params: Sequence[torch.Tensor],
+                 lrs: Sequence[float] | None = None) -> None:
         self.cfg = cfg
+        self.lrs = check_lrs(lrs, len(params)) if lrs is not None else [cfg.inner_lr] * len(params)
         self.t = 0
         self._m: list[torch.Tensor] | None = None
         self._v: list[torch.Tensor] | None = None
@@ -402,17 +426,16 @@ class InnerOptimizer:
 
     @torch.no_grad()
     def step(self, params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]) -> None:
-        """Applies one update ``params <- params - lr * direction(grads)``."""
-        lr = self.cfg.inner_lr
+        """Applies one update ``params[i] <- params[i] - lrs[i] * direction(grads[i])``."""
         self.t += 1
         if self._m is None or self._v is None:
-            for p, g in zip(params, grads):
+            for p, g, lr in zip(params, grads, self.lrs, strict=True):
                 p.add_(g.to(p.dtype), alpha=-lr)
             return
         b1, b2 = self.cfg.adam_betas
         c1 = 1.0 - b1**self.t
         c2 = 1.0 - b2**self.t
-        for p, g, m, v in zip(params, grads, self._m, self._v):
+        for p, g, m, v, lr in zip(params, grads, self._m, self._v, self.lrs, strict=True):
             g = g.to(m.dtype)
             m.mul_(b1).add_(g, alpha=1.0 - b1)
             v.mul_(b2).addcmul_(g, g, value=1.0 - b2)
@@ -444,6 +467,7 @@ def adapt_tasks(
     lora: TaskLoRA | None = None,
     steps: int | None = None,
     optimizer: InnerOptimizer | None = None,
+    lrs: Sequence[float] | None = None,
 ) -> Adaptation:
     """Adapts every task's weights in place on its support rows: theta -> phi. The one inner loop.
 
@@ -461,11 +485,15 @@ def adapt_tasks(
         lora: the active :class:`TaskLoRA` for stacked weights; ``None`` for a single adapter.
         steps: number of inner steps (default ``cfg.inner_steps``).
         optimizer: continue with this inner optimizer's state (default: a fresh one).
+        lrs: one step size per weight tensor for a fresh optimizer (default ``cfg.inner_lr`` for
+            all); an ``optimizer`` passed in brings its own.
     """
     n_steps = cfg.inner_steps if steps is None else steps
     if n_steps < 0:
         raise ValueError(f"adapt(steps={n_steps}) is invalid: steps must be >= 0")
-    opt = optimizer if optimizer is not None else InnerOptimizer(cfg, weights)
+    if optimizer is not None and lrs is not None:
+        raise ValueError("pass lrs or optimizer, not both: an InnerOptimizer carries its own lrs")
+    opt = optimizer if optimizer is not None else InnerOptimizer(cfg, weights, lrs)
     n = n_answer.to(torch.float64)
     scale = torch.where(n > 0, 1.0 / n.clamp(min=1.0), torch.zeros_like(n))
     out = Adaptation([], [])
@@ -490,11 +518,14 @@ def adapt(
     *,
     steps: int | None = None,
     optimizer: InnerOptimizer | None = None,
+    lrs: Sequence[float] | None = None,
 ) -> list[float]:
     """Adapts one task's adapter ``params`` in place on its support set (evaluation's entry point).
 
     :func:`adapt_tasks` with one task and the model's own LoRA forward. The caller owns theta:
-    take a :func:`snapshot` before and :func:`restore` after.
+    take a :func:`snapshot` before and :func:`restore` after. ``lrs`` gives every adapter tensor
+    its own step size (Meta-SGD's learned ones: ``load_inner_lrs(adapter_folder)``); ``None`` uses
+    ``cfg.inner_lr`` for all.
 
     Returns:
         The support loss per answer token before each step's update (``nan`` for a dummy set).
@@ -507,7 +538,7 @@ def adapt(
     """
     passes = [None if b is None else PackedBatch.one_task(b) for b in support_batches]
     n_answer = torch.tensor([float(answer_tokens(support_batches))], dtype=torch.float64)
-    result = adapt_tasks(model, params, passes, n_answer, cfg, steps=steps, optimizer=optimizer)
+    result = adapt_tasks(model, params, passes, n_answer, cfg, steps=steps, optimizer=optimizer, lrs=lrs)
     return [float(x[0]) for x in result.losses]
 
 

@@ -3,7 +3,8 @@
 The rank's tasks share every pass (each row through its own task's fast weights), so peak memory
 follows the pass's token budget and the rank's adapters, not the tasks' activations. The engine
 is touched exactly once, by ``engine.outer_step(grad_sum, plan.n_real_tasks)``, which averages
-over every rank's tasks. Every rank runs the same number of passes (the plan guarantees it), so
+over every rank's tasks; an algorithm with state of its own (:class:`OuterUpdate`, Meta-SGD's step
+sizes) updates it right after, the same way on every rank. Every rank runs the same number of passes (the plan guarantees it), so
 ZeRO-3's per-pass collectives stay in lockstep.
 """
 
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fmmeta.algorithms.inner_loop import Pass
-from fmmeta.algorithms.protocol import MetaAlgorithm, RankResult, RankWork
+from fmmeta.algorithms.protocol import MetaAlgorithm, OuterUpdate, RankResult, RankWork
 from fmmeta.engine.protocol import Engine
 from fmmeta.sampling.plan import MetaBatchPlan, PackedPass
 from fmmeta.sampling.source import PassObservation, TaskObservation
@@ -40,7 +41,8 @@ class StepStats:
         n_padded_tokens: tokens processed including padding and dummy passes.
         n_passes: forward passes on this rank (equal on every rank by construction).
         seconds: wall time of the whole meta-step on this rank, outer step included.
-        outer: what ``engine.outer_step`` returned (``grad_norm``, ``lr``, ...).
+        outer: what ``engine.outer_step`` returned (``grad_norm``, ``lr``, ...), plus the stats
+            of the algorithm's own outer update, if it has one (``inner_lr_mean``, ...).
         tasks: one observation per task of this rank, in slot order (for the sampler).
         passes: one observation per forward+backward pass of this rank (for the cost fit).
     """
@@ -92,7 +94,7 @@ def meta_step(
 
     Args:
         engine: the backend (adapter parameters, model, outer optimizer).
-        algorithm: FOMAML, Reptile or MultiTask (see ``build_algorithm``).
+        algorithm: FOMAML, Meta-SGD, Reptile or MultiTask (see ``build_algorithm``).
         plan: the meta-batch plan; identical on every rank.
         work: this rank's passes already collated (``algorithm.prepare(plan.for_rank(rank))``,
             e.g. by the prefetcher's thread); collated here when ``None``.
@@ -121,7 +123,10 @@ def meta_step(
     if work is None:
         work = algorithm.prepare(mine)
     result: RankResult = algorithm.rank_gradient(engine.model, engine.adapter_parameters(), work)
-    outer = engine.outer_step(result.grads, plan.n_real_tasks)
+    outer = dict(engine.outer_step(result.grads, plan.n_real_tasks))
+    if isinstance(algorithm, OuterUpdate):  # e.g. Meta-SGD's step sizes, on every rank alike
+        outer.update(algorithm.outer_update(engine, result, plan.n_real_tasks,
+                                            skipped=bool(outer.get("skipped", 0.0))))
     if engine.device.type == "cuda":
         torch.cuda.synchronize(engine.device)
     s_real, s_pad = _tokens(work.support, result.support_repeats)

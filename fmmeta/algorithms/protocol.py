@@ -8,12 +8,13 @@ live in ``fmmeta.algorithms.meta_step``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol, Sequence, runtime_checkable
 
 import torch
 from torch import nn
 
 from fmmeta.algorithms.inner_loop import Pass, answer_tokens_per_task, pack_pass
+from fmmeta.engine.protocol import Engine
 from fmmeta.sampling.plan import RankPlan
 
 
@@ -63,6 +64,9 @@ class RankResult:
             query passes ran forward only (their times would mislead the cost fit).
         support_repeats: how many times each support pass ran.
         query_repeats: how many times each query pass ran (forward-only runs included).
+        step_size_grad: Meta-SGD only: ``[n adapter tensors]`` fp32, the sum over the rank's tasks
+            of each task's query-loss gradient with respect to the log inner step sizes
+            (``None`` for the other algorithms).
     """
 
     grads: list[torch.Tensor]
@@ -72,6 +76,7 @@ class RankResult:
     query_seconds: list[float] | None
     support_repeats: int
     query_repeats: int
+    step_size_grad: torch.Tensor | None = None
 
 
 class MetaAlgorithm(Protocol):
@@ -93,3 +98,19 @@ class MetaAlgorithm(Protocol):
         ...
 
 
+@runtime_checkable
+class OuterUpdate(Protocol):
+    """A meta-algorithm that learns something besides the adapter (Meta-SGD: its inner step sizes).
+
+    ``meta_step`` calls :meth:`outer_update` on every rank right after the engine's outer step.
+    The state it updates is not a model parameter, so no engine knows it: the algorithm keeps a
+    copy on every rank and must apply the same update everywhere (an all-reduce, then identical
+    arithmetic), which makes every engine agree by construction.
+    """
+
+    def outer_update(self, engine: Engine, result: RankResult, n_real_tasks: int, *,
+                     skipped: bool) -> dict[str, float]:
+        """Updates the extra state from this rank's ``result``; ``skipped``: the engine skipped
+        this meta-step (non-finite meta-gradient), so the extra state must not move either.
+        Every rank must call it (it runs collectives). Returns stats for the step record."""
+        ...
