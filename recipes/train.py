@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Meta-train LoRA adapters (FOMAML, Reptile and the multi-task baseline), then evaluate them.
+"""Meta-train LoRA adapters (FOMAML, Meta-SGD, Reptile and the multi-task baseline), then evaluate them.
 
 Run with no arguments it meta-trains SmolLM2-135M on the built-in CLDR task suite and evaluates
 every method on held-out tasks. Any launcher works, with the same arguments:
@@ -35,7 +35,9 @@ import torch
 from tqdm import tqdm
 
 from fmmeta.algorithms.first_order import build_algorithm
+from fmmeta.algorithms.meta_sgd import MetaSGD, save_inner_lrs
 from fmmeta.algorithms.meta_step import meta_step
+from fmmeta.algorithms.protocol import MetaAlgorithm
 from fmmeta.checkpoint import CheckpointManager, load_rng_state, save_rng_state
 from fmmeta.config import ConfigError, describe_config, load_config, save_resolved
 from fmmeta.engine.build import build_engine, resolve_engine_kind
@@ -124,6 +126,8 @@ def step_record(method: str, gathered: list[tuple[list[dict], dict]], item_wait:
         "grad_norm": first["outer"].get("grad_norm", math.nan),
         "lr": first["outer"].get("lr", math.nan),
         "skipped": first["outer"].get("skipped", 0.0),
+        # metasgd: its learned inner step sizes after this step (identical on every rank)
+        **{k: v for k, v in first["outer"].items() if k.startswith("inner_lr_")},
     }
 
 
@@ -152,7 +156,7 @@ class MetricsLog:
 
 
 def restore(ckpts: CheckpointManager, cfg: RecipeConfig, engine: Engine, prefetcher: Prefetcher,
-            model: torch.nn.Module) -> int:
+            model: torch.nn.Module, algorithm: MetaAlgorithm) -> int:
     """Loads the checkpoint ``train.resume`` names; returns the first step still to run."""
     if cfg.train.resume == "never":
         return 0
@@ -164,19 +168,28 @@ def restore(ckpts: CheckpointManager, cfg: RecipeConfig, engine: Engine, prefetc
     engine.load_optimizer(ckpt.path)
     state = ckpt.load_json("state.json")
     prefetcher.load_state_dict(state["prefetcher"])
+    if isinstance(algorithm, MetaSGD):
+        if "step_sizes" not in state:
+            raise ValueError(f"{ckpt.path / 'state.json'} has no learned step sizes ('step_sizes'): "
+                             "not a metasgd checkpoint; use a fresh output_dir or train.resume=never")
+        algorithm.step_sizes.load_state_dict(state["step_sizes"])
     load_rng_state(ckpt, engine.rank)
     logger.info("resumed from %s (meta-step %d complete)", ckpt.path, ckpt.step)
     return ckpt.step + 1
 
 
 def save_checkpoint(ckpts: CheckpointManager, step: int, cfg: RecipeConfig, engine: Engine,
-                    prefetcher: Prefetcher, model: torch.nn.Module) -> None:
-    """Adapter, optimizer (every rank's share), sampler state, RNG and step, written atomically."""
-    state = {"step": step, "prefetcher": prefetcher.state_dict()}
+                    prefetcher: Prefetcher, model: torch.nn.Module, algorithm: MetaAlgorithm) -> None:
+    """Adapter, optimizer (every rank's share), sampler state, RNG and step, written atomically;
+    for metasgd also its step sizes and their optimizer state."""
+    state: dict[str, Any] = {"step": step, "prefetcher": prefetcher.state_dict()}
+    if isinstance(algorithm, MetaSGD):
+        state["step_sizes"] = algorithm.step_sizes.state_dict()
 
     def write(w: Any) -> None:
         engine.save_adapter(w.path("adapter"))
         if w.rank == 0:
+            save_step_sizes(algorithm, model, w.path("adapter"))
             w.add_files(p for p in w.path("adapter").iterdir() if p.is_file())
             w.save_json("state.json", state)
         w.add_files(engine.save_optimizer(w.directory))
@@ -188,6 +201,13 @@ def save_checkpoint(ckpts: CheckpointManager, step: int, cfg: RecipeConfig, engi
 def adapter_tensors(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     """The LoRA tensors, in the order every engine uses (``named_parameters``)."""
     return [p for p in model.parameters() if p.requires_grad]
+
+
+def save_step_sizes(algorithm: MetaAlgorithm, model: torch.nn.Module, adapter_dir: Path) -> None:
+    """metasgd: its learned inner lrs as ``inner_lrs.json`` in the adapter folder (rank 0 calls)."""
+    if isinstance(algorithm, MetaSGD):
+        names = [n for n, p in model.named_parameters() if p.requires_grad]
+        save_inner_lrs(adapter_dir, names, algorithm.step_sizes.lrs(len(names)))
 
 
 def fresh_engine(cfg: RecipeConfig, model: torch.nn.Module, initial: list[torch.Tensor]) -> Engine:
@@ -226,7 +246,7 @@ def _train(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.Modul
         method_dir / "checkpoints", keep_last=cfg.train.keep_last, rank=engine.rank,
         world_size=engine.world_size, barrier=engine.barrier,
     )
-    start = restore(ckpts, cfg, engine, prefetcher, model)
+    start = restore(ckpts, cfg, engine, prefetcher, model, algorithm)
     metrics = MetricsLog(out / "metrics.jsonl", rank=engine.rank, method=method, keep_until=start - 1)
     every = cfg.train.checkpoint_every
     bar = tqdm(total=cfg.train.meta_steps, initial=start, desc=method, dynamic_ncols=True,
@@ -260,13 +280,16 @@ def _train(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.Modul
                     f" | {record['tokens']} tok, {record['tokens_per_s']:.0f} tok/s"
                     f" | pad eff {record['padding_efficiency']:.3f}"
                     f" | data wait {record['data_wait_fraction']:.1%}"
+                    + (f" | inner lr {record['inner_lr_mean']:.4g}" if "inner_lr_mean" in record else "")
                     + (" | SKIPPED (non-finite)" if record["skipped"] else "")
                 )
             if (every and (step + 1) % every == 0) or step + 1 == cfg.train.meta_steps:
-                save_checkpoint(ckpts, step, cfg, engine, prefetcher, model)
+                save_checkpoint(ckpts, step, cfg, engine, prefetcher, model, algorithm)
     bar.close()
     adapter_dir = method_dir / "adapter"
     engine.save_adapter(adapter_dir)
+    if engine.rank == 0:
+        save_step_sizes(algorithm, model, adapter_dir)
     engine.barrier()
     return adapter_dir
 
