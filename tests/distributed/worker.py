@@ -3,8 +3,9 @@ and writes each one's final adapter tensors and outer-step stats to ``--out``.
 
 Each launch costs seconds of imports, so one launch runs every configuration it is given:
 ``--configs local:all,ds0:all,ds3:one:gc,...`` where a configuration is
-``engine:layout[:gc][:uneven][:save][:reptile|:multitask]`` (engine: local, ds0, ds1, ds2, ds3,
-ds3off, acc; layout: a key of ``_common.LAYOUTS``; FOMAML unless an algorithm is named).
+``engine:layout[:gc][:uneven][:save][:reptile|:multitask|:metasgd]`` (engine: local, ds0, ds1, ds2,
+ds3, ds3off, acc; layout: a key of ``_common.LAYOUTS``; FOMAML unless an algorithm is named).
+For metasgd the learned inner lrs are written too (``inner_lrs`` in the JSON).
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def main() -> None:
         shapes_after_init = all(p.numel() > 0 for p in engine.adapter_parameters())
         gc_on = bool(getattr(engine.model, "is_gradient_checkpointing", False))
         n_tasks = 3 if "uneven" in flags else N_TASKS
-        method = "reptile" if "reptile" in flags else "multitask" if "multitask" in flags else "fomaml"
+        method = next((m for m in ("reptile", "multitask", "metasgd") if m in flags), "fomaml")
         algo = build_algorithm(AlgorithmConfig(name=method, inner_steps=2, inner_lr=0.05), pad_id=0)
         norms = []
         shapes_ok = True
@@ -112,6 +113,7 @@ def main() -> None:
                 "grad_norms": norms, "world": world, "shapes_ok": shapes_ok,
                 "shapes_after_init": shapes_after_init, "gc_on": gc_on,
                 "dtype": str(params[0].dtype),
+                "inner_lrs": algo.step_sizes.lrs(len(params)) if method == "metasgd" else None,
             }))
         del engine
     if world > 1:
