@@ -89,9 +89,11 @@ CONFIG_CASES = {
                           ["train.nonfinite='ignore' is invalid: allowed values are 'skip', 'stop'"]),
     "inner_steps_negative": (["algorithm.inner_steps=-1"],
                              ["algorithm.inner_steps=-1 is invalid: must be >= 0"]),
+    "step_size_lr_zero": (["algorithm.step_size_lr=0"],
+                          ["algorithm.step_size_lr=0.0 is invalid: must be > 0"]),
     "lora_rank_zero": (["lora.r=0"], ["lora.r=0 is invalid: the LoRA rank must be >= 1"]),
     "keep_last_one": (["train.keep_last=1"], ["train.keep_last=1 is invalid: must be >= 2"]),
-    "unknown_method": (["methods=[maml2]"], ["methods=['maml2'] is invalid: choose one or more of fomaml"]),
+    "unknown_method": (["methods=[maml2]"], ["methods=['maml2'] is invalid: choose one or more of fomaml, metasgd"]),
     "malformed_override": (["train.meta_steps"], ["override 'train.meta_steps' is malformed: write section.key=value"]),
 }
 
