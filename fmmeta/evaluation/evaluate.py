@@ -48,6 +48,7 @@ from fmmeta.algorithms.inner_loop import (
     InnerLoopConfig,
     InnerOptimizer,
     adapt,
+    check_lrs,
     evaluate_loss,
     restore,
     snapshot,
@@ -172,11 +173,15 @@ class EvalMethod:
             demonstrations (MetaICL style), after adaptation if ``adapt``.
         adapt: adapt on the support for 1..max_steps steps and score after each; ``False``
             scores at step 0 only.
+        inner_lrs: one adaptation step size per adapter tensor, learned in meta-training
+            (``metasgd``, :func:`~fmmeta.algorithms.meta_sgd.load_inner_lrs`); used as they are,
+            so no lr is chosen from the grid for this method. ``None``: a single lr.
     """
 
     state: Sequence[torch.Tensor] | None = None
     demonstrations: bool = False
     adapt: bool = True
+    inner_lrs: Sequence[float] | None = None
 
 
 def as_eval_method(name: str, value: EvalMethod | Sequence[torch.Tensor] | None) -> EvalMethod:
@@ -305,10 +310,12 @@ class EvalResult:
         methods: method names in the order given.
         max_steps: largest number of adaptation steps scored.
         n_seeds: number of episode draws.
-        inner_lrs: adaptation lr used per method (absent for ``"in_context"``).
+        inner_lrs: adaptation lr used per method (absent for methods that do not adapt and for
+            methods with learned per-tensor step sizes).
         inner: the inner-loop settings shared by all methods (lr aside).
         lr_selection: how ``inner_lrs`` were chosen, when they were.
         notes: how the compared adapters were trained (budget rules), for the report.
+        learned_lrs: the per-tensor step sizes of methods that adapt with learned ones.
     """
 
     records: list[EpisodeRecord]
@@ -319,6 +326,7 @@ class EvalResult:
     inner: InnerLoopConfig
     lr_selection: LrSelection | None = None
     notes: list[str] = field(default_factory=list)
+    learned_lrs: dict[str, list[float]] = field(default_factory=dict)
     _summary: dict[str, dict[str, dict[int, MetricSummary]]] | None = field(
         default=None, repr=False, compare=False
     )
@@ -421,6 +429,7 @@ class EvalResult:
             "inner": dataclasses.asdict(self.inner),
             "lr_selection": sel,
             "notes": self.notes,
+            "learned_lrs": self.learned_lrs,
             "summary": summary,
             "comparisons": [dataclasses.asdict(c) for c in self.comparisons()],
             "records": [dataclasses.asdict(r) for r in self.records],
@@ -514,18 +523,20 @@ def _adapt_and_score(
     *,
     icl_max_length: int | None = None,
     score_every_step: bool = True,
+    lrs: Sequence[float] | None = None,
 ) -> list[tuple[int, float, float, int]]:
     """Adapts on the support step by step; returns ``(step, loss, accuracy, n)`` per scored step.
 
     One :class:`InnerOptimizer` carries the trajectory across the one-step ``adapt`` calls, so
     stepping and scoring in between gives exactly the weights of ``adapt(steps=k)``. ``episode``
     ``None`` runs only the dummy passes that keep this rank in step with the others. With
-    ``icl_max_length`` every query is scored with the support prepended as demonstrations.
+    ``icl_max_length`` every query is scored with the support prepended as demonstrations;
+    ``lrs`` gives every adapter tensor its own step size.
     """
     out: list[tuple[int, float, float, int]] = []
     support = [] if episode is None or steps == 0 else _support_batches(episode, pad_id, micro_batch_size)
     support = lockstep.support(support) if steps else []
-    opt = InnerOptimizer(cfg, params)
+    opt = InnerOptimizer(cfg, params, lrs)
     for step in range(steps + 1):
         if step > 0:
             adapt(model, params, support, cfg, steps=1, optimizer=opt)
@@ -541,11 +552,19 @@ def _prepare_methods(
 ) -> dict[str, EvalMethod]:
     specs = {name: as_eval_method(name, value) for name, value in methods.items()}
     _check_states(params, specs)
+    for name, spec in specs.items():
+        if spec.inner_lrs is not None:
+            check_lrs(spec.inner_lrs, len(params))  # one positive, finite lr per adapter tensor
     return specs
 
 
 def _adapting(specs: Mapping[str, EvalMethod]) -> list[str]:
     return [m for m, spec in specs.items() if spec.adapt]
+
+
+def _needs_lr(specs: Mapping[str, EvalMethod]) -> list[str]:
+    """Methods that adapt with one lr (to choose), not with learned per-tensor ones."""
+    return [m for m in _adapting(specs) if specs[m].inner_lrs is None]
 
 
 def evaluate_methods(
@@ -614,7 +633,7 @@ def evaluate_methods(
         if len(eps) == 0:
             raise ValueError(f"episodes_per_seed[{s}] is empty: every seed needs >= 1 episode")
     specs = _prepare_methods(params, methods)
-    lrs = {m: (inner_lrs or {}).get(m, inner.inner_lr) for m in _adapting(specs)}
+    lrs = {m: (inner_lrs or {}).get(m, inner.inner_lr) for m in _needs_lr(specs)}
     domains = domains or {}
 
     ranks = ranks or _OneRank()
@@ -634,12 +653,13 @@ def evaluate_methods(
             cfg = dataclasses.replace(inner, inner_lr=lrs.get(method, inner.inner_lr))
             steps = max_steps if spec.adapt else 0
             icl = icl_max_length if spec.demonstrations else None
-            logger.info("evaluating %s (lr %s) on %d seeds", method, lrs.get(method), len(episodes_per_seed))
+            logger.info("evaluating %s (lr %s) on %d seeds", method,
+                        "learned" if spec.inner_lrs is not None else lrs.get(method), len(episodes_per_seed))
 
             def one(ep: Episode | None) -> list[tuple[int, float, float, int]]:
                 _load(params, start)
                 scored = _adapt_and_score(model, params, ep, cfg, steps, pad_id, micro_batch_size,
-                                          lockstep, icl_max_length=icl)
+                                          lockstep, icl_max_length=icl, lrs=spec.inner_lrs)
                 if bar is not None:
                     bar.update(ranks.world_size if ep is not None else 0)
                 return scored
@@ -666,6 +686,8 @@ def evaluate_methods(
         inner_lrs=lrs,
         inner=inner,
         lr_selection=lr_selection,
+        learned_lrs={m: [float(x) for x in spec.inner_lrs] for m, spec in specs.items()
+                     if spec.inner_lrs is not None},
     )
 
 
@@ -689,7 +711,8 @@ def select_inner_lr(
     validation episode's support and measures the mean query loss, scored as the method is scored
     (with demonstrations where it uses them); the lr with the lowest loss wins (loss, not accuracy:
     it is smooth on small query sets; ties go to the smaller lr; a diverged, non-finite loss counts
-    as ``inf``). Methods that do not adapt (in-context demonstrations) get no lr.
+    as ``inf``). Methods that do not adapt (in-context demonstrations) and methods with learned
+    per-tensor step sizes get no lr.
 
     Args:
         model: the causal LM; params: its adapter tensors, restored exactly on return.
@@ -724,7 +747,7 @@ def select_inner_lr(
     val_loss: dict[str, dict[float, float]] = {}
     chosen: dict[str, float] = {}
     try:
-        for method in _adapting(specs):
+        for method in _needs_lr(specs):
             spec = specs[method]
             start = theta if spec.state is None else [t.detach() for t in spec.state]
             icl = icl_max_length if spec.demonstrations else None

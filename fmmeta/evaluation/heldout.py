@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from fmmeta.algorithms.first_order import BUDGET_RULES
+from fmmeta.algorithms.meta_sgd import load_inner_lrs
 from fmmeta.engine.protocol import Engine
 from fmmeta.evaluation.evaluate import IN_CONTEXT, EvalMethod, evaluate_held_out
 from fmmeta.evaluation.report import format_markdown, write_report
@@ -60,12 +61,16 @@ def adapter_tensors(model: torch.nn.Module, folder: Path) -> list[torch.Tensor]:
 
 
 def eval_methods(
-    cfg: RecipeConfig, states: Mapping[str, list[torch.Tensor] | None]
+    cfg: RecipeConfig,
+    states: Mapping[str, list[torch.Tensor] | None],
+    learned_lrs: Mapping[str, list[float]] | None = None,
 ) -> dict[str, EvalMethod]:
-    """The report's rows: each state adapted and scored plainly, except MetaICL's, which is
-    scored with its demonstrations and no adaptation; in-context demonstrations on the base
-    (``eval.in_context``); and ``<method>+demos`` for every method of ``eval.with_demonstrations``
-    (adapted, then scored with the demonstrations)."""
+    """The report's rows: each state adapted and scored plainly (at its learned step sizes where
+    ``learned_lrs`` has them), except MetaICL's, which is scored with its demonstrations and no
+    adaptation; in-context demonstrations on the base (``eval.in_context``); and
+    ``<method>+demos`` for every method of ``eval.with_demonstrations`` (adapted, then scored with
+    the demonstrations)."""
+    learned = learned_lrs or {}
     rows: dict[str, EvalMethod] = {}
     for name, state in states.items():
         if name == "base" and cfg.eval.in_context:
@@ -74,9 +79,10 @@ def eval_methods(
         elif name == "metaicl":
             rows[name] = EvalMethod(state, demonstrations=True, adapt=False)
         else:
-            rows[name] = EvalMethod(state)
+            rows[name] = EvalMethod(state, inner_lrs=learned.get(name))
     for name in cfg.eval.with_demonstrations:
-        rows[f"{name}+demos"] = EvalMethod(states[name], demonstrations=True)
+        rows[f"{name}+demos"] = EvalMethod(states[name], demonstrations=True,
+                                           inner_lrs=learned.get(name))
     return rows
 
 
@@ -111,9 +117,14 @@ def evaluate_run(
     model = engine.model
     params = engine.adapter_parameters()
     states: dict[str, list[torch.Tensor] | None] = {"base": None}
+    learned: dict[str, list[float]] = {}
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
     for name, folder in adapters.items():
         states[name] = adapter_tensors(model, Path(folder))
-    methods = eval_methods(cfg, states)
+        lrs = load_inner_lrs(folder, names)
+        if lrs is not None:
+            learned[name] = lrs
+    methods = eval_methods(cfg, states, learned)
     seed = cfg.train.seed
     val = draw_episodes(suite.meta_val, seed, 0, cfg.eval.val_episodes_per_task)
     test = [draw_episodes(suite.meta_test, seed, 1 + s, cfg.eval.episodes_per_task)

@@ -96,6 +96,13 @@ def format_markdown(result: EvalResult) -> str:
             + "."
         )
         lines.append("")
+    for m, learned in result.learned_lrs.items():
+        ordered = sorted(learned)
+        lines += [
+            f"{m} adapts with its learned step sizes, one per adapter tensor ({len(learned)}): "
+            f"min {ordered[0]:.3g}, median {ordered[len(ordered) // 2]:.3g}, max {ordered[-1]:.3g}.",
+            "",
+        ]
     comparisons = {(c.method, c.baseline, c.family): c for c in result.comparisons()}
     baselines = [b for b in (MULTITASK, IN_CONTEXT) if b in result.methods]
     if baselines:

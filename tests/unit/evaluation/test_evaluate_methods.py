@@ -19,6 +19,7 @@ from fmmeta.evaluation.evaluate import (
     evaluate_methods,
     select_inner_lr,
 )
+from fmmeta.evaluation.report import format_markdown
 from fmmeta.evaluation.scoring import score_query
 from fmmeta.tasks.episode import collate
 
@@ -239,3 +240,29 @@ def test_a_difference_needs_the_same_episodes() -> None:
                      inner=InnerLoopConfig())
     with pytest.raises(ValueError, match="different classification episodes"):
         res.compare("a", "b", "classification")
+
+
+def test_learned_step_sizes_are_used_as_they_are_and_not_tuned() -> None:
+    model = tiny_lora_llama(seed=14)
+    params = lora_params(model)
+    model.eval()
+    before = snapshot(params)
+    trained = random_state(params, seed=15)
+    learned = [0.02 * (1 + i % 3) for i in range(len(params))]
+    methods = {"plain": trained, "learned": EvalMethod(trained, inner_lrs=learned)}
+    val = _episodes(16, n_seeds=1, prefix="val")[0]
+    test = _episodes(17)
+    inner = InnerLoopConfig(inner_steps=2, inner_lr=0.1)
+    res = evaluate_held_out(model, params, methods, val, test, inner, 2, PAD, lr_grid=(0.01, 0.3))
+    assert set(res.lr_selection.chosen) == {"plain"} and set(res.inner_lrs) == {"plain"}
+    assert res.learned_lrs == {"learned": learned}
+    ep = test[0][1]
+    restore(params, trained)
+    adapt(model, params, [collate(ep.support, PAD)], inner, steps=2, lrs=learned)
+    ref = score_query(model, ep, PAD)
+    rec = next(r for r in res.records if (r.method, r.seed, r.episode, r.step) == ("learned", 0, 1, 2))
+    assert rec.loss == pytest.approx(ref.loss, rel=1e-5)
+    restore(params, before)
+    with pytest.raises(ValueError, match="inner lrs"):
+        evaluate_methods(model, params, {"x": EvalMethod(trained, inner_lrs=[0.1])}, test, inner, 1, PAD)
+    assert "learned step sizes, one per adapter tensor" in format_markdown(res)
