@@ -25,9 +25,8 @@ import argparse
 import json
 import logging
 import platform
-import time
-
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -35,16 +34,10 @@ import numpy as np
 # Runs from a checkout without `pip install -e .` too.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fmmeta.tasks.episode import collate  # noqa: E402
-from fmmeta.tasks.task import EpisodeSpec, Task  # noqa: E402
+from fmmeta.tasks.episode import collate
+from fmmeta.tasks.task import EpisodeSpec, Task
 
-WORDS = (
-    "the of and to in is was for on that with as by at from his her it an were are which this be "
-    "or has had not but after first new two they one their who its also been city state world "
-    "film music war school season team river county station album game series village church "
-    "company public party national united century history population village language country "
-    "system between during against under government university american british german french"
-).split()
+WORDS = ["the", "of", "and", "to", "in", "is", "was", "for", "on", "that", "with", "as", "by", "at", "from", "his", "her", "it", "an", "were", "are", "which", "this", "be", "or", "has", "had", "not", "but", "after", "first", "new", "two", "they", "one", "their", "who", "its", "also", "been", "city", "state", "world", "film", "music", "war", "school", "season", "team", "river", "county", "station", "album", "game", "series", "village", "church", "company", "public", "party", "national", "united", "century", "history", "population", "village", "language", "country", "system", "between", "during", "against", "under", "government", "university", "american", "british", "german", "french"]
 
 
 def load_tokenizer(kind: str):
@@ -100,8 +93,12 @@ def collection_times(tok, n_tasks: int, n_rows: int, seed: int) -> dict:
     import resource
     import tempfile
 
-    from fmmeta.tasks.collection import CollectionSource, CollectionSplit, build_collection
-    from fmmeta.tasks.collection import collection_problems
+    from fmmeta.tasks.collection import (
+        CollectionSource,
+        CollectionSplit,
+        build_collection,
+        collection_problems,
+    )
 
     with tempfile.TemporaryDirectory() as tmp:
         path = write_collection(Path(tmp), n_tasks, n_rows, seed)

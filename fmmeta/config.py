@@ -8,11 +8,18 @@ a config in one round trip instead of one error per launch (litgpt, accelerate d
 
 The machinery is generic: any nested keyword-only dataclass works as a schema, with fields typed
 as ``bool``, ``int``, ``float``, ``str``, ``Path``, ``Literal[...]``, ``X | None``, ``tuple[...]``,
-``list[...]``, ``dict[str, ...]`` or another dataclass. A section validates itself in
-``__post_init__`` (raise ``ValueError`` / :class:`ConfigError`) and/or a ``validate()`` method
-returning a list of problem strings; problems that start with a field name get the section's
-dotted path prepended, so ``"keep_last=1 is invalid ..."`` becomes
-``"train.keep_last=1 is invalid ..."``.
+``list[...]``, ``dict[str, ...]`` or another dataclass. Every section works the same way:
+
+* each field is documented by the string literal under it (an attribute docstring), which is
+  what ``--help`` prints (:func:`describe_config`);
+* a section validates itself in one ``validate() -> list[str]`` method, one problem per string,
+  each starting with the field name (``"keep_last=1 is invalid ..."``); the loader prepends the
+  section's dotted path (``"train.keep_last=1 is invalid ..."``). Constructing a section never
+  raises, so the loader can report every problem of every section at once; code that receives a
+  section built without the loader calls :func:`raise_if_invalid`.
+
+A value that a run derives from other keys is not a field: a key a user can set must do what it
+says (``tests/unit/config/test_schema.py`` walks the whole recipe schema to check it).
 
 This module also defines the sections no other layer owns (:class:`ModelConfig`,
 :class:`LoraConfig`, :class:`TrainConfig`, :class:`EngineConfig`); the recipe assembles the
@@ -35,28 +42,31 @@ import dataclasses
 import difflib
 import importlib.util
 import inspect
+import math
 import os
 import textwrap
 import types
 import typing
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence, TypeVar, Union
+from typing import Any, Literal, TypeVar, Union
 
 import yaml
 
 __all__ = [
+    "EMBEDDED_MODEL",
     "ConfigError",
     "EngineConfig",
     "LoraConfig",
     "ModelConfig",
     "TrainConfig",
-    "EMBEDDED_MODEL",
     "build_config",
     "describe_config",
     "field_docs",
     "load_config",
     "parse_overrides",
+    "raise_if_invalid",
     "save_resolved",
     "to_dict",
 ]
@@ -80,6 +90,17 @@ class ConfigError(ValueError):
         n = len(self.problems)
         head = f"{n} problem{'s' if n != 1 else ''} in the configuration:"
         super().__init__("\n".join([head, *(f"  - {p}" for p in self.problems)]))
+
+
+def raise_if_invalid(section: Any) -> None:
+    """Raises :class:`ConfigError` with ``section.validate()``'s problems, if it has any.
+
+    Why: sections never raise on construction (see the module docstring), so a sampler or an
+    optimizer handed a section built in code, not by the loader, checks it here before use.
+    """
+    problems = section.validate()
+    if problems:
+        raise ConfigError(problems)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -355,6 +376,46 @@ def parse_overrides(overrides: Sequence[str], problems: list[str]) -> dict[str, 
     return tree
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A safe YAML loader that records every key written twice in one mapping.
+
+    Why: PyYAML keeps the last of two equal keys without a word, so a file that sets
+    ``meta_steps`` twice (or ``sampler:`` twice, dropping the first block) runs with whichever
+    came last. ``duplicates`` collects them so they are reported with every other problem.
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.duplicates: list[str] = []
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # "<<: *anchor" merges a mapping; its keys may be overridden
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, typing.Hashable) and key in seen:
+                self.duplicates.append(f"key {key!r} on line {line} repeats line {seen[key]}")
+            elif isinstance(key, typing.Hashable):
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _load_yaml(path: Path, problems: list[str]) -> Any:
+    """Parses a YAML file; each key written twice in one mapping becomes a problem."""
+    loader = _UniqueKeyLoader(path.read_text(encoding="utf-8"))
+    try:
+        data = loader.get_single_data()
+    finally:
+        loader.dispose()
+    problems.extend(
+        f"config file {str(path)!r}: {dup}: a key may appear once per section; delete one"
+        for dup in loader.duplicates
+    )
+    return data
+
+
 def _merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
     """Recursive dict merge: ``update`` wins; nested mappings merge key by key."""
     out = dict(base)
@@ -395,7 +456,7 @@ def load_config(
     if yaml_path is not None:
         path = Path(yaml_path)
         try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+            loaded = _load_yaml(path, problems)
         except FileNotFoundError:
             problems.append(f"config file {str(path)!r} does not exist: check the --config path")
             loaded = None
@@ -433,8 +494,6 @@ def build_config(schema_cls: type[T], data: Mapping[str, Any]) -> T:
 
 class _Invalid(Exception):
     """Internal: a value does not match its declared type."""
-
-
 
 
 def _hints(cls: type) -> dict[str, Any]:
@@ -539,15 +598,22 @@ def _coerce(value: Any, tp: Any, key: str, problems: list[str], all_keys: list[s
             return value
         raise _Invalid(f"{key}={value!r} has the wrong type: expected int")
     if tp is float:
+        number: float | None = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
+            number = float(value)
+        elif isinstance(value, str):
             # PyYAML follows YAML 1.1, where "1e-3" (no dot) is a string: accept it as a float.
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
-        raise _Invalid(f"{key}={value!r} has the wrong type: expected float")
+        if number is None:
+            raise _Invalid(f"{key}={value!r} has the wrong type: expected float")
+        if not math.isfinite(number):
+            # No setting means "unbounded" by inf, and a nan fails every range check silently
+            # (nan > 0 is False, so is nan <= 0): refuse both here, for every float key.
+            raise _Invalid(f"{key}={value!r} is invalid: must be a finite number (not inf or nan)")
+        return number
     if tp is str:
         if isinstance(value, str):
             return value
@@ -692,14 +758,7 @@ def _build(
             complete = False
     if not complete:
         return None
-    try:
-        obj = cls(**kwargs)
-    except ConfigError as err:
-        problems.extend(_prefix(path, p) for p in err.problems)
-        return None
-    except (ValueError, TypeError) as err:
-        problems.append(_prefix(path, str(err)))
-        return None
+    obj = cls(**kwargs)
     validate = getattr(obj, "validate", None)
     if callable(validate):
         # A problem about a field whose value was already refused is about its fallback
@@ -765,31 +824,35 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def describe_config(schema_cls: type, prefix: str = "") -> str:
-    """One line per key: ``dotted.key (type, default): doc``; for ``--help`` texts."""
+def describe_config(config: Any, prefix: str = "") -> str:
+    """One line per key, ``dotted.key (type, default): doc``, for ``--help`` texts.
+
+    Args:
+        config: the instance whose values are shown. Pass the recipe's default instance (e.g.
+            ``RecipeConfig()``): a recipe overrides some of its sections' class defaults, and
+            ``--help`` must show the values a run uses. A class is accepted too (for the items of a
+            list of sections, which have no default instance): its fields show their own defaults.
+        prefix: dotted path of ``config`` inside the whole config.
+    """
+    cls = config if isinstance(config, type) else type(config)
+    instance = None if isinstance(config, type) else config
+    hints = _hints(cls)
+    docs = field_docs(cls)
     lines: list[str] = []
-    hints = _hints(schema_cls)
-    docs = field_docs(schema_cls)
-    for f in dataclasses.fields(schema_cls):
+    for f in dataclasses.fields(cls):
         dotted = f"{prefix}{f.name}"
+        doc = docs.get(f.name, "")
+        value = _default_of(f, instance)
         sub = _dataclass_in(hints[f.name])
         if sub is not None:
-            lines.append(f"{dotted}: {docs.get(f.name, sub.__doc__ or '').strip()}")
-            lines.append(describe_config(sub, dotted + "."))
+            lines.append(f"{dotted}: {doc or (sub.__doc__ or '').strip().splitlines()[0]}")
+            lines.append(describe_config(value if isinstance(value, sub) else sub, dotted + "."))
             continue
         item = _list_item_dataclass(hints[f.name])
         if item is not None:  # a list of sections (tasks.collection): describe one item's keys
-            lines.append(f"{dotted}: a list, each item: {docs.get(f.name, '').strip()}")
+            lines.append(f"{dotted}: a list, each item: {doc}")
             lines.append(describe_config(item, dotted + "[]."))
             continue
-        if f.default is not dataclasses.MISSING:
-            default = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            default = f.default_factory()
-        else:
-            default = "<required>"
-        lines.append(
-            f"  {dotted} ({_type_name(hints[f.name])}, default {default!r}): {docs.get(f.name, '')}"
-        )
+        shown = "<required>" if value is dataclasses.MISSING else repr(value)
+        lines.append(f"  {dotted} ({_type_name(hints[f.name])}, default {shown}): {doc}")
     return "\n".join(lines)
-

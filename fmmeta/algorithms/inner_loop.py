@@ -23,14 +23,15 @@ import inspect
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from fmmeta.algorithms.task_lora import TaskLoRA
+from fmmeta.config import raise_if_invalid
 from fmmeta.engine.optim import clip_grad_norm
 from fmmeta.sampling.plan import PackedPass, TaskSlot
 from fmmeta.tasks.episode import IGNORE_INDEX, Batch, collate
@@ -44,26 +45,24 @@ DUMMY_PASS_TOKENS = 2
 
 @dataclass(frozen=True, kw_only=True)
 class InnerLoopConfig:
-    """Settings of the inner (per-task) adaptation.
-
-    Attributes:
-        inner_steps: optimizer steps on the support set per task (>= 0; 0 = no adaptation).
-        inner_lr: inner learning rate (> 0; SGD on LoRA is fragile: on SmolLM2 lr 0.3 made every
-            init worse after 3 steps, so choose it on meta-validation tasks).
-        inner_optimizer: "sgd" (plain, stateless) or "adam" (fresh moments for every task).
-        inner_clip_norm: clip each inner step's gradient to this global L2 norm; ``None`` = off.
-        adam_betas: (beta1, beta2) of the inner Adam, each in [0, 1); unused for SGD.
-        adam_eps: epsilon of the inner Adam (> 0); unused for SGD.
-    """
+    """Settings of the inner (per-task) adaptation."""
 
     inner_steps: int = 3
+    """Optimizer steps on the support set per task (>= 0; 0 = no adaptation)."""
     inner_lr: float = 0.03
+    """Inner learning rate (> 0). SGD on LoRA is fragile: on SmolLM2 lr 0.3 made every init worse
+    after 3 steps, so choose it on meta-validation tasks."""
     inner_optimizer: str = "sgd"
+    """"sgd" (plain, stateless) or "adam" (fresh moments for every task)."""
     inner_clip_norm: float | None = None
+    """Clip each inner step's gradient to this global L2 norm (> 0); None = off."""
     adam_betas: tuple[float, float] = (0.9, 0.999)
+    """(beta1, beta2) of the inner Adam, each in [0, 1); unused for SGD."""
     adam_eps: float = 1e-8
+    """Epsilon of the inner Adam (> 0); unused for SGD."""
 
-    def __post_init__(self) -> None:
+    def validate(self) -> list[str]:
+        """Range and choice checks, one problem per field."""
         problems: list[str] = []
         if self.inner_steps < 0:
             problems.append(f"inner_steps={self.inner_steps} is invalid: must be >= 0")
@@ -82,8 +81,7 @@ class InnerLoopConfig:
             problems.append(f"adam_betas={self.adam_betas} is invalid: need two values in [0, 1)")
         if not self.adam_eps > 0:
             problems.append(f"adam_eps={self.adam_eps} is invalid: must be > 0")
-        if problems:
-            raise ValueError("InnerLoopConfig: " + "; ".join(problems))
+        return problems
 
 
 # --------------------------------------------------------------------------------------------
@@ -232,11 +230,11 @@ class PackedBatch:
     rows: torch.Tensor
 
     @classmethod
-    def one_task(cls, batch: Batch) -> "PackedBatch":
+    def one_task(cls, batch: Batch) -> PackedBatch:
         """Every row belongs to task 0."""
         return cls(batch, torch.zeros(batch.input_ids.shape[0], dtype=torch.long))
 
-    def to(self, device: torch.device | str) -> "PackedBatch":
+    def to(self, device: torch.device | str) -> PackedBatch:
         """The pass on ``device``."""
         return PackedBatch(self.batch.to(device), self.rows.to(device))
 
@@ -392,6 +390,7 @@ class InnerOptimizer:
     """
 
     def __init__(self, cfg: InnerLoopConfig, params: Sequence[torch.Tensor]) -> None:
+        raise_if_invalid(cfg)  # every adaptation builds one: the check no caller can skip
         self.cfg = cfg
         self.t = 0
         self._m: list[torch.Tensor] | None = None

@@ -7,8 +7,9 @@ live in ``fmmeta.algorithms.meta_step``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import torch
 from torch import nn

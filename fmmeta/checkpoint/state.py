@@ -11,7 +11,8 @@ code we do not control (LoRA dropout, DeepSpeed) draws from them.
 from __future__ import annotations
 
 import random
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch

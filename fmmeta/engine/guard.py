@@ -10,7 +10,8 @@ same verdict and apply the same policy: skip the step everywhere, or raise
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal, Sequence
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import torch
 

@@ -27,8 +27,8 @@ and ``micro_batch_size``, so ranks of a ZeRO-3 run that score the same episodes 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -36,7 +36,7 @@ from torch import nn
 
 # One unwrapping rule (engine/peft wrappers) for both loss paths.
 from fmmeta.algorithms.inner_loop import answer_logits
-from fmmeta.tasks.episode import IGNORE_INDEX, Batch, Episode, Example, collate
+from fmmeta.tasks.episode import Batch, Episode, Example, collate
 
 logger = logging.getLogger(__name__)
 

@@ -19,11 +19,11 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
-
 
 logger = logging.getLogger(__name__)
 

@@ -20,14 +20,20 @@ equivalence tests use this one as today's plan and as a reference.
 from __future__ import annotations
 
 import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
 from fmmeta.sampling.cost import CostModel
 from fmmeta.sampling.lengths import gc_paused, set_lengths
-from fmmeta.sampling.plan import DUMMY_PASS, MetaBatchPlan, PackedPass, RankPlan, TaskSlot
+from fmmeta.sampling.plan import (
+    DUMMY_PASS,
+    MetaBatchPlan,
+    PackedPass,
+    RankPlan,
+    TaskSlot,
+)
 from fmmeta.tasks.episode import Episode
 
 

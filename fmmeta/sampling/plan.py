@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence, TypeVar
+from typing import TypeVar
 
 from fmmeta.tasks.episode import Episode, Example
 

@@ -102,7 +102,7 @@ def observation_from_dict(d: dict[str, Any]) -> Observation:
             passes, whose observations had no ``kind``).
     """
     kind = d.get("kind")
-    cls: type[TaskObservation] | type[PassObservation] = PassObservation if kind == "pass" else TaskObservation
+    cls: type[TaskObservation | PassObservation] = PassObservation if kind == "pass" else TaskObservation
     out = {k: (math.nan if v is None else v) for k, v in d.items() if k != "kind"}
     names = {f.name for f in fields(cls)}
     if kind not in ("task", "pass") or not set(out) <= names:

@@ -19,8 +19,9 @@ sampler state. Within a meta-batch tasks are drawn without replacement where the
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Literal, Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import random
-from typing import Callable
 
 import torch
 from peft import LoraConfig, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from fmmeta.sampling.plan import DUMMY_PASS, MetaBatchPlan, PackedPass, RankPlan, TaskSlot
+from fmmeta.sampling.plan import (
+    DUMMY_PASS,
+    MetaBatchPlan,
+    PackedPass,
+    RankPlan,
+    TaskSlot,
+)
 from fmmeta.tasks.episode import Episode, Example
 
 PAD_ID = 0

@@ -6,7 +6,7 @@ for a reason other than sharing code with it.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
