@@ -528,7 +528,7 @@ def _list_item_dataclass(tp: Any) -> type | None:
     """The dataclass ``X`` of a ``list[X]`` field, if any."""
     args = typing.get_args(tp)
     if typing.get_origin(tp) is list and len(args) == 1 and dataclasses.is_dataclass(args[0]):
-        return args[0]
+        return typing.cast(type, args[0])
     return None
 
 

@@ -25,6 +25,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -93,7 +94,7 @@ _LOGITS_TO_KEEP: dict[type, str] = {}
 
 def _unwrap(model: nn.Module) -> nn.Module:
     """The causal LM under framework wrappers (DeepSpeedEngine/DDP: ``.module``) and peft."""
-    inner = model
+    inner: Any = model  # wrappers expose the wrapped model under several names
     for _ in range(4):
         if hasattr(inner, "get_base_model"):
             inner = inner.get_base_model()
@@ -375,7 +376,7 @@ def clip_per_task(grads: Sequence[torch.Tensor], max_norm: float, *, stacked: bo
     if not stacked:
         clip_grad_norm(grads, max_norm)
         return
-    sq = sum(_at_least_fp32(g).flatten(1).pow(2).sum(dim=1) for g in grads)
+    sq = cast(torch.Tensor, sum(_at_least_fp32(g).flatten(1).pow(2).sum(dim=1) for g in grads))
     coef = (max_norm / (sq.sqrt() + 1e-6)).clamp(max=1.0)
     for g in grads:
         g.mul_(coef.view(-1, *([1] * (g.dim() - 1))).to(g.dtype))

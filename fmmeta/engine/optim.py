@@ -143,7 +143,7 @@ def build_outer_optimizer(
     optimizer = torch.optim.AdamW(
         params,
         lr=cfg.outer_lr,
-        betas=tuple(cfg.betas),
+        betas=(cfg.betas[0], cfg.betas[1]),
         eps=cfg.eps,
         weight_decay=cfg.weight_decay,
         foreach=False,

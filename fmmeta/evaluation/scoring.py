@@ -252,7 +252,9 @@ def _score_classification(
     correct = gold.squeeze(1) > others.max(dim=1).values
     accuracy = float(correct.float().mean())
 
-    gold_is_choice = all(tuple(ex.answer_ids) == tuple(choices[ex.label]) for ex in examples)
+    gold_is_choice = all(
+        ex.label is not None and tuple(ex.answer_ids) == tuple(choices[ex.label]) for ex in examples
+    )
     if gold_is_choice:
         # The gold answers were among the candidates: reuse their log-probabilities.
         n_tok = int(s.n_tokens.view(len(examples), n_c).gather(1, labels[:, None]).sum())

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 
@@ -112,8 +112,8 @@ def observation_from_dict(d: dict[str, Any]) -> Observation:
             "start again with train.resume=never or a new output_dir"
         )
     if cls is PassObservation:
-        out["features"] = tuple(float(x) for x in out["features"])
-    return cls(**out)
+        out["features"] = tuple(float(x) for x in cast(list, out["features"]))
+    return cls(**out)  # type: ignore[arg-type]  # field names checked above
 
 
 def _plain(d: dict[str, Any]) -> dict[str, Any]:

@@ -129,18 +129,8 @@ def ensure_pad_token(tokenizer: Any) -> int:
         )
     tokenizer.pad_token = tokenizer.eos_token
     logger.info("tokenizer has no pad token: using its EOS token %r as pad", tokenizer.eos_token)
-    return int(tokenizer.pad_token_id)
-    if tokenizer.eos_token is not None:
-        tokenizer.pad_token = tokenizer.eos_token
-        logger.info("tokenizer has no pad token: using its EOS token %r as pad", tokenizer.eos_token)
-    else:
-        tokenizer.add_special_tokens({"pad_token": "<pad>"})
-        logger.warning(
-            "tokenizer has neither pad nor EOS token: added '<pad>' (id %d); resize the model's "
-            "embeddings with model.resize_token_embeddings(len(tokenizer))",
-            tokenizer.pad_token_id,
-        )
-    return int(tokenizer.pad_token_id)
+    # Setting pad_token sets pad_token_id; mypy still narrows it to the None tested above.
+    return int(tokenizer.pad_token_id)  # type: ignore[call-overload]
 
 
 def _ids(seq: Sequence[int]) -> tuple[int, ...]:
