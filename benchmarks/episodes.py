@@ -34,10 +34,16 @@ import numpy as np
 # Runs from a checkout without `pip install -e .` too.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fmmeta.tasks.episode import collate
-from fmmeta.tasks.task import EpisodeSpec, Task
+from fmmeta.tasks.episode import collate  # noqa: E402
+from fmmeta.tasks.task import EpisodeSpec, Task  # noqa: E402
 
-WORDS = ["the", "of", "and", "to", "in", "is", "was", "for", "on", "that", "with", "as", "by", "at", "from", "his", "her", "it", "an", "were", "are", "which", "this", "be", "or", "has", "had", "not", "but", "after", "first", "new", "two", "they", "one", "their", "who", "its", "also", "been", "city", "state", "world", "film", "music", "war", "school", "season", "team", "river", "county", "station", "album", "game", "series", "village", "church", "company", "public", "party", "national", "united", "century", "history", "population", "village", "language", "country", "system", "between", "during", "against", "under", "government", "university", "american", "british", "german", "french"]
+WORDS = (
+    "the of and to in is was for on that with as by at from his her it an were are which this be "
+    "or has had not but after first new two they one their who its also been city state world "
+    "film music war school season team river county station album game series village church "
+    "company public party national united century history population village language country "
+    "system between during against under government university american british german french"
+).split()
 
 
 def load_tokenizer(kind: str):
@@ -93,12 +99,7 @@ def collection_times(tok, n_tasks: int, n_rows: int, seed: int) -> dict:
     import resource
     import tempfile
 
-    from fmmeta.tasks.collection import (
-        CollectionSource,
-        CollectionSplit,
-        build_collection,
-        collection_problems,
-    )
+    from fmmeta.tasks.collection import CollectionSource, CollectionSplit, build_collection, collection_problems
 
     with tempfile.TemporaryDirectory() as tmp:
         path = write_collection(Path(tmp), n_tasks, n_rows, seed)

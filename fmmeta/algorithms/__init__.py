@@ -3,20 +3,8 @@
 Nothing here imports DeepSpeed or accelerate; the engine (``fmmeta.engine``) hides them.
 """
 
-from fmmeta.algorithms.first_order import (
-    FOMAML,
-    AlgorithmConfig,
-    MultiTask,
-    Reptile,
-    build_algorithm,
-)
-from fmmeta.algorithms.inner_loop import (
-    InnerLoopConfig,
-    adapt,
-    answer_loss_sum,
-    restore,
-    snapshot,
-)
+from fmmeta.algorithms.first_order import FOMAML, AlgorithmConfig, MultiTask, Reptile, build_algorithm
+from fmmeta.algorithms.inner_loop import InnerLoopConfig, adapt, answer_loss_sum, restore, snapshot
 from fmmeta.algorithms.meta_step import StepStats, meta_step
 from fmmeta.algorithms.protocol import MetaAlgorithm, RankResult, RankWork, prepare_rank
 from fmmeta.algorithms.task_lora import TaskLoRA, stack_adapters

@@ -7,9 +7,8 @@ live in ``fmmeta.algorithms.meta_step``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, Sequence
 
 import torch
 from torch import nn

@@ -18,7 +18,7 @@ A pass whose rows all belong to one task takes a plain matmul with that task's s
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from typing import Iterator, Sequence
 
 import torch
 from torch import nn
@@ -102,7 +102,7 @@ class TaskLoRA:
             self._single = lo if lo == hi else None
 
     @contextlib.contextmanager
-    def active(self, fast: Sequence[torch.Tensor]) -> Iterator[TaskLoRA]:
+    def active(self, fast: Sequence[torch.Tensor]) -> Iterator["TaskLoRA"]:
         """Routes every LoRA matmul through ``fast`` (one ``[T, *shape]`` tensor per parameter)."""
         try:
             for module, i in self._modules:
@@ -112,7 +112,7 @@ class TaskLoRA:
             for module, _ in self._modules:
                 module.__dict__.pop("forward", None)
 
-    def _forward_with(self, weight: torch.Tensor):
+    def _forward_with(self, weight: torch.Tensor):  # noqa: ANN202 - a bound closure
         def forward(x: torch.Tensor) -> torch.Tensor:
             single = self._single
             if single is not None:

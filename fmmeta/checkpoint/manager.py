@@ -26,10 +26,9 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 

@@ -10,8 +10,7 @@ same verdict and apply the same policy: skip the step everywhere, or raise
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 import torch
 

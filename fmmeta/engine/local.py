@@ -9,9 +9,8 @@ uses), and adapters are written in peft's own format.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from safetensors.torch import load_file

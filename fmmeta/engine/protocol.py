@@ -16,9 +16,8 @@ The contract, shaped by DeepSpeed's behaviour (docs/design.md):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 import torch
 from torch import nn

@@ -21,7 +21,7 @@ apart from the shape check, so engines call them unconditionally.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from typing import Iterable, Sequence
 
 import torch
 import torch.distributed as dist

@@ -38,9 +38,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Callable, Mapping, Protocol, Sequence, TypeVar
 
 import torch
 from torch import nn

@@ -8,9 +8,8 @@ wraps the model (episodes split over ranks), so the base is never needed whole a
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import torch

@@ -16,8 +16,8 @@ quantiles). Every interval uses the same seeded generator, so a report is reprod
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 

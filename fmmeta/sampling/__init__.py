@@ -2,13 +2,7 @@
 
 from fmmeta.sampling.cost import CostModel
 from fmmeta.sampling.one_task import plan_one_task_per_pass
-from fmmeta.sampling.plan import (
-    DUMMY_PASS,
-    MetaBatchPlan,
-    PackedPass,
-    RankPlan,
-    TaskSlot,
-)
+from fmmeta.sampling.plan import DUMMY_PASS, MetaBatchPlan, PackedPass, RankPlan, TaskSlot
 from fmmeta.sampling.planner import PlanStats, assign_tasks, plan_meta_batch, plan_stats
 from fmmeta.sampling.prefetch import Prefetched, Prefetcher
 from fmmeta.sampling.sampler import CostAwareSampler, SamplerConfig

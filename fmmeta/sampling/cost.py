@@ -19,9 +19,8 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 

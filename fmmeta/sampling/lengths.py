@@ -11,7 +11,7 @@ import gc
 import itertools
 import operator
 import threading
-from collections.abc import Iterator, Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Sequence, TypeVar
 
 from fmmeta.tasks.episode import Episode, Example
 

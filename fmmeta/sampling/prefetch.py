@@ -22,10 +22,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Sequence
 
 from fmmeta.sampling.plan import MetaBatchPlan
 from fmmeta.sampling.sampler import CostAwareSampler
@@ -222,7 +221,7 @@ class Prefetcher:
             self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None
 
-    def __enter__(self) -> Prefetcher:
+    def __enter__(self) -> "Prefetcher":
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -19,9 +19,8 @@ sampler state. Within a meta-batch tasks are drawn without replacement where the
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Callable, Literal, Protocol
 
 import numpy as np
 

@@ -258,13 +258,13 @@ class TaskRows:
         """True for a classification task (labels and class words), False for generation."""
         return self.labels is not None
 
-    def subsample(self, max_examples: int | None, rng: np.random.Generator) -> TaskRows:
+    def subsample(self, max_examples: int | None, rng: np.random.Generator) -> "TaskRows":
         """At most ``max_examples`` rows, drawn by ``rng`` in their original order (None = all)."""
         n = len(self.prompts)
         if max_examples is None or n <= max_examples:
             return self
         keep = np.sort(rng.choice(n, size=max_examples, replace=False)).tolist()
-        pick = lambda xs: None if xs is None else [xs[i] for i in keep]
+        pick = lambda xs: None if xs is None else [xs[i] for i in keep]  # noqa: E731
         return dataclasses.replace(
             self, prompts=pick(self.prompts), answers=pick(self.answers), labels=pick(self.labels)
         )
@@ -837,11 +837,11 @@ __all__ = [
     "DatasetSpec",
     "TaskRows",
     "classification_rows",
-    "classification_tasks",
     "column_rows",
     "dataset_rows",
+    "tasks_from_rows",
+    "classification_tasks",
     "tasks_from_column",
     "tasks_from_datasets",
     "tasks_from_examples",
-    "tasks_from_rows",
 ]

@@ -24,12 +24,7 @@ from typing import Any, Literal
 import datasets
 import numpy as np
 
-from fmmeta.tasks.builders import (
-    TaskRows,
-    classification_rows,
-    column_rows,
-    dataset_rows,
-)
+from fmmeta.tasks.builders import TaskRows, classification_rows, column_rows, dataset_rows
 from fmmeta.tasks.source import _FORMATS, load_source
 from fmmeta.tasks.task import EpisodeSpec, Task, TaskSet, check_unique_names
 
@@ -317,7 +312,7 @@ def _load(src: CollectionSource, files: list[str] | None, cache_dir: str | None)
 def _stem(path: str) -> str:
     name = Path(path).name
     for suffix in reversed(Path(path).suffixes):
-        name = name.removesuffix(suffix)
+        name = name[: -len(suffix)] if name.endswith(suffix) else name
     return name
 
 
@@ -595,12 +590,7 @@ def build_collection(
         >>> suite = build_collection([CollectionSource(path="data/qa.jsonl", builder="dataset")],
         ...     CollectionSplit(), tok, seed=0, max_length=64)  # doctest: +SKIP
     """
-    from fmmeta.tasks.cache import (
-        cache_key,
-        cached_tasks,
-        default_cache_dir,
-        tokenizer_fingerprint,
-    )
+    from fmmeta.tasks.cache import cache_key, cached_tasks, default_cache_dir, tokenizer_fingerprint
 
     root = os.path.join(cache_dir, "tokenized") if cache_dir else default_cache_dir()
     data_dir = datasets_cache(cache_dir)
@@ -636,14 +626,14 @@ def build_collection(
 
 __all__ = [
     "PRESETS",
+    "build_collection",
+    "source_fingerprint",
     "CollectionSource",
     "CollectionSplit",
     "assign_splits",
-    "build_collection",
     "collection_problems",
     "describe",
     "read_source",
     "read_task_list",
     "source_files",
-    "source_fingerprint",
 ]

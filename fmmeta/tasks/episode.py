@@ -15,8 +15,8 @@ The two uses of an episode share this module:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -127,7 +127,7 @@ class Batch:
         """Tokens processed including padding (``B * T``)."""
         return int(self.input_ids.numel())
 
-    def to(self, device: torch.device | str) -> Batch:
+    def to(self, device: torch.device | str) -> "Batch":
         """Returns the batch on ``device``."""
         return Batch(
             self.input_ids.to(device),

@@ -18,7 +18,7 @@ import datasets
 
 logger = logging.getLogger(__name__)
 
-Source = Union[datasets.Dataset, datasets.DatasetDict, str, os.PathLike, Sequence[str | os.PathLike]]
+Source = Union[datasets.Dataset, datasets.DatasetDict, str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 """What a builder accepts as rows: a Dataset, a DatasetDict, a hub name, or local file path(s)."""
 
 _FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}

@@ -7,13 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fmmeta.sampling.plan import (
-    DUMMY_PASS,
-    MetaBatchPlan,
-    PackedPass,
-    RankPlan,
-    TaskSlot,
-)
+from fmmeta.sampling.plan import DUMMY_PASS, MetaBatchPlan, PackedPass, RankPlan, TaskSlot
 from fmmeta.tasks.episode import Episode, Example
 
 VOCAB = 128

@@ -71,7 +71,7 @@ def test_log_shows_banner_and_one_line_per_step(smoke) -> None:
                            rf" of \d+ x longest sequence tokens\)", log)
         assert banner, f"no banner for {m}:\n{log[-3000:]}"
         lines = re.findall(rf"^{m} step (\d+)/{STEPS} \| outer [\d.]+ \| query \S+ -> [\d.]+ \| \d+ tok, \d+ tok/s"
-                           r" \| pad eff [\d.]+ \| data wait [\d.]+%", log, flags=re.MULTILINE)
+                           r" \| pad eff [\d.]+ \| data wait [\d.]+%", log, flags=re.M)
         assert lines == [str(s) for s in range(1, STEPS + 1)], (m, lines)
     assert "done in" in log and "Traceback" not in log
 
@@ -124,7 +124,7 @@ def test_eval_report_json_markdown_and_valid_pngs(smoke) -> None:
         assert math.isfinite(rec["loss"]) and 0 <= rec["accuracy"] <= 1
     md = (out / "eval" / "eval.md").read_text()
     for m in report["methods"]:
-        assert re.search(rf"^\| {m} \| ", md, flags=re.MULTILINE), m
+        assert re.search(rf"^\| {m} \| ", md, flags=re.M), m
     pngs = sorted((out / "eval").glob("*.png"))
     assert len(pngs) >= 2, pngs
     for png in pngs:
@@ -139,7 +139,7 @@ def test_help_lists_override_keys() -> None:
     proc = _recipe.run("python", ["--help"], timeout_s=50)
     for key in ("output_dir", "methods", "model.name_or_path", "train.meta_steps", "train.resume",
                 "sampler.meta_batch_size", "engine.collective_timeout_s", "eval.enabled"):
-        assert re.search(rf"^\s+{re.escape(key)} \(", proc.stdout, flags=re.MULTILINE), key
+        assert re.search(rf"^\s+{re.escape(key)} \(", proc.stdout, flags=re.M), key
 
 
 @pytest.mark.timeout(60)

@@ -15,7 +15,7 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 def _snippet() -> str:
     text = README.read_text(encoding="utf-8")
     section = text.split("### Meta-train on them", 1)[1]
-    return re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
 def test_readme_meta_training_snippet_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -54,7 +54,7 @@ def test_readme_own_tasks_yaml_has_only_valid_keys(tmp_path: Path, monkeypatch: 
     from fmmeta.recipe_config import RecipeConfig
 
     text = README.read_text(encoding="utf-8").split("## Your own tasks", 1)[1]
-    snippet = re.search(r"```yaml\n(.*?)```", text, re.DOTALL).group(1)
+    snippet = re.search(r"```yaml\n(.*?)```", text, re.S).group(1)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "my_tasks.yaml").write_text(snippet)
     with pytest.raises(ConfigError) as err:

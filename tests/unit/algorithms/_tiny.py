@@ -8,13 +8,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from fmmeta.sampling.plan import (
-    DUMMY_PASS,
-    MetaBatchPlan,
-    PackedPass,
-    RankPlan,
-    TaskSlot,
-)
+from fmmeta.sampling.plan import DUMMY_PASS, MetaBatchPlan, PackedPass, RankPlan, TaskSlot
 from fmmeta.tasks.episode import Episode, Example
 
 PAD_ID = 0

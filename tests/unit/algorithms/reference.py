@@ -6,7 +6,7 @@ for a reason other than sharing code with it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import Sequence
 
 import torch
 

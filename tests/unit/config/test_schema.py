@@ -87,7 +87,9 @@ def _other_value(tp: Any, value: Any) -> Any:
     if origin is tuple:
         if len(args) == 2 and args[1] is not Ellipsis:
             return [_other_value(args[0], value[0]), value[1]]
-        return list(value[:-1]) if len(value) > 1 else [*value, _other_value(args[0], value[0])]
+        if len(value) > 1:
+            return list(value[:-1])
+        return [*value, _other_value(args[0], value[0] if value else None)]
     if origin is list:
         return ["other"]
     if origin is dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable
+from typing import Callable
 
 import pytest
 import torch

@@ -8,11 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from fmmeta.evaluation.intervals import (
-    bootstrap_interval,
-    bootstrap_means,
-    stratified_resamples,
-)
+from fmmeta.evaluation.intervals import bootstrap_interval, bootstrap_means, stratified_resamples
 
 
 def test_one_episode_per_task_has_no_spread() -> None:

@@ -10,13 +10,7 @@ import pytest
 
 from fmmeta.sampling.cost import CostModel
 from fmmeta.sampling.one_task import plan_one_task_per_pass
-from fmmeta.sampling.plan import (
-    DUMMY_PASS,
-    MetaBatchPlan,
-    PackedPass,
-    RankPlan,
-    TaskSlot,
-)
+from fmmeta.sampling.plan import DUMMY_PASS, MetaBatchPlan, PackedPass, RankPlan, TaskSlot
 from fmmeta.sampling.planner import assign_tasks, plan_meta_batch, plan_stats
 from fmmeta.sampling.synthetic import lognormal_pool
 from fmmeta.tasks.episode import Episode

@@ -64,7 +64,7 @@ def test_resume_reproduces_the_uninterrupted_run(strategy: str) -> None:
 
 def test_observation_order_does_not_matter() -> None:
     a, b = _sampler(strategy="hard"), _sampler(strategy="hard")
-    obs = fake_observations(a.sample(0), support_repeats=2)
+    obs = fake_observations(a.sample(0), inner_steps=2)
     b.sample(0)
     a.observe(obs)
     b.observe(list(reversed(obs)))
@@ -151,7 +151,7 @@ def test_cost_fit_learns_from_the_critical_pass_of_each_index() -> None:
     naive = CostModel(damping=0.0)  # control: fitted on every rank's times
     for step in range(40):
         plan = s.sample(step)
-        obs = fake_observations(plan, support_repeats=2)
+        obs = fake_observations(plan, inner_steps=2)
         crit = {o.sort_key() for o in critical_passes([o for o in obs if isinstance(o, PassObservation)],
                                                        s.cost_model)}
         waited = [dataclasses.replace(o, seconds=o.seconds * 3.0)
