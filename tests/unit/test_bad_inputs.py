@@ -210,9 +210,7 @@ def test_gguf_without_the_gguf_package(monkeypatch: pytest.MonkeyPatch, tmp_path
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")
     real = importlib.util.find_spec
-    import fmmeta.config as config_mod
-
-    monkeypatch.setattr(config_mod.importlib.util, "find_spec",
+    monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "gguf" else real(name, *a))  # fmt: skip
     msg = _problems(["model.tiny=false", "model.tokenizer=auto", f"model.name_or_path={gguf}"])
     assert "is a GGUF model but the gguf package is not installed: run `pip install gguf`" in msg
