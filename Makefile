@@ -8,7 +8,7 @@ export PYTHONUNBUFFERED := 1
 TEST_ENV := OMP_NUM_THREADS=1 DS_ACCELERATOR=$${DS_ACCELERATOR:-cpu} \
 	TORCH_EXTENSIONS_DIR=$${TORCH_EXTENSIONS_DIR:-$(CURDIR)/.venv/torch_extensions}
 
-.PHONY: setup train test test-unit test-distributed test-recipes bench
+.PHONY: setup train lint test test-unit test-distributed test-recipes bench
 
 setup:
 	./scripts/setup.sh
@@ -17,7 +17,12 @@ setup:
 train: setup
 	$(PY) recipes/train.py $(ARGS)
 
-test: setup
+# ruff (lint) over all Python, mypy over the library; settings in pyproject.toml.
+lint: setup
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+
+test: lint
 	$(TEST_ENV) $(PY) -m pytest tests -q $(ARGS)
 
 test-unit: setup

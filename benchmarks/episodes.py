@@ -25,9 +25,8 @@ import argparse
 import json
 import logging
 import platform
-import time
-
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -100,8 +99,7 @@ def collection_times(tok, n_tasks: int, n_rows: int, seed: int) -> dict:
     import resource
     import tempfile
 
-    from fmmeta.tasks.collection import CollectionSource, CollectionSplit, build_collection
-    from fmmeta.tasks.collection import collection_problems
+    from fmmeta.tasks.collection import CollectionSource, CollectionSplit, build_collection, collection_problems
 
     with tempfile.TemporaryDirectory() as tmp:
         path = write_collection(Path(tmp), n_tasks, n_rows, seed)

@@ -119,7 +119,7 @@ def worker(args: argparse.Namespace) -> None:
     build_s = time.perf_counter() - t0
     model = add_lora(base, LoraConfig(r=8, alpha=16, target_modules=("q_proj", "v_proj")), seed=0)
     engine = build_engine(engine_cfg, model, optim, precision="fp32")
-    algo = build_algorithm(AlgorithmConfig(name="fomaml", inner_steps=1, inner_lr=0.01), pad_id=0)
+    algo = build_algorithm("fomaml", AlgorithmConfig(inner_steps=1, inner_lr=0.01), pad_id=0)
     t1 = time.perf_counter()
     for step in range(args.steps):
         meta_step(engine, algo, build_plan(step, world, args))

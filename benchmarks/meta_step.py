@@ -56,21 +56,21 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fmmeta.algorithms.first_order import AlgorithmConfig, build_algorithm  # noqa: E402
-from fmmeta.algorithms.inner_loop import InnerOptimizer, answer_loss_sum, snapshot  # noqa: E402
-from fmmeta.algorithms.meta_step import meta_step  # noqa: E402
-from fmmeta.algorithms.task_lora import stack_adapters  # noqa: E402
-from fmmeta.engine.local import LocalEngine  # noqa: E402
-from fmmeta.engine.optim import OuterOptimConfig  # noqa: E402
-from fmmeta.sampling.plan import MetaBatchPlan, PackedPass, RankPlan, TaskSlot  # noqa: E402
-from fmmeta.tasks.episode import Batch, Episode, Example, collate  # noqa: E402
+from fmmeta.algorithms.first_order import AlgorithmConfig, build_algorithm
+from fmmeta.algorithms.inner_loop import InnerOptimizer, answer_loss_sum
+from fmmeta.algorithms.meta_step import meta_step
+from fmmeta.algorithms.task_lora import stack_adapters
+from fmmeta.engine.local import LocalEngine
+from fmmeta.engine.optim import OuterOptimConfig
+from fmmeta.sampling.plan import MetaBatchPlan, PackedPass, RankPlan, TaskSlot
+from fmmeta.tasks.episode import Batch, Episode, Example, collate
 
 PAD_ID = 0
 
@@ -196,7 +196,7 @@ class AllocTracker:
         self.live = 0
         self.peak = 0
 
-    def __enter__(self) -> "AllocTracker":
+    def __enter__(self) -> AllocTracker:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             self._base = torch.cuda.memory_allocated(self.device)
@@ -265,7 +265,7 @@ def main() -> None:
     episodes = build_episodes(args)
     plan = build_plan(episodes, args.pack_rows)
     one_task = build_plan(episodes, None)
-    algo = build_algorithm(AlgorithmConfig(name="fomaml", inner_steps=args.inner_steps, inner_lr=inner_lr), PAD_ID)
+    algo = build_algorithm("fomaml", AlgorithmConfig(inner_steps=args.inner_steps, inner_lr=inner_lr), PAD_ID)
     batches = pass_batches(plan, args.inner_steps, device)
     one_task_batches = pass_batches(one_task, args.inner_steps, device)
     # The plain and clone loops get their own optimizers over the same live parameters.
@@ -318,7 +318,7 @@ def main() -> None:
     mem_plan = build_plan(episodes[:2], args.shots)
     peaks = {}
     for k in (1, 8):
-        algo_k = build_algorithm(AlgorithmConfig(name="fomaml", inner_steps=k, inner_lr=inner_lr), PAD_ID)
+        algo_k = build_algorithm("fomaml", AlgorithmConfig(inner_steps=k, inner_lr=inner_lr), PAD_ID)
         meta_step(engine, algo_k, mem_plan)
         with AllocTracker(device) as m:
             meta_step(engine, algo_k, mem_plan)

@@ -62,7 +62,7 @@ import math
 import statistics
 import sys
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -70,7 +70,13 @@ import torch
 from fmmeta.sampling.cost import CostModel
 from fmmeta.sampling.lengths import LENGTHS
 from fmmeta.sampling.one_task import assign_balanced, plan_one_task_per_pass
-from fmmeta.sampling.plan import DUMMY_PASS, MetaBatchPlan, PackedPass, RankPlan, TaskSlot
+from fmmeta.sampling.plan import (
+    DUMMY_PASS,
+    MetaBatchPlan,
+    PackedPass,
+    RankPlan,
+    TaskSlot,
+)
 from fmmeta.sampling.planner import plan_meta_batch, plan_stats
 from fmmeta.sampling.sampler import CostAwareSampler, SamplerConfig
 from fmmeta.sampling.synthetic import SyntheticTask, bimodal_pool, lognormal_pool
@@ -123,7 +129,7 @@ def _baseline_plan(
 
     def cost(i: int) -> float:
         ep, (s, q) = episodes[i], orders[i]
-        price = lambda p: float(np.dot(p.features, cost_model.coefficients))  # noqa: E731
+        price = lambda p: float(np.dot(p.features, cost_model.coefficients))
         return (INNER_STEPS * sum(map(price, _chunk_passes(0, s, ep.support, k_s)))
                 + sum(map(price, _chunk_passes(0, q, ep.query, k_q))))
 
@@ -142,8 +148,8 @@ def _baseline_plan(
 
 def _placement(pool: list[SyntheticTask], tasks_per_rank: int, steps: int, seed: int) -> dict:
     cm = CostModel()
-    cfg = SamplerConfig(meta_batch_size=WORLD * tasks_per_rank, micro_batch_size=MICRO_BATCH, inner_steps=INNER_STEPS)
-    sampler = CostAwareSampler(pool, cfg, world_size=WORLD, seed=seed)
+    cfg = SamplerConfig(meta_batch_size=WORLD * tasks_per_rank, micro_batch_size=MICRO_BATCH)
+    sampler = CostAwareSampler(pool, cfg, world_size=WORLD, seed=seed, support_repeats=INNER_STEPS)
     rng = np.random.default_rng([seed, 99])
     gen = torch.Generator().manual_seed(seed)
 
@@ -240,8 +246,8 @@ def _plan_ms(pool: list[SyntheticTask], seed: int, repeats: int) -> dict[str, fl
     "cold" timing clears that cache first: the cost of the very first step, or of a task layer
     that makes new example objects for every episode.
     """
-    cfg = SamplerConfig(meta_batch_size=64 * 32, micro_batch_size=MICRO_BATCH, inner_steps=INNER_STEPS)
-    sampler = CostAwareSampler(pool, cfg, world_size=64, seed=seed)
+    cfg = SamplerConfig(meta_batch_size=64 * 32, micro_batch_size=MICRO_BATCH)
+    sampler = CostAwareSampler(pool, cfg, world_size=64, seed=seed, support_repeats=INNER_STEPS)
     times: dict[str, list[float]] = {k: [] for k in ("wall", "cpu", "cold_wall", "cold_cpu", "sample")}
     for step in range(repeats):
         t0 = time.perf_counter()

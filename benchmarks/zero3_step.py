@@ -79,14 +79,20 @@ def _worker(args: argparse.Namespace) -> None:
     from fmmeta.engine.deepspeed_engine import DeepSpeedEngine
     from fmmeta.engine.distributed import init_distributed
     from fmmeta.engine.optim import OuterOptimConfig
-    from fmmeta.sampling import CostAwareSampler, CostModel, SamplerConfig, plan_one_task_per_pass, plan_stats
+    from fmmeta.sampling import (
+        CostAwareSampler,
+        CostModel,
+        SamplerConfig,
+        plan_one_task_per_pass,
+        plan_stats,
+    )
     from fmmeta.sampling.synthetic import bimodal_pool, lognormal_pool
 
     torch.set_num_threads(1)
     rank, _, world = init_distributed("gloo", 120.0, sys.argv[1:])
     engine = DeepSpeedEngine(_model(args), OuterOptimConfig(outer_lr=1e-4),
                              json.loads((REPO / "ds_configs" / "zero3.json").read_text()), precision="fp32")
-    algo = build_algorithm(AlgorithmConfig(name="fomaml", inner_steps=args.inner_steps, inner_lr=1e-2), pad_id=0)
+    algo = build_algorithm("fomaml", AlgorithmConfig(inner_steps=args.inner_steps, inner_lr=1e-2), pad_id=0)
     cost_model = CostModel()
     pools = {
         "lognormal": lognormal_pool(200, seed=args.seed, median_length=args.median_length),
@@ -137,7 +143,7 @@ def _worker(args: argparse.Namespace) -> None:
     engine.barrier()
 
 
-def _model(args: argparse.Namespace):  # noqa: ANN202 - a peft model
+def _model(args: argparse.Namespace):
     """A random Llama + LoRA (r=8 on q, v), weights from our own generator (same on both ranks)."""
     import torch
     from peft import LoraConfig, get_peft_model

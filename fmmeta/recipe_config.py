@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any
 
 from fmmeta.algorithms.first_order import ALGORITHMS, AlgorithmConfig
 from fmmeta.config import EngineConfig, LoraConfig, ModelConfig, TrainConfig
@@ -58,8 +57,6 @@ class EvalConfig:
         return problems
 
 
-
-
 @dataclass(kw_only=True)
 class RecipeConfig:
     """Everything one run of ``recipes/train.py`` needs; YAML files hold only what differs."""
@@ -70,8 +67,11 @@ class RecipeConfig:
     """Adapters to meta-train, one after the other, each from the same initial adapter and the
     same episode draws: meta-learners and the baselines they must beat."""
     model: ModelConfig = field(default_factory=ModelConfig)
+    """Which base model to load and how."""
     lora: LoraConfig = field(default_factory=LoraConfig)
+    """The LoRA adapter that meta-training learns."""
     tasks: TasksConfig = field(default_factory=TasksConfig)
+    """Which tasks to meta-train on (a suite or a collection of sources)."""
     # The embedded default run (no arguments) departs from the layers' own defaults only where a
     # 2-core CPU must finish meta-training and evaluation of three methods in 15 minutes, and
     # where the SmolLM2 calibration in docs/design.md found what works (clipped inner SGD at
@@ -82,20 +82,21 @@ class RecipeConfig:
             meta_batch_size=4, micro_batch_size=8, strategy="diversity"
         )
     )
+    """How meta-batches are chosen and planned over ranks."""
     algorithm: AlgorithmConfig = field(
         default_factory=lambda: AlgorithmConfig(inner_clip_norm=1.0, measure_query_before=True)
     )
+    """The inner loop every method in methods shares."""
     optim: OuterOptimConfig = field(default_factory=lambda: OuterOptimConfig(outer_lr=3e-3))
+    """The outer (meta) optimizer."""
     engine: EngineConfig = field(default_factory=EngineConfig)
+    """Which training backend runs the outer update."""
     train: TrainConfig = field(
         default_factory=lambda: TrainConfig(meta_steps=20, checkpoint_every=5)
     )
+    """The meta-training loop: length, logging, checkpoints, failure policy."""
     eval: EvalConfig = field(default_factory=EvalConfig)
-
-    def __post_init__(self) -> None:
-        # One home for the inner-step count: the algorithm's. The sampler's cost model needs it
-        # too, so the recipe always copies it there (also over a value a saved config.yaml holds).
-        self.sampler.inner_steps = max(1, self.algorithm.inner_steps)
+    """Held-out evaluation after meta-training."""
 
     def validate(self) -> list[str]:
         """Cross-section checks; each section checks itself."""
@@ -143,10 +144,6 @@ class RecipeConfig:
                 f"engine.deepspeed_config={path!r} is not valid JSON ({err}): fix the file"
             )
         except DSConfigError as err:
-            problems.extend(
-                f"engine.deepspeed_config={path!r}: {line.strip()[2:]}"
-                for line in str(err).splitlines()[1:]
-                if line.strip().startswith("- ")
-            )
+            problems.extend(f"engine.deepspeed_config={path!r}: {p}" for p in err.problems)
         return problems
 

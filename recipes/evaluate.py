@@ -22,11 +22,13 @@ import logging
 import sys
 from pathlib import Path
 
-import torch
-
 from fmmeta.config import ConfigError, describe_config, load_config
 from fmmeta.engine.build import build_engine, resolve_engine_kind
-from fmmeta.engine.distributed import init_distributed, strip_local_rank
+from fmmeta.engine.distributed import (
+    default_backend,
+    init_distributed,
+    strip_local_rank,
+)
 from fmmeta.engine.partition import partitioned_build
 from fmmeta.evaluation.heldout import evaluate_run
 from fmmeta.models import add_lora, build_model_and_tokenizer
@@ -40,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Evaluate adapters on held-out tasks (base model and in-context included).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="overrides (section.key=value):\n" + describe_config(RecipeConfig),
+        epilog="overrides (section.key=value):\n" + describe_config(RecipeConfig()),
     )
     parser.add_argument("--run", type=Path, help="a finished run's output_dir (its config.yaml "
                         "and every <method>/adapter in it are used)")
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         adapters[name] = Path(path)
     out = args.run if args.run is not None else Path(cfg.output_dir)
     if resolve_engine_kind(cfg.engine) != "local":
-        init_distributed("nccl" if torch.cuda.is_available() else "gloo", cfg.engine.collective_timeout_s)
+        init_distributed(default_backend(), cfg.engine.collective_timeout_s)
     precision = {"float32": "fp32", "bfloat16": "bf16"}[cfg.model.dtype]
     partitioned = partitioned_build(cfg.engine, cfg.optim, precision=precision)
     base, tokenizer = build_model_and_tokenizer(cfg.model, partitioned=partitioned)

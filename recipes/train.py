@@ -21,7 +21,6 @@ rank evaluates its share of the held-out episodes under one more engine on the s
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import math
@@ -41,16 +40,26 @@ from fmmeta.algorithms.protocol import MetaAlgorithm
 from fmmeta.checkpoint import CheckpointManager, load_rng_state, save_rng_state
 from fmmeta.config import ConfigError, describe_config, load_config, save_resolved
 from fmmeta.engine.build import build_engine, resolve_engine_kind
-from fmmeta.engine.distributed import init_distributed, strip_local_rank
+from fmmeta.engine.distributed import (
+    default_backend,
+    init_distributed,
+    strip_local_rank,
+)
 from fmmeta.engine.guard import NonFiniteError, NonFiniteGuard
 from fmmeta.engine.partition import partitioned_build
 from fmmeta.engine.protocol import Engine
 from fmmeta.engine.zero import scatter_adapter
 from fmmeta.evaluation.heldout import evaluate_run
-from fmmeta.models import add_lora, build_model_and_tokenizer, count_parameters
-from fmmeta.models import lora_shapes, model_id
+from fmmeta.models import (
+    add_lora,
+    build_model_and_tokenizer,
+    count_parameters,
+    lora_shapes,
+    model_id,
+)
 from fmmeta.recipe_config import RecipeConfig
 from fmmeta.sampling import CostAwareSampler, Prefetcher, observation_from_dict
+from fmmeta.strict_json import dumps_strict
 from fmmeta.tasks.config import build_task_set
 
 logger = logging.getLogger("fmmeta.train")
@@ -64,8 +73,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         description="Meta-train LoRA adapters with FOMAML / Reptile (and the multi-task baseline) "
         "on a task suite, then evaluate them on held-out tasks.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="overrides (section.key=value; defaults shown):\n"
-        + describe_config(RecipeConfig),
+        epilog="overrides (section.key=value; the defaults a run uses shown):\n"
+        + describe_config(RecipeConfig()),
     )
     parser.add_argument("--config", help="YAML file holding only what differs from the defaults")
     parser.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.meta_steps=10")
@@ -149,10 +158,8 @@ class MetricsLog:
 
     def write(self, record: dict) -> None:
         if self.rank == 0:
-            plain = {k: None if isinstance(v, float) and not math.isfinite(v) else v
-                     for k, v in record.items()}  # strict JSON: NaN/inf become null
             with self.path.open("a") as fh:
-                fh.write(json.dumps(plain) + "\n")
+                fh.write(dumps_strict(record) + "\n")
 
 
 def restore(ckpts: CheckpointManager, cfg: RecipeConfig, engine: Engine, prefetcher: Prefetcher,
@@ -234,7 +241,7 @@ def train_method(cfg: RecipeConfig, method: str, model: torch.nn.Module, initial
 def _train(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.Module, pad_id: int,
            suite: Any, out: Path, method_dir: Path) -> Path:
     banner(cfg, method, engine, model)
-    algorithm = build_algorithm(dataclasses.replace(cfg.algorithm, name=method), pad_id)
+    algorithm = build_algorithm(method, cfg.algorithm, pad_id)
     sampler = CostAwareSampler(
         suite.meta_train, cfg.sampler, world_size=engine.world_size, seed=cfg.train.seed,
         support_draws=algorithm.support_draws, support_repeats=algorithm.support_repeats,
@@ -304,8 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     kind = resolve_engine_kind(cfg.engine)
     rank = 0
     if kind != "local":
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        rank, _, _ = init_distributed(backend, cfg.engine.collective_timeout_s)
+        rank, _, _ = init_distributed(default_backend(), cfg.engine.collective_timeout_s)
     setup_logging(rank)
     out = Path(cfg.output_dir)
     if rank == 0:

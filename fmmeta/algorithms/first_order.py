@@ -51,8 +51,8 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 from torch import nn
@@ -69,7 +69,7 @@ from fmmeta.algorithms.inner_loop import (
 from fmmeta.algorithms.meta_sgd import MetaSGD
 from fmmeta.algorithms.protocol import MetaAlgorithm, RankResult, RankWork, prepare_rank
 from fmmeta.algorithms.task_lora import TaskLoRA, stack_adapters
-from fmmeta.config import ConfigError
+from fmmeta.config import raise_if_invalid
 from fmmeta.sampling.plan import RankPlan
 from fmmeta.tasks.episode import collate
 
@@ -93,50 +93,45 @@ inner steps)."""
 
 @dataclass(frozen=True, kw_only=True)
 class AlgorithmConfig:
-    """Which meta-algorithm to run and its per-task settings (identical on every rank).
+    """The meta-algorithms' per-task settings (identical on every rank).
 
-    Attributes:
-        name: "fomaml", "metasgd" (FOMAML with learned per-tensor inner step sizes), "reptile",
-            "multitask" or "metaicl".
-        inner_steps: inner optimizer steps on the support set per task (>= 0).
-        inner_lr: inner learning rate (> 0); metasgd: every step size's initial value.
-        inner_optimizer: "sgd" or "adam" (fresh moments per task).
-        inner_clip_norm: per-inner-step global gradient-norm clip; ``None`` = off.
-        pad_to_multiple_of: pad each micro-batch's length to a multiple of this (``None`` = exact).
-        measure_query_before: also measure the query loss at theta (q extra forward passes per
-            task). Must be the same on every rank (ZeRO-3 lockstep).
-        reptile_query_step: Reptile only: after the support steps take one more inner step on the
-            query set, so theta - phi includes it; the query loss after adaptation then comes free
-            with that step's forward.
-        multitask_match_passes: MultiTask only: run FOMAML's pass count (support chunks
-            ``inner_steps`` times each, query once) so the baseline spends the same compute; see
-            the module docstring.
-        icl_max_length: MetaICL (training and in-context scoring): longest sequence of
-            demonstrations + query in tokens; longer ones lose their oldest demonstration tokens.
-        step_size_lr: metasgd only: Adam learning rate of the log inner step sizes (> 0); one
-            meta-step changes each step size by at most about this fraction (0.01: 1%).
+    Which algorithm runs is not a field: the recipe trains every method it lists (``methods``),
+    each built by :func:`build_algorithm` from its name and this one config.
     """
 
-    name: str = "fomaml"
     inner_steps: int = 3
+    """Inner optimizer steps on the support set per task (>= 0)."""
     inner_lr: float = 0.03
+    """Inner learning rate (> 0)."""
     inner_optimizer: str = "sgd"
+    """Inner optimizer: "sgd" or "adam" (fresh moments per task)."""
     inner_clip_norm: float | None = None
+    """Per-inner-step global gradient-norm clip (> 0); null = off."""
     pad_to_multiple_of: int | None = None
+    """Pad each micro-batch's length to a multiple of this (>= 1); null = exact lengths."""
     measure_query_before: bool = False
+    """Also measure the query loss at theta (one extra forward pass per query pass). Equal on
+    every rank (under ZeRO-3 every forward is a collective)."""
     reptile_query_step: bool = False
+    """Reptile only: after the support steps take one more inner step on the query set, so
+    theta - phi includes it; the query loss after adaptation then comes free with its forward."""
     multitask_match_passes: bool = True
+    """MultiTask only: run FOMAML's pass count (support passes inner_steps times each, query once)
+    so the baseline spends the same compute; see the module docstring."""
     icl_max_length: int = 1024
+    """MetaICL (training and in-context scoring): longest sequence of demonstrations + query in
+    tokens (>= 2); longer ones lose their oldest demonstration tokens."""
     step_size_lr: float = 0.01
+    """metasgd only: Adam learning rate of the log inner step sizes (> 0); one meta-step changes
+    each step size by at most about this fraction (0.01: 1%)."""
 
-    def __post_init__(self) -> None:
+    def validate(self) -> list[str]:
+        """Range and choice checks, including the inner-loop fields."""
         problems: list[str] = []
-        if self.name not in ALGORITHMS:
-            problems.append(f"name={self.name!r} is invalid: allowed {list(ALGORITHMS)}")
-        for key in ("pad_to_multiple_of",):
-            value = getattr(self, key)
-            if value is not None and value < 1:
-                problems.append(f"{key}={value} is invalid: must be >= 1, or None")
+        if self.pad_to_multiple_of is not None and self.pad_to_multiple_of < 1:
+            problems.append(
+                f"pad_to_multiple_of={self.pad_to_multiple_of} is invalid: must be >= 1, or null"
+            )
         if not self.icl_max_length >= 2:
             problems.append(
                 f"icl_max_length={self.icl_max_length} is invalid: must be >= 2 (tokens of "
@@ -147,13 +142,7 @@ class AlgorithmConfig:
                 f"step_size_lr={self.step_size_lr} is invalid: must be > 0 (Adam lr of metasgd's "
                 "log inner step sizes, e.g. 0.01)"
             )
-        try:
-            _ = self.inner_loop  # validates the inner-loop fields (raises ValueError naming them)
-        except ValueError as err:
-            # Reported as this section's own fields, so the recipe names "algorithm.inner_steps".
-            problems.extend(str(err).removeprefix("InnerLoopConfig: ").split("; "))
-        if problems:
-            raise ConfigError(problems)
+        return problems + self.inner_loop.validate()
 
     @property
     def inner_loop(self) -> InnerLoopConfig:
@@ -210,7 +199,7 @@ class FOMAML:
     """First-order MAML: the meta-gradient is the query-loss gradient at the adapted weights phi.
 
     Example:
-        >>> algo = FOMAML(AlgorithmConfig(name="fomaml", inner_steps=3, inner_lr=0.03))
+        >>> algo = FOMAML(AlgorithmConfig(inner_steps=3, inner_lr=0.03), pad_id=0)
         >>> result = algo.rank_gradient(engine.model, engine.adapter_parameters(), work)
     """
 
@@ -344,7 +333,7 @@ class MetaICL:
     plain rows, not these longer ones.
 
     Example:
-        >>> algo = MetaICL(AlgorithmConfig(name="metaicl"), pad_id=tok.pad_token_id)
+        >>> algo = MetaICL(AlgorithmConfig(), pad_id=tok.pad_token_id)
         >>> result = algo.rank_gradient(engine.model, engine.adapter_parameters(), algo.prepare(plan))
     """
 
@@ -380,19 +369,26 @@ class MetaICL:
         return RankResult(query.grads, before, q_loss, [], None, 0, 1)
 
 
-def build_algorithm(cfg: AlgorithmConfig, pad_id: int) -> MetaAlgorithm:
-    """Builds the meta-algorithm named by ``cfg.name``.
+def build_algorithm(name: str, cfg: AlgorithmConfig, pad_id: int) -> MetaAlgorithm:
+    """Builds the meta-algorithm ``name`` (one of :data:`ALGORITHMS`).
 
     Args:
+        name: which algorithm; one of :data:`ALGORITHMS`.
         cfg: algorithm settings (identical on every rank).
         pad_id: the tokenizer's padding id, used when collating passes.
 
+    Raises:
+        ValueError: for an unknown name; ConfigError for an invalid ``cfg``.
+
     Example:
-        >>> algo = build_algorithm(AlgorithmConfig(name="reptile", inner_steps=5), pad_id=tok.pad_token_id)
+        >>> algo = build_algorithm("reptile", AlgorithmConfig(inner_steps=5), pad_id=tok.pad_token_id)
     """
-    if cfg.name == "metasgd":  # FOMAML plus learned step sizes: composed, not subclassed
-        return MetaSGD(FOMAML(cfg, pad_id), cfg)
-    classes: dict[str, type[FOMAML] | type[Reptile] | type[MultiTask] | type[MetaICL]] = {
+    classes: dict[str, type[FOMAML | Reptile | MultiTask | MetaICL]] = {
         "fomaml": FOMAML, "reptile": Reptile, "multitask": MultiTask, "metaicl": MetaICL,
     }
-    return classes[cfg.name](cfg, pad_id)  # name validated by AlgorithmConfig
+    if name not in (*classes, "metasgd"):
+        raise ValueError(f"algorithm {name!r} is unknown: choose one of {list(ALGORITHMS)}")
+    raise_if_invalid(cfg)
+    if name == "metasgd":  # FOMAML plus learned step sizes: composed, not subclassed
+        return MetaSGD(FOMAML(cfg, pad_id), cfg)
+    return classes[name](cfg, pad_id)

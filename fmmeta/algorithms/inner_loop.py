@@ -23,14 +23,16 @@ import inspect
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from fmmeta.algorithms.task_lora import TaskLoRA
+from fmmeta.config import raise_if_invalid
 from fmmeta.engine.optim import clip_grad_norm
 from fmmeta.sampling.plan import PackedPass, TaskSlot
 from fmmeta.tasks.episode import IGNORE_INDEX, Batch, collate
@@ -44,26 +46,24 @@ DUMMY_PASS_TOKENS = 2
 
 @dataclass(frozen=True, kw_only=True)
 class InnerLoopConfig:
-    """Settings of the inner (per-task) adaptation.
-
-    Attributes:
-        inner_steps: optimizer steps on the support set per task (>= 0; 0 = no adaptation).
-        inner_lr: inner learning rate (> 0; SGD on LoRA is fragile: on SmolLM2 lr 0.3 made every
-            init worse after 3 steps, so choose it on meta-validation tasks).
-        inner_optimizer: "sgd" (plain, stateless) or "adam" (fresh moments for every task).
-        inner_clip_norm: clip each inner step's gradient to this global L2 norm; ``None`` = off.
-        adam_betas: (beta1, beta2) of the inner Adam, each in [0, 1); unused for SGD.
-        adam_eps: epsilon of the inner Adam (> 0); unused for SGD.
-    """
+    """Settings of the inner (per-task) adaptation."""
 
     inner_steps: int = 3
+    """Optimizer steps on the support set per task (>= 0; 0 = no adaptation)."""
     inner_lr: float = 0.03
+    """Inner learning rate (> 0). SGD on LoRA is fragile: on SmolLM2 lr 0.3 made every init worse
+    after 3 steps, so choose it on meta-validation tasks."""
     inner_optimizer: str = "sgd"
+    """"sgd" (plain, stateless) or "adam" (fresh moments for every task)."""
     inner_clip_norm: float | None = None
+    """Clip each inner step's gradient to this global L2 norm (> 0); None = off."""
     adam_betas: tuple[float, float] = (0.9, 0.999)
+    """(beta1, beta2) of the inner Adam, each in [0, 1); unused for SGD."""
     adam_eps: float = 1e-8
+    """Epsilon of the inner Adam (> 0); unused for SGD."""
 
-    def __post_init__(self) -> None:
+    def validate(self) -> list[str]:
+        """Range and choice checks, one problem per field."""
         problems: list[str] = []
         if self.inner_steps < 0:
             problems.append(f"inner_steps={self.inner_steps} is invalid: must be >= 0")
@@ -82,8 +82,7 @@ class InnerLoopConfig:
             problems.append(f"adam_betas={self.adam_betas} is invalid: need two values in [0, 1)")
         if not self.adam_eps > 0:
             problems.append(f"adam_eps={self.adam_eps} is invalid: must be > 0")
-        if problems:
-            raise ValueError("InnerLoopConfig: " + "; ".join(problems))
+        return problems
 
 
 # --------------------------------------------------------------------------------------------
@@ -95,7 +94,7 @@ _LOGITS_TO_KEEP: dict[type, str] = {}
 
 def _unwrap(model: nn.Module) -> nn.Module:
     """The causal LM under framework wrappers (DeepSpeedEngine/DDP: ``.module``) and peft."""
-    inner = model
+    inner: Any = model  # wrappers expose the wrapped model under several names
     for _ in range(4):
         if hasattr(inner, "get_base_model"):
             inner = inner.get_base_model()
@@ -232,11 +231,11 @@ class PackedBatch:
     rows: torch.Tensor
 
     @classmethod
-    def one_task(cls, batch: Batch) -> "PackedBatch":
+    def one_task(cls, batch: Batch) -> PackedBatch:
         """Every row belongs to task 0."""
         return cls(batch, torch.zeros(batch.input_ids.shape[0], dtype=torch.long))
 
-    def to(self, device: torch.device | str) -> "PackedBatch":
+    def to(self, device: torch.device | str) -> PackedBatch:
         """The pass on ``device``."""
         return PackedBatch(self.batch.to(device), self.rows.to(device))
 
@@ -377,7 +376,7 @@ def clip_per_task(grads: Sequence[torch.Tensor], max_norm: float, *, stacked: bo
     if not stacked:
         clip_grad_norm(grads, max_norm)
         return
-    sq = sum(_at_least_fp32(g).flatten(1).pow(2).sum(dim=1) for g in grads)
+    sq = cast(torch.Tensor, sum(_at_least_fp32(g).flatten(1).pow(2).sum(dim=1) for g in grads))
     coef = (max_norm / (sq.sqrt() + 1e-6)).clamp(max=1.0)
     for g in grads:
         g.mul_(coef.view(-1, *([1] * (g.dim() - 1))).to(g.dtype))
@@ -415,6 +414,7 @@ class InnerOptimizer:
 
     def __init__(self, cfg: InnerLoopConfig, params: Sequence[torch.Tensor],
                  lrs: Sequence[float] | None = None) -> None:
+        raise_if_invalid(cfg)  # every adaptation builds one: the check no caller can skip
         self.cfg = cfg
         self.lrs = check_lrs(lrs, len(params)) if lrs is not None else [cfg.inner_lr] * len(params)
         self.t = 0

@@ -164,7 +164,7 @@ class MetaSGD:
             step sizes' Adam lr).
 
     Example:
-        >>> algo = build_algorithm(AlgorithmConfig(name="metasgd", inner_lr=0.03), pad_id=0)
+        >>> algo = build_algorithm("metasgd", AlgorithmConfig(inner_lr=0.03), pad_id=0)
         >>> stats = meta_step(engine, algo, plan)  # stats.outer["inner_lr_mean"], ...
         >>> save_inner_lrs(folder, adapter_names, algo.step_sizes.lrs(len(adapter_names)))
     """

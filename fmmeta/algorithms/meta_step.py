@@ -106,7 +106,7 @@ def meta_step(
         ValueError: if the plan has no real task, or does not cover this rank.
 
     Example:
-        >>> stats = meta_step(engine, build_algorithm(AlgorithmConfig(), pad_id=0), sampler.sample(step))
+        >>> stats = meta_step(engine, build_algorithm("fomaml", AlgorithmConfig(), pad_id=0), sampler.sample(step))
     """
     if plan.n_real_tasks < 1:
         raise ValueError(

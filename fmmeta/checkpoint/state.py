@@ -11,7 +11,8 @@ code we do not control (LoRA dropout, DeepSpeed) draws from them.
 from __future__ import annotations
 
 import random
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -64,15 +65,15 @@ def capture_rng_state(
     """
     state: dict[str, Any] = {"python": {}, "numpy": {}, "torch": {}}
     tensors: dict[str, torch.Tensor] = {}
-    for name, gen in (python or {}).items():
-        version, internal, gauss = gen.getstate()
+    for name, py_gen in (python or {}).items():
+        version, internal, gauss = py_gen.getstate()
         state["python"][name] = [version, list(internal), gauss]
-    for name, gen in (numpy or {}).items():
-        bit_gen = gen.bit_generator if isinstance(gen, np.random.Generator) else gen
+    for name, np_gen in (numpy or {}).items():
+        bit_gen = np_gen.bit_generator if isinstance(np_gen, np.random.Generator) else np_gen
         state["numpy"][name] = _to_json(bit_gen.state)
-    for name, gen in (torch_generators or {}).items():
-        tensors[f"gen.{name}"] = gen.get_state().clone()
-        state["torch"][name] = {"device": str(gen.device)}
+    for name, torch_gen in (torch_generators or {}).items():
+        tensors[f"gen.{name}"] = torch_gen.get_state().clone()
+        state["torch"][name] = {"device": str(torch_gen.device)}
     if global_torch:
         tensors["global.cpu"] = torch.get_rng_state().clone()
         n_cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -107,15 +108,15 @@ def restore_rng_state(
                 "was written by a run with different generators"
             ) from err
 
-    for name, gen in (python or {}).items():
+    for name, py_gen in (python or {}).items():
         version, internal, gauss = need("python", name)
-        gen.setstate((version, tuple(internal), gauss))
-    for name, gen in (numpy or {}).items():
-        bit_gen = gen.bit_generator if isinstance(gen, np.random.Generator) else gen
+        py_gen.setstate((version, tuple(internal), gauss))
+    for name, np_gen in (numpy or {}).items():
+        bit_gen = np_gen.bit_generator if isinstance(np_gen, np.random.Generator) else np_gen
         bit_gen.state = _from_json(need("numpy", name))
-    for name, gen in (torch_generators or {}).items():
+    for name, torch_gen in (torch_generators or {}).items():
         need("torch", name)
-        gen.set_state(tensors[f"gen.{name}"].to(torch.uint8).cpu())
+        torch_gen.set_state(tensors[f"gen.{name}"].to(torch.uint8).cpu())
     if global_torch:
         if "global.cpu" not in tensors:
             raise CheckpointError("RNG state has no global torch state (saved with global_torch=False)")

@@ -23,7 +23,7 @@ from typing import Any
 from torch import nn
 
 from fmmeta.engine.deepspeed_engine import DeepSpeedEngine
-from fmmeta.engine.distributed import init_distributed
+from fmmeta.engine.distributed import default_backend, init_distributed
 from fmmeta.engine.optim import OuterOptimConfig
 
 logger = logging.getLogger(__name__)
@@ -62,7 +62,6 @@ def build_accelerate_engine(
     optim_cfg: OuterOptimConfig,
     *,
     precision: str = "fp32",
-    activation_checkpointing: bool = False,
     dist_backend: str | None = None,
     dist_timeout_s: float = 300.0,
 ) -> DeepSpeedEngine:
@@ -73,7 +72,6 @@ def build_accelerate_engine(
         optim_cfg: outer optimizer settings.
         precision: ``"fp32"`` or ``"bf16"``; must agree with the accelerate file's
             ``mixed_precision`` (``no`` or ``bf16``), else the config error lists the mismatch.
-        activation_checkpointing: non-reentrant activation checkpointing on the base model.
         dist_backend: ``"gloo"`` or ``"nccl"`` (``None``: nccl on CUDA, else gloo).
         dist_timeout_s: collective timeout.
 
@@ -81,14 +79,12 @@ def build_accelerate_engine(
         >>> # accelerate launch --config_file recipes/accelerate_zero3.yaml recipes/train.py
         >>> engine = build_accelerate_engine(peft_model, OuterOptimConfig(outer_lr=3e-3))
     """
-    import torch
 
-    backend = dist_backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    backend = dist_backend or default_backend()
     init_distributed(backend, dist_timeout_s)
     ds_config = deepspeed_config_from_accelerate()
     logger.info("accelerate launch: DeepSpeed config from accelerate: %s", ds_config)
     return DeepSpeedEngine(
         model, optim_cfg, ds_config, precision=precision,
-        activation_checkpointing=activation_checkpointing,
         dist_backend=backend, dist_timeout_s=dist_timeout_s,
     )

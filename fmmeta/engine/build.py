@@ -8,13 +8,15 @@ DeepSpeed config -> DeepSpeed, and a plain ``python`` process -> the local engin
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from torch import nn
 
 from fmmeta.config import EngineConfig
+from fmmeta.engine.distributed import default_backend
 from fmmeta.engine.optim import OuterOptimConfig
 from fmmeta.engine.protocol import Engine
 
@@ -75,7 +77,7 @@ def build_engine(
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
         return LocalEngine(model.to(_dtype(precision)), optim_cfg, device=device)
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    backend = default_backend()
     if kind == "accelerate":
         from fmmeta.engine.accelerate_engine import build_accelerate_engine
 

@@ -28,14 +28,15 @@ from __future__ import annotations
 import enum
 import logging
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from fmmeta.engine.distributed import init_distributed
+from fmmeta.engine.distributed import default_backend, init_distributed
 from fmmeta.engine.ds_config import owned_values, resolve_ds_config, zero_stage
 from fmmeta.engine.optim import (
     OuterOptimConfig,
@@ -43,7 +44,13 @@ from fmmeta.engine.optim import (
     optimizer_file,
     read_optimizer_state,
 )
-from fmmeta.engine.zero import check_resident, ensure_resident, gather_adapter, pin_adapter, scatter_adapter
+from fmmeta.engine.zero import (
+    check_resident,
+    ensure_resident,
+    gather_adapter,
+    pin_adapter,
+    scatter_adapter,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +71,6 @@ class DeepSpeedEngine:
             (see :func:`fmmeta.engine.ds_config.resolve_ds_config`).
         precision: ``"fp32"`` or ``"bf16"`` (base and adapter both cast, DeepSpeed keeps fp32
             master weights).
-        activation_checkpointing: enable non-reentrant activation checkpointing on the base model.
         dist_backend: process-group backend when the group is not up yet (``None``: ``nccl`` on
             CUDA, else ``gloo``).
         dist_timeout_s: collective timeout for a group this engine creates.
@@ -82,7 +88,6 @@ class DeepSpeedEngine:
         ds_config: str | Path | Mapping[str, Any],
         *,
         precision: str = "fp32",
-        activation_checkpointing: bool = False,
         dist_backend: str | None = None,
         dist_timeout_s: float = 300.0,
     ) -> None:
@@ -94,7 +99,7 @@ class DeepSpeedEngine:
         import deepspeed
 
         if not dist.is_initialized():
-            backend = dist_backend or ("nccl" if torch.cuda.is_available() else "gloo")
+            backend = dist_backend or default_backend()
             init_distributed(backend, dist_timeout_s)
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
@@ -107,10 +112,6 @@ class DeepSpeedEngine:
         self.precision = precision
         if precision == "bf16":
             _cast_bf16(model)
-        if activation_checkpointing:
-            from fmmeta.models.build import enable_activation_checkpointing
-
-            enable_activation_checkpointing(model)
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         if not named:
             raise ValueError(

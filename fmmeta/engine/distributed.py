@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -79,6 +79,12 @@ def strip_local_rank(argv: Sequence[str]) -> list[str]:
             continue
         out.append(arg)
     return out
+
+
+def default_backend() -> str:
+    """The process-group backend for this machine: nccl with CUDA, else gloo (the one place that
+    chooses it, so every launcher and engine agrees)."""
+    return "nccl" if torch.cuda.is_available() else "gloo"
 
 
 def init_distributed(

@@ -21,8 +21,9 @@ from __future__ import annotations
 import copy
 import json
 import logging
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +63,18 @@ layers). Give explicit values in the JSON to trade memory back for communication
 
 
 class DSConfigError(ValueError):
-    """A DeepSpeed config that disagrees with ours, or asks for something we cannot honour."""
+    """A DeepSpeed config that disagrees with ours, or asks for something we cannot honour.
+
+    Attributes:
+        problems: one line per mismatch or rejected option, each naming the key and the fix.
+    """
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        super().__init__(
+            f"the DeepSpeed config does not match the recipe ({len(problems)} problem(s)):\n  - "
+            + "\n  - ".join(problems)
+        )
 
 
 def load_ds_config(source: str | Path | Mapping[str, Any]) -> dict[str, Any]:
@@ -212,10 +224,7 @@ def resolve_ds_config(
             "or remove it to take DeepSpeed's default"
         )
     if problems:
-        raise DSConfigError(
-            f"the DeepSpeed config does not match the recipe ({len(problems)} problem(s)):\n  - "
-            + "\n  - ".join(problems)
-        )
+        raise DSConfigError(problems)
     return cfg
 
 

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from fmmeta.config import ConfigError
+from fmmeta.config import raise_if_invalid
 
 logger = logging.getLogger(__name__)
 
@@ -26,29 +26,27 @@ _SCHEDULES = ("constant", "cosine")
 
 @dataclass(frozen=True, kw_only=True)
 class OuterOptimConfig:
-    """Outer (meta) optimizer settings: AdamW on the adapter, once per meta-step.
-
-    Attributes:
-        outer_lr: peak learning rate of the outer AdamW (> 0; typical 1e-4 .. 3e-3 for LoRA).
-        weight_decay: decoupled AdamW weight decay (>= 0; 0 keeps LoRA's zero init meaningful).
-        betas: AdamW (beta1, beta2), each in [0, 1).
-        eps: AdamW denominator epsilon (> 0).
-        grad_clip: clip the averaged meta-gradient to this global L2 norm; 0 turns clipping off.
-        warmup_steps: meta-steps of linear warm-up (>= 0); step s < warmup uses lr*(s+1)/warmup.
-        schedule: "constant" or "cosine" (cosine decays to 0 at ``total_steps``).
-        total_steps: meta-steps of the whole run; required (> warmup_steps) for "cosine".
-    """
+    """Outer (meta) optimizer settings: AdamW on the adapter, once per meta-step."""
 
     outer_lr: float = 1e-3
+    """Peak learning rate of the outer AdamW (> 0; typical 1e-4 .. 3e-3 for LoRA)."""
     weight_decay: float = 0.0
+    """Decoupled AdamW weight decay (>= 0; 0 keeps LoRA's zero init meaningful)."""
     betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW (beta1, beta2), each in [0, 1)."""
     eps: float = 1e-8
+    """AdamW denominator epsilon (> 0)."""
     grad_clip: float = 1.0
+    """Clip the averaged meta-gradient to this global L2 norm (>= 0); 0 turns clipping off."""
     warmup_steps: int = 0
+    """Meta-steps of linear warm-up (>= 0); step s < warmup uses lr * (s + 1) / warmup."""
     schedule: str = "constant"
+    """"constant" or "cosine" (cosine decays to 0 at total_steps)."""
     total_steps: int | None = None
+    """Meta-steps the cosine schedule spans (> warmup_steps); required for "cosine" only."""
 
-    def __post_init__(self) -> None:
+    def validate(self) -> list[str]:
+        """Range and choice checks, one problem per field."""
         problems: list[str] = []
         if not self.outer_lr > 0:
             problems.append(f"outer_lr={self.outer_lr} is invalid: must be > 0 (e.g. 1e-3)")
@@ -71,8 +69,7 @@ class OuterOptimConfig:
                 f"total_steps={self.total_steps} is invalid for schedule='cosine': set it to the run's "
                 f"meta-steps, greater than warmup_steps={self.warmup_steps}"
             )
-        if problems:
-            raise ConfigError(problems)  # one line per problem; the config loader adds "optim."
+        return problems
 
 
 OPTIMIZER_FILE = "outer_optimizer_rank{rank}.pt"
@@ -136,6 +133,7 @@ def build_outer_optimizer(
     Example:
         >>> opt, sched = build_outer_optimizer(engine.adapter_parameters(), OuterOptimConfig(outer_lr=3e-3))
     """
+    raise_if_invalid(cfg)
     params = list(params)
     if not params:
         raise ValueError(
@@ -145,7 +143,7 @@ def build_outer_optimizer(
     optimizer = torch.optim.AdamW(
         params,
         lr=cfg.outer_lr,
-        betas=tuple(cfg.betas),
+        betas=(cfg.betas[0], cfg.betas[1]),
         eps=cfg.eps,
         weight_decay=cfg.weight_decay,
         foreach=False,

@@ -27,13 +27,19 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
 
 from fmmeta.config import EngineConfig
-from fmmeta.engine.ds_config import load_ds_config, owned_values, resolve_ds_config, zero_stage
+from fmmeta.engine.ds_config import (
+    load_ds_config,
+    owned_values,
+    resolve_ds_config,
+    zero_stage,
+)
 from fmmeta.engine.optim import OuterOptimConfig
 from fmmeta.engine.zero import held_elements, is_zero3_param, write_partition
 
@@ -146,14 +152,14 @@ def partitioned_build(
             makes later, now before any weight is loaded).
     """
     from fmmeta.engine.build import engine_ds_config, resolve_engine_kind
-    from fmmeta.engine.distributed import init_distributed
+    from fmmeta.engine.distributed import default_backend, init_distributed
 
     if resolve_engine_kind(cfg) == "local":
         return None
     source = load_ds_config(engine_ds_config(cfg))
     if zero_stage(source) != 3:
         return None
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    backend = default_backend()
     _, _, world_size = init_distributed(backend, cfg.collective_timeout_s)
     owned = owned_values(world_size=world_size, grad_clip=optim_cfg.grad_clip, precision=precision)
     # The adapter does not exist yet: the persistence threshold is left to DeepSpeed here (it only

@@ -13,10 +13,11 @@ import json
 import logging
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fmmeta.evaluation.evaluate import IN_CONTEXT, MULTITASK, Comparison, EvalResult
 from fmmeta.evaluation.intervals import N_BOOTSTRAP, Interval
+from fmmeta.strict_json import dumps_strict
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -29,17 +30,6 @@ TRAINING_CURVE_KEYS: tuple[str, ...] = ("outer_loss", "query_loss_before", "quer
 
 STEP_KEYS: tuple[str, ...] = ("step", "meta_step")
 """``metrics.jsonl`` fields accepted as the x axis (the first present wins)."""
-
-
-def _strict_json(obj: Any) -> Any:
-    """Non-finite floats (a diverged lr, a nan loss) become ``null``: strict JSON, readable by jq."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _strict_json(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_strict_json(v) for v in obj]
-    return obj
 
 
 def _fmt(x: float) -> str:
@@ -287,7 +277,7 @@ def write_report(
         tmp.replace(out / name)
         paths[name] = out / name
 
-    _write_text("eval.json", json.dumps(_strict_json(result.to_dict()), indent=2, allow_nan=False) + "\n")
+    _write_text("eval.json", dumps_strict(result.to_dict(), indent=2) + "\n")
     _write_text("eval.md", format_markdown(result))
     for name, draw in (
         ("adaptation_curves.png", lambda p: plot_adaptation_curves(result, p)),

@@ -27,8 +27,8 @@ and ``micro_batch_size``, so ranks of a ZeRO-3 run that score the same episodes 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -36,7 +36,7 @@ from torch import nn
 
 # One unwrapping rule (engine/peft wrappers) for both loss paths.
 from fmmeta.algorithms.inner_loop import answer_logits
-from fmmeta.tasks.episode import IGNORE_INDEX, Batch, Episode, Example, collate
+from fmmeta.tasks.episode import Batch, Episode, Example, collate
 
 logger = logging.getLogger(__name__)
 
@@ -252,7 +252,9 @@ def _score_classification(
     correct = gold.squeeze(1) > others.max(dim=1).values
     accuracy = float(correct.float().mean())
 
-    gold_is_choice = all(tuple(ex.answer_ids) == tuple(choices[ex.label]) for ex in examples)
+    gold_is_choice = all(
+        ex.label is not None and tuple(ex.answer_ids) == tuple(choices[ex.label]) for ex in examples
+    )
     if gold_is_choice:
         # The gold answers were among the candidates: reuse their log-probabilities.
         n_tok = int(s.n_tokens.view(len(examples), n_c).gather(1, labels[:, None]).sum())

@@ -20,14 +20,15 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 from torch import nn
 
 from fmmeta.config import EMBEDDED_MODEL, LoraConfig, ModelConfig, model_source_problems
+from fmmeta.tasks.task import ensure_pad_token
 
 __all__ = [
     "EMBEDDED_GGUF_FILE",
@@ -38,7 +39,6 @@ __all__ = [
     "add_lora",
     "build_model_and_tokenizer",
     "count_parameters",
-    "ensure_pad_token",
     "lora_shapes",
     "model_id",
     "resolve_source",
@@ -168,20 +168,6 @@ def model_id(cfg: ModelConfig) -> str:
     return cfg.name_or_path + (f":{cfg.gguf_file}" if cfg.gguf_file else "")
 
 
-def ensure_pad_token(tokenizer: Any) -> None:
-    """Sets ``pad_token = eos_token`` when the tokenizer has none (Llama-family tokenizers).
-
-    Why: batching needs a pad id; padded positions are masked out of the loss, so reusing eos
-    does not change what the model learns.
-    """
-    if tokenizer.pad_token is None:
-        if tokenizer.eos_token is None:
-            raise ModelSourceError(
-                "the tokenizer has neither a pad nor an eos token; use a tokenizer that defines one"
-            )
-        tokenizer.pad_token = tokenizer.eos_token
-
-
 def _load_tokenizer(source: ModelSource, cfg: ModelConfig) -> Any:
     if source.kind == "tiny" and cfg.tokenizer == "bytes":
         from fmmeta.tasks.testing import tiny_tokenizer
@@ -283,7 +269,7 @@ def build_model_and_tokenizer(
     tokenizer = _load_tokenizer(source, cfg)
     ensure_pad_token(tokenizer)
     if source.kind == "tiny":
-        model = _build_tiny(cfg, tokenizer, partitioned)
+        model: Any = _build_tiny(cfg, tokenizer, partitioned)
     else:
         from transformers import AutoModelForCausalLM
 
@@ -309,7 +295,7 @@ def build_model_and_tokenizer(
     return model, tokenizer
 
 
-def enable_activation_checkpointing(model: nn.Module) -> None:
+def enable_activation_checkpointing(model: Any) -> None:
     """Turns on non-reentrant activation checkpointing (the one place that does).
 
     Reentrant checkpointing breaks ``torch.autograd.grad``, which the inner loop uses.
@@ -364,7 +350,7 @@ def add_lora(model: nn.Module, cfg: LoraConfig, *, seed: int = 0) -> nn.Module:
     base_dtype = next(model.parameters()).dtype
     peft_cfg = PeftLoraConfig(
         r=cfg.r,
-        lora_alpha=cfg.alpha,
+        lora_alpha=cfg.alpha,  # type: ignore[arg-type]  # peft annotates int; a float works
         lora_dropout=cfg.dropout,
         target_modules=list(cfg.target_modules),
         bias="none",

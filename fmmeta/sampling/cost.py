@@ -24,7 +24,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-
 logger = logging.getLogger(__name__)
 
 

@@ -20,14 +20,20 @@ equivalence tests use this one as today's plan and as a reference.
 from __future__ import annotations
 
 import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
 from fmmeta.sampling.cost import CostModel
 from fmmeta.sampling.lengths import gc_paused, set_lengths
-from fmmeta.sampling.plan import DUMMY_PASS, MetaBatchPlan, PackedPass, RankPlan, TaskSlot
+from fmmeta.sampling.plan import (
+    DUMMY_PASS,
+    MetaBatchPlan,
+    PackedPass,
+    RankPlan,
+    TaskSlot,
+)
 from fmmeta.tasks.episode import Episode
 
 
@@ -253,7 +259,7 @@ def plan_one_task_per_pass(
         k_s = max(1, int(-(-counts[:n].max() // micro_batch_size)))
         k_q = max(1, int(-(-counts[n:].max() // micro_batch_size)))
         both = chunk_sets(sets, micro_batch_size=micro_batch_size, cost_model=cost_model,
-                          n_chunks=np.repeat([k_s, k_q], n))
+                          n_chunks=[k_s] * n + [k_q] * n)
         dummy = cost_model.dummy_pass_cost
         set_cost = both.real_cost + both.n_dummy * dummy
         costs = np.empty(total)

@@ -29,14 +29,22 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal
 
 import numpy as np
 
 from fmmeta.sampling.cost import CostModel
 from fmmeta.sampling.lengths import gc_paused, set_lengths
-from fmmeta.sampling.plan import DUMMY_PASS, MetaBatchPlan, PackedPass, RankPlan, TaskSlot, _make_many
+from fmmeta.sampling.plan import (
+    DUMMY_PASS,
+    MetaBatchPlan,
+    PackedPass,
+    RankPlan,
+    TaskSlot,
+    _make_many,
+)
 from fmmeta.tasks.episode import Episode
 
 OnUneven = Literal["pad", "error"]
@@ -103,7 +111,7 @@ class _Rows:
 
     @classmethod
     def build(cls, members: list[list[int]], lengths: np.ndarray, offsets: np.ndarray,
-              counts: np.ndarray, row_work: np.ndarray) -> "_Rows":
+              counts: np.ndarray, row_work: np.ndarray) -> _Rows:
         """The rows of the sets ``members[r]`` (indices into ``offsets``/``counts``) of every rank."""
         per_rank = np.fromiter(map(len, members), dtype=np.int64, count=len(members))
         sets = np.fromiter(itertools.chain.from_iterable(members), dtype=np.int64, count=int(per_rank.sum()))
@@ -252,7 +260,6 @@ def _materialise(rows: _Rows, start: np.ndarray, size: np.ndarray, pass_rank: np
 
     ``start`` must be ascending (passes in row order); the tuples are cut from two flat tuples
     and the objects made by C-level ``map`` chains (a 64 x 32 plan has ~1,300 passes)."""
-    n = rows.length.size
     pass_of_row = np.repeat(np.arange(start.size), size)
     # Rows of one task side by side inside a pass: the executor then finds single-task passes cheaply.
     n_ex = int(rows.example.max()) + 1

@@ -19,17 +19,22 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
-from fmmeta.config import ConfigError
+from fmmeta.config import raise_if_invalid
 from fmmeta.sampling.cost import CostModel
 from fmmeta.sampling.plan import MetaBatchPlan
 from fmmeta.sampling.planner import plan_meta_batch
-from fmmeta.sampling.source import EpisodeSource, Observation, PassObservation, TaskObservation
-from fmmeta.tasks.episode import Episode
+from fmmeta.sampling.source import (
+    EpisodeSource,
+    Observation,
+    PassObservation,
+    TaskObservation,
+)
 from fmmeta.sampling.strategies import (
     STRATEGIES,
     Curriculum,
@@ -40,6 +45,7 @@ from fmmeta.sampling.strategies import (
     Uniform,
     UniformDifficulty,
 )
+from fmmeta.tasks.episode import Episode
 
 logger = logging.getLogger(__name__)
 
@@ -51,57 +57,56 @@ _STATE_VERSION = 1
 class SamplerConfig:
     """How meta-batches are chosen and planned.
 
-    Attributes:
-        meta_batch_size: tasks per outer step, over all ranks (>= 1).
-        micro_batch_size: with tokens_per_pass = 0, a pass holds at most this many of the
-            meta-batch's longest sequences (>= 1).
-        tokens_per_pass: padded tokens per forward/backward pass, over all the tasks it packs
-            (>= 0; 0 = micro_batch_size x the meta-batch's longest sequence). Peak activation
-            memory follows it, not the number of tasks.
-        inner_steps: inner-loop steps per task; weights the support cost (>= 1).
-        strategy: task selection: uniform | curriculum | diversity | hard | uniform_difficulty.
-        on_uneven: when meta_batch_size does not divide by world size: ``pad`` (ranks hold
-            different task counts; packing keeps their pass counts equal) or ``error``.
-        difficulty: difficulty measure for curriculum and uniform_difficulty: shots | lengths | loss.
-        pacing_start: curriculum: fraction of the pool admitted at step 0, in (0, 1].
-        pacing_steps: curriculum: step at which the whole pool is admitted (>= 1).
-        pacing: curriculum: linear | root growth of the admitted fraction.
-        hard_floor: hard: uniform probability mass so no task starves, in (0, 1].
-        hard_temperature: hard: softmax temperature on the query loss (> 0).
-        difficulty_bins: uniform_difficulty: equal-width difficulty bins (>= 1).
-        loss_ema: weight of a new loss observation in a task's running estimate, in (0, 1].
-        fit_cost: fit the cost model to measured pass times after each ``observe``. Plans then
-            follow the hardware, but depend on timing: two runs (or a run and its resume) pack
-            passes differently and agree only to float rounding, not bitwise. Off by default.
-        cost_a: initial per-pass cost (token-equivalents, >= 0).
-        cost_b: initial per-token cost (>= 0).
-        cost_c: initial per-squared-length cost (attention, >= 0).
-        cost_damping: fraction of old coefficients kept per fit, in [0, 1).
-        balance_tol: stop improving balance within this fraction of the lower bound (>= 0).
+    The inner-step count that weights a task's support cost is not a field: it is the
+    algorithm's, passed to :class:`CostAwareSampler` by whoever builds both.
     """
 
     meta_batch_size: int = 8
+    """Tasks per outer step, over all ranks (>= 1, at most the meta-training pool's size)."""
     micro_batch_size: int = 4
+    """With tokens_per_pass = 0, a pass holds at most this many of the meta-batch's longest
+    sequences (>= 1)."""
     tokens_per_pass: int = 0
-    inner_steps: int = 1
+    """Padded tokens per forward/backward pass, over all the tasks it packs (>= 0; 0 =
+    micro_batch_size x the meta-batch's longest sequence). Peak activation memory follows it."""
     strategy: str = "uniform"
+    """Task selection: uniform | curriculum | diversity | hard | uniform_difficulty."""
     on_uneven: str = "pad"
+    """When meta_batch_size does not divide by world size: "pad" (ranks hold different task
+    counts; packing keeps their pass counts equal) or "error"."""
     difficulty: str = "shots"
+    """Difficulty measure for curriculum and uniform_difficulty: shots | lengths | loss."""
     pacing_start: float = 0.2
+    """Curriculum: fraction of the pool admitted at step 0, in (0, 1]."""
     pacing_steps: int = 1000
+    """Curriculum: step at which the whole pool is admitted (>= 1)."""
     pacing: str = "linear"
+    """Curriculum: linear | root growth of the admitted fraction."""
     hard_floor: float = 0.1
+    """Hard: uniform probability mass so no task starves, in (0, 1]."""
     hard_temperature: float = 1.0
+    """Hard: softmax temperature on the query loss (> 0)."""
     difficulty_bins: int = 4
+    """Uniform_difficulty: equal-width difficulty bins (>= 1)."""
     loss_ema: float = 0.5
+    """Weight of a new loss observation in a task's running estimate, in (0, 1]."""
     fit_cost: bool = False
+    """Fit the cost model to measured pass times after each observe. Plans then follow the
+    hardware but depend on timing: two runs (or a run and its resume) pack passes differently and
+    agree only to float rounding, not bitwise."""
     cost_a: float = 64.0
+    """Initial per-pass cost (token-equivalents, >= 0)."""
     cost_b: float = 1.0
+    """Initial per-token cost (>= 0)."""
     cost_c: float = 1.0 / 2048.0
+    """Initial per-squared-length cost (attention, >= 0)."""
     cost_damping: float = 0.5
+    """Fraction of old cost coefficients kept per fit, in [0, 1)."""
     balance_tol: float = 1e-3
+    """Stop improving rank balance within this fraction of the lower bound (>= 0)."""
 
-    def __post_init__(self) -> None:
+    def validate(self) -> list[str]:
+        """Range and choice checks, one problem per field."""
         problems: list[str] = []
 
         def need(ok: bool, key: str, allowed: str, fix: str = "") -> None:
@@ -113,7 +118,7 @@ class SamplerConfig:
         def is_int(v: Any) -> bool:
             return isinstance(v, int) and not isinstance(v, bool)
 
-        for key in ("meta_batch_size", "micro_batch_size", "inner_steps", "pacing_steps", "difficulty_bins"):
+        for key in ("meta_batch_size", "micro_batch_size", "pacing_steps", "difficulty_bins"):
             need(is_int(getattr(self, key)) and getattr(self, key) >= 1, key, "must be an integer >= 1")
         need(is_int(self.tokens_per_pass) and self.tokens_per_pass >= 0, "tokens_per_pass",
              "must be an integer >= 0", "0 derives it from micro_batch_size")
@@ -130,8 +135,7 @@ class SamplerConfig:
             need(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0, key, "must be a finite number >= 0")
         need(0.0 <= self.cost_damping < 1.0, "cost_damping", "must be in [0, 1)")
         need(self.balance_tol >= 0, "balance_tol", "must be >= 0")
-        if problems:
-            raise ConfigError(problems)  # one line per problem; the config loader adds "sampler."
+        return problems
 
     def build_strategy(self) -> Strategy:
         """The strategy object this config names."""
@@ -167,7 +171,7 @@ class CostAwareSampler:
             the first draw is the same whatever this is). The multi-task baseline spends the
             compute of ``inner_steps`` support passes on them instead of repeating one set.
         support_repeats: how often each support pass runs (weights the support cost in the plan);
-            ``None`` = ``config.inner_steps``.
+            the algorithm's ``support_repeats`` (its inner steps for FOMAML and Reptile).
 
     Example:
         >>> sampler = CostAwareSampler(tasks, SamplerConfig(meta_batch_size=8), world_size=2, seed=0)
@@ -178,11 +182,26 @@ class CostAwareSampler:
     """
 
     def __init__(
-        self, sources: Sequence[EpisodeSource], config: SamplerConfig, *, world_size: int, seed: int,
-        support_draws: int = 1, support_repeats: int | None = None,
+        self,
+        sources: Sequence[EpisodeSource],
+        config: SamplerConfig,
+        *,
+        world_size: int,
+        seed: int,
+        support_draws: int = 1,
+        support_repeats: int = 1,
     ) -> None:
+        raise_if_invalid(config)
         if not sources:
             raise ValueError("CostAwareSampler got no sources: pass at least one task")
+        if config.meta_batch_size > len(sources):
+            # Drawing with replacement would put one task into a meta-batch twice, weighting it
+            # double without anyone having asked for it: refuse instead.
+            raise ValueError(
+                f"sampler.meta_batch_size={config.meta_batch_size} is larger than the "
+                f"meta-training pool ({len(sources)} tasks), so a meta-batch would hold a task "
+                f"twice: set sampler.meta_batch_size to at most {len(sources)}, or add tasks"
+            )
         if not (isinstance(world_size, int) and world_size >= 1):
             raise ValueError(f"world_size={world_size!r} is invalid: must be an integer >= 1")
         if not (isinstance(seed, int) and seed >= 0):
@@ -204,7 +223,7 @@ class CostAwareSampler:
         self.world_size = world_size
         self.seed = seed
         self.support_draws = support_draws
-        self.support_repeats = config.inner_steps if support_repeats is None else support_repeats
+        self.support_repeats = support_repeats
         self.strategy = config.build_strategy()
         self.cost_model = CostModel(a=config.cost_a, b=config.cost_b, c=config.cost_c, damping=config.cost_damping)
         n = len(self.sources)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 
@@ -102,7 +102,7 @@ def observation_from_dict(d: dict[str, Any]) -> Observation:
             passes, whose observations had no ``kind``).
     """
     kind = d.get("kind")
-    cls: type[TaskObservation] | type[PassObservation] = PassObservation if kind == "pass" else TaskObservation
+    cls: type[TaskObservation | PassObservation] = PassObservation if kind == "pass" else TaskObservation
     out = {k: (math.nan if v is None else v) for k, v in d.items() if k != "kind"}
     names = {f.name for f in fields(cls)}
     if kind not in ("task", "pass") or not set(out) <= names:
@@ -112,8 +112,8 @@ def observation_from_dict(d: dict[str, Any]) -> Observation:
             "start again with train.resume=never or a new output_dir"
         )
     if cls is PassObservation:
-        out["features"] = tuple(float(x) for x in out["features"])
-    return cls(**out)
+        out["features"] = tuple(float(x) for x in cast(list, out["features"]))
+    return cls(**out)  # type: ignore[arg-type]  # field names checked above
 
 
 def _plain(d: dict[str, Any]) -> dict[str, Any]:

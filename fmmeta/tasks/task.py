@@ -105,32 +105,32 @@ class EpisodeSpec:
 
 
 def ensure_pad_token(tokenizer: Any) -> int:
-    """Gives ``tokenizer`` a pad token if it has none and returns the pad id.
+    """Gives ``tokenizer`` a pad token if it has none (EOS reused) and returns the pad id.
 
     Many causal-LM tokenizers (Llama, GPT-2) ship without a pad token. Padding is never labelled
     (see :func:`fmmeta.tasks.episode.collate`), so reusing EOS as pad is safe and keeps the
-    vocabulary (and the model's embedding matrix) unchanged. Only a tokenizer with neither pad nor
-    EOS gets a new ``<pad>`` token, and then the model's embeddings must be resized.
+    vocabulary (and the model's embedding matrix) unchanged. A tokenizer with neither is refused:
+    adding a new ``<pad>`` would need the model's embeddings resized, which nothing here does.
 
     Args:
         tokenizer: a Hugging Face tokenizer; modified in place.
 
     Returns:
         The pad token id.
+
+    Raises:
+        ValueError: if the tokenizer has neither a pad nor an EOS token.
     """
     if tokenizer.pad_token_id is not None:
         return int(tokenizer.pad_token_id)
-    if tokenizer.eos_token is not None:
-        tokenizer.pad_token = tokenizer.eos_token
-        logger.info("tokenizer has no pad token: using its EOS token %r as pad", tokenizer.eos_token)
-    else:
-        tokenizer.add_special_tokens({"pad_token": "<pad>"})
-        logger.warning(
-            "tokenizer has neither pad nor EOS token: added '<pad>' (id %d); resize the model's "
-            "embeddings with model.resize_token_embeddings(len(tokenizer))",
-            tokenizer.pad_token_id,
+    if tokenizer.eos_token is None:
+        raise ValueError(
+            "the tokenizer has neither a pad nor an eos token; use a tokenizer that defines one"
         )
-    return int(tokenizer.pad_token_id)
+    tokenizer.pad_token = tokenizer.eos_token
+    logger.info("tokenizer has no pad token: using its EOS token %r as pad", tokenizer.eos_token)
+    # Setting pad_token sets pad_token_id; mypy still narrows it to the None tested above.
+    return int(tokenizer.pad_token_id)  # type: ignore[call-overload]
 
 
 def _ids(seq: Sequence[int]) -> tuple[int, ...]:
@@ -368,7 +368,7 @@ class Task:
         max_length: int = 256,
         on_too_long: OnTooLong = "drop",
         separator: str = "\n\n",
-    ) -> "Task":
+    ) -> Task:
         """Tokenizes a generation task once: (prompt, answer) texts -> cached ids.
 
         The answer gets the tokenizer's EOS appended so the model learns where to stop. Prompts
@@ -425,7 +425,7 @@ class Task:
         on_too_long: OnTooLong = "drop",
         separator_ids: Sequence[int] = (),
         prompt_texts: Sequence[str] | None = None,
-    ) -> "Task":
+    ) -> Task:
         """A generation task from token ids already computed (e.g. read from a disk cache).
 
         The one place where prompts are fitted to ``max_length`` (cut from the left) and answers
@@ -488,7 +488,7 @@ class Task:
         on_too_long: OnTooLong = "drop",
         separator: str = "\n\n",
         class_names: Sequence[str] | None = None,
-    ) -> "Task":
+    ) -> Task:
         """Tokenizes a classification task once: prompts + class indices -> cached ids.
 
         Every verbalizer word and every ``spec.label_pool`` word is tokenized once (through
@@ -556,7 +556,7 @@ class Task:
         max_length: int = 256,
         separator_ids: Sequence[int] = (),
         prompt_texts: Sequence[str] | None = None,
-    ) -> "Task":
+    ) -> Task:
         """A classification task from token ids already computed (e.g. read from a disk cache).
 
         Prompts are cut from the left to leave room for the longest answer (class word or pool
@@ -630,7 +630,7 @@ class Task:
         k = self.ways if self.is_classification else 1
         return self.spec.shots * k, self.spec.query * k
 
-    def with_spec(self, spec: EpisodeSpec) -> "Task":
+    def with_spec(self, spec: EpisodeSpec) -> Task:
         """The same cached ids with another episode shape (e.g. more queries to evaluate).
 
         No tokenizer is needed; remapping to words other than the build-time ``label_pool``

@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from fmmeta.engine.distributed import init_distributed, strip_local_rank  # noqa: E402
+from fmmeta.engine.distributed import init_distributed, strip_local_rank
 
 METHODS = ("fomaml", "reptile", "multitask")
 STEPS = 2
@@ -80,7 +80,7 @@ def train(engine: Any, pad_id: int, method: str) -> list[torch.Tensor]:
     from fmmeta.algorithms.meta_step import meta_step
     from tests.distributed._common import build_plan
 
-    algo = build_algorithm(AlgorithmConfig(name=method, inner_steps=2, inner_lr=0.05), pad_id=pad_id)
+    algo = build_algorithm(method, AlgorithmConfig(inner_steps=2, inner_lr=0.05), pad_id=pad_id)
     for step in range(STEPS):
         meta_step(engine, algo, build_plan(step, engine.world_size, N_TASKS, "one"))
     return [p.detach().float().cpu().clone() for p in engine.adapter_parameters()]

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from safetensors.torch import load_file
 
 from tests.distributed._common import relative_error

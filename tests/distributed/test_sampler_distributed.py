@@ -22,8 +22,14 @@ STEPS = 6
 
 def _worker(rank: int, init_file: str, out_dir: str) -> None:
     torch.set_num_threads(1)
-    from fmmeta.sampling import (CostAwareSampler, PassObservation, Prefetcher, SamplerConfig,
-                                 TaskObservation, observation_from_dict)
+    from fmmeta.sampling import (
+        CostAwareSampler,
+        PassObservation,
+        Prefetcher,
+        SamplerConfig,
+        TaskObservation,
+        observation_from_dict,
+    )
     from fmmeta.sampling.synthetic import lognormal_pool
 
     dist.init_process_group(
@@ -31,10 +37,10 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
         timeout=datetime.timedelta(seconds=30),
     )
     try:
-        cfg = SamplerConfig(meta_batch_size=5, micro_batch_size=4, inner_steps=2, strategy="hard")
+        cfg = SamplerConfig(meta_batch_size=5, micro_batch_size=4, strategy="hard")
 
         def build() -> CostAwareSampler:
-            return CostAwareSampler(lognormal_pool(24, seed=3), cfg, world_size=WORLD, seed=17)
+            return CostAwareSampler(lognormal_pool(24, seed=3), cfg, world_size=WORLD, seed=17, support_repeats=2)
 
         def gathered_observations(plan, step: int) -> list:
             # each rank reports only its own tasks and passes, with rank-dependent "measurements"

@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from fmmeta.engine.distributed import init_distributed, strip_local_rank  # noqa: E402
+from fmmeta.engine.distributed import init_distributed, strip_local_rank
 
 STEPS = 3
 N_TASKS = 4
@@ -43,6 +43,7 @@ def main() -> None:
     from fmmeta.algorithms.first_order import AlgorithmConfig, build_algorithm
     from fmmeta.algorithms.meta_step import meta_step
     from fmmeta.engine.optim import OuterOptimConfig
+    from fmmeta.models.build import enable_activation_checkpointing
     from tests.distributed._common import build_model, build_plan
 
     out = Path(args.out)
@@ -52,23 +53,23 @@ def main() -> None:
 
     def make_engine(kind: str, gc: bool, precision: str):  # type: ignore[no-untyped-def]
         model = build_model()
+        if gc:  # as the recipe does (model.gradient_checkpointing), before any engine wraps it
+            enable_activation_checkpointing(model)
         if kind == "local":
             from fmmeta.engine.local import LocalEngine
 
-            if gc:
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             return LocalEngine(model, optim_cfg), 1
         if kind == "acc":
             from fmmeta.engine.accelerate_engine import build_accelerate_engine
 
-            return build_accelerate_engine(model, optim_cfg, precision=precision, activation_checkpointing=gc), world
+            return build_accelerate_engine(model, optim_cfg, precision=precision), world
         from fmmeta.engine.deepspeed_engine import DeepSpeedEngine
 
         name = {"ds3off": "zero3_offload.json", "ds3": "zero3.json"}.get(kind, "zero2.json")
         cfg = json.loads((root / "ds_configs" / name).read_text())
         if kind in ("ds0", "ds1"):
             cfg["zero_optimization"]["stage"] = int(kind[2])
-        return DeepSpeedEngine(model, optim_cfg, cfg, precision=precision, activation_checkpointing=gc), world
+        return DeepSpeedEngine(model, optim_cfg, cfg, precision=precision), world
 
     for spec in args.configs.split(","):
         parts = spec.split(":")
@@ -81,7 +82,7 @@ def main() -> None:
         gc_on = bool(getattr(engine.model, "is_gradient_checkpointing", False))
         n_tasks = 3 if "uneven" in flags else N_TASKS
         method = next((m for m in ("reptile", "multitask", "metasgd") if m in flags), "fomaml")
-        algo = build_algorithm(AlgorithmConfig(name=method, inner_steps=2, inner_lr=0.05), pad_id=0)
+        algo = build_algorithm(method, AlgorithmConfig(inner_steps=2, inner_lr=0.05), pad_id=0)
         norms = []
         shapes_ok = True
         for step in range(STEPS):

@@ -13,7 +13,6 @@ import ast
 import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -95,6 +94,11 @@ CONFIG_CASES = {
     "keep_last_one": (["train.keep_last=1"], ["train.keep_last=1 is invalid: must be >= 2"]),
     "unknown_method": (["methods=[maml2]"], ["methods=['maml2'] is invalid: choose one or more of fomaml, metasgd"]),
     "malformed_override": (["train.meta_steps"], ["override 'train.meta_steps' is malformed: write section.key=value"]),
+    "infinite_number": (["optim.grad_clip=.inf"],
+                        ["optim.grad_clip=inf is invalid: must be a finite number (not inf or nan)"]),
+    "nan_number": (["algorithm.inner_lr=nan"],
+                   ["algorithm.inner_lr='nan' is invalid: must be a finite number (not inf or nan)"]),
+    "nan_in_a_list": (["eval.lr_grid=[0.1, .nan]"], ["eval.lr_grid[1]=nan is invalid: must be a finite number"]),
 }
 
 
@@ -113,6 +117,28 @@ def test_meta_batch_not_divisible_by_ranks_when_on_uneven_error(monkeypatch: pyt
     assert "use a multiple of 2 or set sampler.on_uneven=pad" in msg
     load_config(RecipeConfig, None, TINY + ["sampler.meta_batch_size=3"])  # pad (default): fine
     load_config(RecipeConfig, None, TINY + ["sampler.meta_batch_size=4", "sampler.on_uneven=error"])
+
+
+def test_duplicate_yaml_keys_are_refused(tmp_path: Path) -> None:
+    """PyYAML would keep the last of two equal keys silently (here: the second sampler block)."""
+    path = tmp_path / "dup.yaml"
+    path.write_text("train:\n  meta_steps: 3\n  meta_steps: 5\nsampler:\n  meta_batch_size: 2\n"
+                    "sampler:\n  micro_batch_size: 2\n")
+    msg = _problems([], path)
+    assert "key 'meta_steps' on line 3 repeats line 2" in msg
+    assert "key 'sampler' on line 6 repeats line 4" in msg
+    assert "a key may appear once per section; delete one" in msg
+    path.write_text("base: &b\n  meta_steps: 3\ntrain:\n  <<: *b\n  meta_steps: 4\n")  # merge key: fine
+    assert "repeats" not in _problems([], path)
+
+
+def test_meta_batch_larger_than_the_task_pool_is_refused() -> None:
+    from fmmeta.sampling import CostAwareSampler, SamplerConfig
+    from fmmeta.sampling.synthetic import lognormal_pool
+
+    with pytest.raises(ValueError, match=r"sampler.meta_batch_size=6 is larger than the meta-training "
+                                         r"pool \(5 tasks\).*set sampler.meta_batch_size to at most 5"):
+        CostAwareSampler(lognormal_pool(5, seed=0), SamplerConfig(meta_batch_size=6), world_size=1, seed=0)
 
 
 def test_zero3_with_optimizer_block_is_refused(tmp_path: Path) -> None:
@@ -186,9 +212,7 @@ def test_gguf_without_the_gguf_package(monkeypatch: pytest.MonkeyPatch, tmp_path
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")
     real = importlib.util.find_spec
-    import fmmeta.config as config_mod
-
-    monkeypatch.setattr(config_mod.importlib.util, "find_spec",
+    monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "gguf" else real(name, *a))  # fmt: skip
     msg = _problems(["model.tiny=false", "model.tokenizer=auto", f"model.name_or_path={gguf}"])
     assert "is a GGUF model but the gguf package is not installed: run `pip install gguf`" in msg

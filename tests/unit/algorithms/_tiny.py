@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from typing import Callable
 
 import torch
 from peft import LoraConfig, get_peft_model

@@ -4,14 +4,20 @@ several tasks sharing passes are in test_packed.py)."""
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import pytest
 import torch
 
-from fmmeta.algorithms.first_order import FOMAML, AlgorithmConfig, MultiTask, Reptile, build_algorithm
+from fmmeta.algorithms.first_order import (
+    FOMAML,
+    AlgorithmConfig,
+    MultiTask,
+    Reptile,
+    build_algorithm,
+)
 from fmmeta.algorithms.inner_loop import snapshot
 from fmmeta.algorithms.protocol import RankResult
+from fmmeta.config import ConfigError
 from fmmeta.sampling.plan import RankPlan
 from fmmeta.tasks.episode import collate
 
@@ -54,7 +60,7 @@ def _close(a: list[torch.Tensor], b: list[torch.Tensor], rtol: float = 1e-5) -> 
 
 def test_fomaml_gradient_is_query_gradient_at_phi(peft_factory, episodes) -> None:
     ep = episodes[0]
-    cfg = AlgorithmConfig(name="fomaml", inner_steps=3, inner_lr=0.1)
+    cfg = AlgorithmConfig(inner_steps=3, inner_lr=0.1)
     model = peft_factory(0)
     rank = make_rank([ep], 1, 2)
     res = _run(FOMAML(cfg, PAD_ID), model, rank)
@@ -80,7 +86,7 @@ def test_fomaml_zero_steps_is_query_gradient_at_theta(peft_factory, episodes) ->
 def test_reptile_gradient_is_theta_minus_phi(peft_factory, episodes) -> None:
     ep = episodes[2]
     model = peft_factory(0)
-    res = _run(Reptile(AlgorithmConfig(name="reptile", inner_steps=2, inner_lr=0.1), PAD_ID), model,
+    res = _run(Reptile(AlgorithmConfig(inner_steps=2, inner_lr=0.1), PAD_ID), model,
                make_rank([ep], 3, 1))
     ref = peft_factory(0)
     theta = snapshot(_params(ref))
@@ -92,7 +98,7 @@ def test_reptile_gradient_is_theta_minus_phi(peft_factory, episodes) -> None:
 
 def test_reptile_query_step_folds_one_query_step(peft_factory, episodes) -> None:
     ep = episodes[0]
-    cfg = AlgorithmConfig(name="reptile", inner_steps=2, inner_lr=0.1, reptile_query_step=True)
+    cfg = AlgorithmConfig(inner_steps=2, inner_lr=0.1, reptile_query_step=True)
     model = peft_factory(0)
     res = _run(Reptile(cfg, PAD_ID), model, make_rank([ep], 2, 2))
     ref = peft_factory(0)
@@ -106,7 +112,7 @@ def test_reptile_query_step_folds_one_query_step(peft_factory, episodes) -> None
 
 def test_multitask_is_pooled_gradient_at_theta_over_distinct_support_sets(peft_factory, episodes) -> None:
     ep = episodes[1]
-    cfg = AlgorithmConfig(name="multitask", inner_steps=3)
+    cfg = AlgorithmConfig(inner_steps=3)
     algo = MultiTask(cfg, PAD_ID)
     assert (algo.support_draws, algo.support_repeats) == (3, 1)
     # what the sampler hands it: the episode's own support set, then two more of the same size
@@ -115,7 +121,7 @@ def test_multitask_is_pooled_gradient_at_theta_over_distinct_support_sets(peft_f
     grads, _ = _hf_grad(peft_factory(0), drawn.support + drawn.query)
     _close(res.grads, grads)
     # as many support rows and passes as FOMAML's 3 inner steps over one support set
-    fomaml = _run(FOMAML(dataclasses.replace(cfg, name="fomaml"), PAD_ID), peft_factory(0), make_rank([ep], 2, 1))
+    fomaml = _run(FOMAML(cfg, PAD_ID), peft_factory(0), make_rank([ep], 2, 1))
     assert _passes(res, make_rank([drawn], 2, 1)) == _passes(fomaml, make_rank([ep], 2, 1)) == 3 * 2 + 3
     _, q_loss = _hf_grad(peft_factory(0), ep.query)
     assert float(res.query_loss_after[0]) == pytest.approx(q_loss, rel=1e-5)
@@ -128,7 +134,7 @@ def test_multitask_is_pooled_gradient_at_theta_over_distinct_support_sets(peft_f
 
 def test_multitask_without_inner_steps_trains_on_the_query_only(peft_factory, episodes) -> None:
     ep = episodes[0]
-    algo = MultiTask(AlgorithmConfig(name="multitask", inner_steps=0), PAD_ID)
+    algo = MultiTask(AlgorithmConfig(inner_steps=0), PAD_ID)
     res = _run(algo, peft_factory(0), make_rank([ep], 2, 2))
     _close(res.grads, _hf_grad(peft_factory(0), ep.query)[0])
     assert res.support_repeats == 0
@@ -136,7 +142,7 @@ def test_multitask_without_inner_steps_trains_on_the_query_only(peft_factory, ep
 
 def test_metaicl_is_the_query_gradient_with_demonstrations_in_context(peft_factory, episodes) -> None:
     ep = dataclasses.replace(episodes[2], separator_ids=(5, 6))
-    algo = build_algorithm(AlgorithmConfig(name="metaicl", icl_max_length=40), PAD_ID)
+    algo = build_algorithm("metaicl", AlgorithmConfig(icl_max_length=40), PAD_ID)
     rank = make_rank([ep], 2, 2)
     work = algo.prepare(rank)
     assert work.support == [] and len(work.query) == len(rank.query)
@@ -156,9 +162,9 @@ def test_metaicl_is_the_query_gradient_with_demonstrations_in_context(peft_facto
 @pytest.mark.parametrize("name", ["fomaml", "reptile", "multitask", "metaicl"])
 def test_micro_batch_sizes_do_not_change_the_meta_gradient(peft_factory, episodes, name) -> None:
     ep = episodes[0]
-    cfg = AlgorithmConfig(name=name, inner_steps=2, inner_lr=0.1)
+    cfg = AlgorithmConfig(inner_steps=2, inner_lr=0.1)
     model = peft_factory(0)
-    algo = build_algorithm(cfg, PAD_ID)
+    algo = build_algorithm(name, cfg, PAD_ID)
     a = _run(algo, model, make_rank([ep], 1, 1))
     b = _run(algo, model, make_rank([ep], 4, 3))
     c = _run(algo, model, make_rank([ep], 3, 2))
@@ -173,9 +179,9 @@ def test_params_restored_exactly_and_before_loss_measured(peft_factory, episodes
     model = peft_factory(0)
     params = _params(model)
     theta = snapshot(params)
-    cfg = AlgorithmConfig(name=name, inner_steps=2, inner_lr=0.1, inner_optimizer=inner_optimizer,
+    cfg = AlgorithmConfig(inner_steps=2, inner_lr=0.1, inner_optimizer=inner_optimizer,
                           measure_query_before=True)
-    algo = build_algorithm(cfg, PAD_ID)
+    algo = build_algorithm(name, cfg, PAD_ID)
     for ep in episodes:
         res = _run(algo, model, make_rank([ep]))
         assert all(torch.equal(p, t) for p, t in zip(params, theta))
@@ -189,7 +195,7 @@ def test_params_restored_exactly_and_before_loss_measured(peft_factory, episodes
 def test_dummy_passes_and_empty_ranks_contribute_nothing(peft_factory, episodes, name) -> None:
     ep = episodes[2]
     model = peft_factory(0)
-    algo = build_algorithm(AlgorithmConfig(name=name, inner_steps=2, inner_lr=0.1), PAD_ID)
+    algo = build_algorithm(name, AlgorithmConfig(inner_steps=2, inner_lr=0.1), PAD_ID)
     base = make_rank([ep], 2, 2)
     padded = with_dummies(base, 1, 1)
     a = _run(algo, model, base)
@@ -205,14 +211,13 @@ def test_dummy_passes_and_empty_ranks_contribute_nothing(peft_factory, episodes,
 
 
 def test_algorithm_config_errors_name_the_key() -> None:
-    with pytest.raises(ValueError, match="name='maml'"):
-        AlgorithmConfig(name="maml")
-    with pytest.raises(ValueError, match="pad_to_multiple_of=0"):
-        AlgorithmConfig(pad_to_multiple_of=0)
-    with pytest.raises(ValueError, match="inner_lr"):
-        AlgorithmConfig(inner_lr=-1.0)
-    with pytest.raises(ValueError, match="icl_max_length=1 "):
-        AlgorithmConfig(icl_max_length=1)
+    with pytest.raises(ValueError, match="algorithm 'maml' is unknown"):
+        build_algorithm("maml", AlgorithmConfig(), PAD_ID)
+    assert AlgorithmConfig(pad_to_multiple_of=0).validate()[0].startswith("pad_to_multiple_of=0 ")
+    assert AlgorithmConfig(inner_lr=-1.0).validate()[0].startswith("inner_lr=-1.0 ")
+    with pytest.raises(ConfigError, match="inner_lr=-1.0 is invalid"):
+        build_algorithm("fomaml", AlgorithmConfig(inner_lr=-1.0), PAD_ID)
+    assert AlgorithmConfig(icl_max_length=1).validate()[0].startswith("icl_max_length=1 ")
 
 
 def test_chunks_helper() -> None:

@@ -15,8 +15,8 @@ from fmmeta.algorithms.inner_loop import (
     answer_loss_rows,
     answer_loss_sum,
     evaluate_loss,
-    run_passes,
     restore,
+    run_passes,
     snapshot,
 )
 from fmmeta.tasks.episode import Batch, Example, collate
@@ -171,8 +171,10 @@ def test_answer_loss_rows_sum_to_the_batch_loss_and_match_single_rows(tiny_peft,
      ({"inner_optimizer": "lion"}, "inner_optimizer"), ({"inner_clip_norm": 0.0}, "inner_clip_norm")],
 )
 def test_config_errors_name_the_key(kwargs, key) -> None:
-    with pytest.raises(ValueError, match=key):
-        InnerLoopConfig(**kwargs)
+    cfg = InnerLoopConfig(**kwargs)
+    assert [p.split("=")[0] for p in cfg.validate()] == [key]
+    with pytest.raises(ValueError, match=key):  # every adaptation refuses it before a step
+        InnerOptimizer(cfg, [torch.zeros(2)])
 
 
 @pytest.mark.parametrize("kind", ["index", ""])

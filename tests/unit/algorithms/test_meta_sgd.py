@@ -123,9 +123,9 @@ def test_step_size_gradient_matches_finite_differences(episodes, steps, optimize
     model = build_tiny_peft(0, torch.float64)
     params = _params(model)
     lrs = _lrs(len(params), base)
-    cfg = AlgorithmConfig(name="metasgd", inner_steps=steps, inner_lr=base, inner_optimizer=optimizer,
+    cfg = AlgorithmConfig(inner_steps=steps, inner_lr=base, inner_optimizer=optimizer,
                           inner_clip_norm=clip)
-    algo = build_algorithm(cfg, PAD_ID)
+    algo = build_algorithm("metasgd", cfg, PAD_ID)
     assert isinstance(algo, MetaSGD)
     work = algo.prepare(make_mixed_rank(episodes[:2], 3))  # two tasks sharing passes
     res = algo.fomaml.rank_gradient(model, params, work, lrs=lrs)
@@ -223,10 +223,10 @@ def test_step_sizes_adam_matches_torch_adam() -> None:
 def test_meta_step_updates_step_sizes_with_the_task_mean(episodes) -> None:
     """First meta-step: the adapter moves as FOMAML's (same lrs), and the step sizes take
     one Adam step on sum(task step-size gradients) / n_real_tasks."""
-    cfg = AlgorithmConfig(name="metasgd", inner_steps=2, inner_lr=0.1, step_size_lr=0.02)
+    cfg = AlgorithmConfig(inner_steps=2, inner_lr=0.1, step_size_lr=0.02)
     optim = OuterOptimConfig(outer_lr=1e-2)
-    meta = build_algorithm(cfg, PAD_ID)
-    fomaml = build_algorithm(AlgorithmConfig(name="fomaml", inner_steps=2, inner_lr=0.1), PAD_ID)
+    meta = build_algorithm("metasgd", cfg, PAD_ID)
+    fomaml = build_algorithm("fomaml", AlgorithmConfig(inner_steps=2, inner_lr=0.1), PAD_ID)
     assert isinstance(meta, MetaSGD)
     e_meta, e_fo = LocalEngine(build_tiny_peft(0), optim), LocalEngine(build_tiny_peft(0), optim)
     plan = make_plan([make_mixed_rank(episodes, 4)])
@@ -259,8 +259,8 @@ def test_meta_step_updates_step_sizes_with_the_task_mean(episodes) -> None:
 
 
 def test_skipped_meta_step_leaves_step_sizes(episodes) -> None:
-    cfg = AlgorithmConfig(name="metasgd", inner_steps=1, inner_lr=1e30)  # overflows the inner step
-    meta = build_algorithm(cfg, PAD_ID)
+    cfg = AlgorithmConfig(inner_steps=1, inner_lr=1e30)  # overflows the inner step
+    meta = build_algorithm("metasgd", cfg, PAD_ID)
     assert isinstance(meta, MetaSGD)
     engine = NonFiniteGuard(LocalEngine(build_tiny_peft(0), OuterOptimConfig()), "skip")
     stats = meta_step(engine, meta, make_plan([make_rank(episodes[:1])]))
@@ -296,7 +296,8 @@ def test_inner_lrs_file_round_trip_and_errors(tmp_path: Path) -> None:
 
 
 def test_config_accepts_metasgd_and_refuses_bad_step_size_lr() -> None:
-    assert AlgorithmConfig(name="metasgd", step_size_lr=0.05).step_size_lr == 0.05
+    assert AlgorithmConfig(step_size_lr=0.05).step_size_lr == 0.05
     for bad in (0.0, -0.1, math.inf):
+        assert any("step_size_lr=" in p for p in AlgorithmConfig(step_size_lr=bad).validate())
         with pytest.raises(ConfigError, match="step_size_lr="):
-            AlgorithmConfig(name="metasgd", step_size_lr=bad)
+            build_algorithm("metasgd", AlgorithmConfig(step_size_lr=bad), PAD_ID)

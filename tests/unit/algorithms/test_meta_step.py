@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 import torch
@@ -85,7 +86,7 @@ def test_reptile_sgd_outer_step_moves_theta_by_lr_times_mean_delta(peft_factory,
     outer_lr, inner_lr, k = 0.5, 0.1, 2
     engine = SGDEngine(peft_factory(0), outer_lr)
     theta = snapshot(engine.adapter_parameters())
-    algo = build_algorithm(AlgorithmConfig(name="reptile", inner_steps=k, inner_lr=inner_lr), PAD_ID)
+    algo = build_algorithm("reptile", AlgorithmConfig(inner_steps=k, inner_lr=inner_lr), PAD_ID)
     meta_step(engine, algo, make_plan([make_mixed_rank(episodes, 5)]))
     phis = [_manual_phi(peft_factory(0), ep.support, inner_lr, k) for ep in episodes]
     for i, (p, t) in enumerate(zip(engine.adapter_parameters(), theta)):
@@ -97,7 +98,7 @@ def test_reptile_sgd_outer_step_moves_theta_by_lr_times_mean_delta(peft_factory,
 def test_fomaml_zero_steps_equals_plain_training_on_query(peft_factory, episodes) -> None:
     cfg = OuterOptimConfig(outer_lr=1e-2, grad_clip=0.5, warmup_steps=1)
     engine = LocalEngine(peft_factory(0), cfg)
-    algo = build_algorithm(AlgorithmConfig(name="fomaml", inner_steps=0), PAD_ID)
+    algo = build_algorithm("fomaml", AlgorithmConfig(inner_steps=0), PAD_ID)
     ref = peft_factory(0)
     opt, sched = build_outer_optimizer(_params(ref), cfg)
     for step in range(2):
@@ -122,7 +123,7 @@ def test_fomaml_zero_steps_equals_plain_training_on_query(peft_factory, episodes
 @pytest.mark.parametrize("name", ["fomaml", "reptile", "multitask"])
 def test_one_task_per_pass_vs_packed_same_weights_after_steps(peft_factory, episodes, name) -> None:
     cfg = OuterOptimConfig(outer_lr=1e-2)
-    algo = build_algorithm(AlgorithmConfig(name=name, inner_steps=2, inner_lr=0.1), PAD_ID)
+    algo = build_algorithm(name, AlgorithmConfig(inner_steps=2, inner_lr=0.1), PAD_ID)
     e1, e2 = LocalEngine(peft_factory(0), cfg), LocalEngine(peft_factory(0), cfg)
     for step in range(2):
         meta_step(e1, algo, make_plan([make_rank(episodes, 1, 1)], step))
@@ -135,7 +136,7 @@ def test_one_task_per_pass_vs_packed_same_weights_after_steps(peft_factory, epis
 
 
 def test_meta_step_sums_task_gradients_and_reports_observations(peft_factory, episodes) -> None:
-    algo = build_algorithm(AlgorithmConfig(name="fomaml", inner_steps=1, inner_lr=0.1), PAD_ID)
+    algo = build_algorithm("fomaml", AlgorithmConfig(inner_steps=1, inner_lr=0.1), PAD_ID)
     model = peft_factory(0)
     expected = [torch.zeros_like(p) for p in _params(model)]
     for ep in episodes:
@@ -162,6 +163,6 @@ def test_meta_step_sums_task_gradients_and_reports_observations(peft_factory, ep
 
 
 def test_meta_step_rejects_plan_without_real_tasks(tiny_peft, episodes) -> None:
-    algo = build_algorithm(AlgorithmConfig(), PAD_ID)
+    algo = build_algorithm("fomaml", AlgorithmConfig(), PAD_ID)
     with pytest.raises(ValueError, match="n_real_tasks=0"):
         meta_step(SGDEngine(tiny_peft, 1.0), algo, make_plan([with_dummies(RankPlan((), (), ()), 1, 1)]))

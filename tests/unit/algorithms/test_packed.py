@@ -20,7 +20,14 @@ from fmmeta.algorithms.meta_step import meta_step
 from fmmeta.algorithms.task_lora import TaskLoRA, stack_adapters
 from fmmeta.sampling import CostModel, plan_meta_batch
 
-from ._tiny import PAD_ID, build_tiny_peft, make_episode, make_mixed_rank, make_plan, make_rank
+from ._tiny import (
+    PAD_ID,
+    build_tiny_peft,
+    make_episode,
+    make_mixed_rank,
+    make_plan,
+    make_rank,
+)
 from .reference import summed_meta_gradient, task_meta_gradient, trainable
 from .test_meta_step import SGDEngine
 
@@ -65,7 +72,7 @@ def test_packed_equals_reference(uneven_episodes, layout, method, clip) -> None:
     episodes = [s.episode for s in rank.slots]
     ref = summed_meta_gradient(model, episodes, method, lr=0.1, steps=2, clip=clip)
     engine = SGDEngine(model, 0.0)
-    algo = build_algorithm(AlgorithmConfig(name=method, inner_steps=2, inner_lr=0.1, inner_clip_norm=clip), PAD_ID)
+    algo = build_algorithm(method, AlgorithmConfig(inner_steps=2, inner_lr=0.1, inner_clip_norm=clip), PAD_ID)
     theta = snapshot(trainable(model))
     stats = meta_step(engine, algo, make_plan([rank]))
     _close(engine.handed, ref)
@@ -78,8 +85,8 @@ def test_packed_equals_reference(uneven_episodes, layout, method, clip) -> None:
 
 def test_adam_inner_loop_keeps_per_task_moments(uneven_episodes) -> None:
     """Adam moments are per task: packing tasks must not mix them (checked against Adam run per task)."""
-    cfg = AlgorithmConfig(name="reptile", inner_steps=3, inner_lr=0.01, inner_optimizer="adam")
-    algo = build_algorithm(cfg, PAD_ID)
+    cfg = AlgorithmConfig(inner_steps=3, inner_lr=0.01, inner_optimizer="adam")
+    algo = build_algorithm("reptile", cfg, PAD_ID)
     model = build_tiny_peft(dtype=torch.float64)
     packed = algo.rank_gradient(model, trainable(model), algo.prepare(make_mixed_rank(uneven_episodes, 4)))
     alone = [algo.rank_gradient(model, trainable(model), algo.prepare(make_rank([ep], 2, 2)))
@@ -114,7 +121,7 @@ def test_single_task_pass_takes_the_same_route_as_mixed(uneven_episodes) -> None
 def test_task_gradient_slices_are_independent(uneven_episodes) -> None:
     """Task t's slice of the stacked gradient is exactly its own FOMAML gradient (0 steps)."""
     model = build_tiny_peft(dtype=torch.float64)
-    algo = build_algorithm(AlgorithmConfig(name="fomaml", inner_steps=0), PAD_ID)
+    algo = build_algorithm("fomaml", AlgorithmConfig(inner_steps=0), PAD_ID)
     for i, ep in enumerate(uneven_episodes[:3]):
         alone = algo.rank_gradient(model, trainable(model), algo.prepare(make_rank([ep], 1, 1)))
         _close(alone.grads, task_meta_gradient(model, ep, "fomaml", lr=0.1, steps=0))

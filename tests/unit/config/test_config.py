@@ -41,11 +41,10 @@ class Inner:
     limit: int | None = None
     """An optional int."""
     positive: float = 1.0
-    """Must be > 0 (checked in __post_init__)."""
+    """Must be > 0 (checked in validate)."""
 
-    def __post_init__(self) -> None:
-        if self.positive <= 0:
-            raise ValueError(f"positive={self.positive} is invalid: must be > 0")
+    def validate(self) -> list[str]:
+        return [] if self.positive > 0 else [f"positive={self.positive} is invalid: must be > 0"]
 
 
 @dataclass(kw_only=True)
@@ -224,5 +223,5 @@ def test_every_field_has_a_doc() -> None:
         docs = field_docs(section)
         missing = [f for f in section.__dataclass_fields__ if not docs.get(f)]
         assert not missing, f"{section.__name__} fields without a doc: {missing}"
-    text = describe_config(Run)
+    text = describe_config(Run())
     assert "train.keep_last (int, default 2): Complete checkpoints to keep" in text

@@ -7,7 +7,12 @@ import math
 import pytest
 import torch
 
-from fmmeta.engine.optim import OuterOptimConfig, build_outer_optimizer, clip_grad_norm, outer_lr_lambda
+from fmmeta.engine.optim import (
+    OuterOptimConfig,
+    build_outer_optimizer,
+    clip_grad_norm,
+    outer_lr_lambda,
+)
 
 
 def _lrs(cfg: OuterOptimConfig, n: int) -> list[float]:
@@ -68,8 +73,10 @@ def test_clip_matches_torch() -> None:
      ({"betas": (0.9, 1.0)}, "betas")],
 )
 def test_config_errors_name_the_key(kwargs, key) -> None:
-    with pytest.raises(ValueError, match=key):
-        OuterOptimConfig(**kwargs)
+    cfg = OuterOptimConfig(**kwargs)
+    assert [p.split("=")[0] for p in cfg.validate()] == [key]
+    with pytest.raises(ValueError, match=key):  # the one builder refuses it
+        build_outer_optimizer([torch.nn.Parameter(torch.zeros(2))], cfg)
 
 
 def test_no_params_is_an_error() -> None:

@@ -12,9 +12,9 @@ from torch import nn
 from fmmeta.algorithms.inner_loop import InnerLoopConfig, adapt, restore, snapshot
 from fmmeta.evaluation.evaluate import (
     IN_CONTEXT,
+    EpisodeRecord,
     EvalMethod,
     EvalResult,
-    EpisodeRecord,
     evaluate_held_out,
     evaluate_methods,
     select_inner_lr,

@@ -16,12 +16,11 @@ from fmmeta.models import (
     add_lora,
     build_model_and_tokenizer,
     count_parameters,
-    ensure_pad_token,
     lora_shapes,
     model_id,
     resolve_source,
 )
-from fmmeta.tasks.testing import TINY_VOCAB_SIZE, tiny_tokenizer
+from fmmeta.tasks.testing import TINY_VOCAB_SIZE
 
 torch.set_num_threads(1)
 
@@ -199,13 +198,6 @@ def test_local_gguf_file_resolves_to_folder_and_file(tmp_path: Path) -> None:
     src = resolve_source(ModelConfig(name_or_path=str(gguf_path)))
     assert (src.kind, src.path, src.gguf_file) == ("gguf", str(tmp_path), "m.gguf")
     assert resolve_source(ModelConfig(name_or_path="org/some-model")).kind == "pretrained"
-
-
-def test_pad_token_defaults_to_eos() -> None:
-    tok = tiny_tokenizer(with_pad=False)
-    assert tok.pad_token is None
-    ensure_pad_token(tok)
-    assert tok.pad_token == tok.eos_token == "</s>"
 
 
 def test_model_id_distinguishes_models() -> None:

@@ -15,8 +15,8 @@ from .helpers import fake_observations
 
 
 def _sampler(strategy: str = "hard") -> CostAwareSampler:
-    cfg = SamplerConfig(meta_batch_size=4, micro_batch_size=4, inner_steps=2, strategy=strategy)
-    return CostAwareSampler(lognormal_pool(20, seed=2), cfg, world_size=2, seed=4)
+    cfg = SamplerConfig(meta_batch_size=4, micro_batch_size=4, strategy=strategy)
+    return CostAwareSampler(lognormal_pool(20, seed=2), cfg, world_size=2, seed=4, support_repeats=2)
 
 
 def _run(pf: Prefetcher, steps: int, work_s: float = 0.0) -> list[str]:
@@ -74,7 +74,7 @@ def test_checkpoint_taken_while_prefetching_resumes_exactly() -> None:
     with Prefetcher(_sampler(), background=True) as pf:
         first = _run(pf, 5, work_s=0.01)
         state = json.loads(json.dumps(pf.state_dict()))  # next plan is already being prepared
-        live = pf._sampler.state_dict()  # noqa: SLF001 - the naive choice, for the control below
+        live = pf._sampler.state_dict()
         rest = _run(pf, 5)
     assert state["next_step"] == 5  # step 4's observations (4 tasks, both ranks, and passes) are pending
     assert sum(o["kind"] == "task" for o in state["pending"]) == 4
@@ -104,7 +104,11 @@ def test_errors_in_prepare_reach_the_trainer_and_stop_step_ends() -> None:
 
 
 def test_observations_round_trip_and_old_checkpoints_are_refused_clearly() -> None:
-    from fmmeta.sampling.source import PassObservation, TaskObservation, observation_from_dict
+    from fmmeta.sampling.source import (
+        PassObservation,
+        TaskObservation,
+        observation_from_dict,
+    )
 
     task = TaskObservation(task_id=3, query_loss=float("nan"), step=2)
     pas = PassObservation(step=2, rank=1, phase="query", index=0, features=(1.0, 8.0, 32.0), seconds=0.5)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 
 import numpy as np
 import pytest
@@ -23,8 +22,8 @@ def _pool(n: int = 30):
 
 
 def _sampler(seed: int = 0, world_size: int = 2, **kw) -> CostAwareSampler:
-    cfg = SamplerConfig(**{"meta_batch_size": 6, "micro_batch_size": 4, "inner_steps": 2, **kw})
-    return CostAwareSampler(_pool(), cfg, world_size=world_size, seed=seed)
+    cfg = SamplerConfig(**{"meta_batch_size": 6, "micro_batch_size": 4, **kw})
+    return CostAwareSampler(_pool(), cfg, world_size=world_size, seed=seed, support_repeats=2)
 
 
 def test_same_seed_same_plans_other_seed_other_plans() -> None:
@@ -74,8 +73,8 @@ def test_observation_order_does_not_matter() -> None:
 
 def test_equal_pass_counts_with_uneven_task_lengths() -> None:
     pool = [FixedSource(f"t{i}", tuple(range(5, 5 + 3 * (i + 1), 3)), (7,) * (1 + i % 5)) for i in range(9)]
-    cfg = SamplerConfig(meta_batch_size=7, micro_batch_size=2, inner_steps=3)
-    sampler = CostAwareSampler(pool, cfg, world_size=3, seed=1)
+    cfg = SamplerConfig(meta_batch_size=7, micro_batch_size=2)
+    sampler = CostAwareSampler(pool, cfg, world_size=3, seed=1, support_repeats=3)
     for step in range(6):
         plan = sampler.sample(step)
         assert len({(len(r.support), len(r.query)) for r in plan.ranks}) == 1
@@ -121,9 +120,11 @@ def test_state_from_another_pool_or_seed_is_rejected() -> None:
 def test_config_errors_name_key_value_and_fix() -> None:
     from fmmeta.config import ConfigError
 
+    bad = SamplerConfig(meta_batch_size=0, strategy="greedy", hard_floor=0.0)
     with pytest.raises(ConfigError) as err:
-        SamplerConfig(meta_batch_size=0, strategy="greedy", hard_floor=0.0)
+        CostAwareSampler(_pool(), bad, world_size=2, seed=0)  # a sampler refuses an invalid config
     problems = err.value.problems  # one line each; the config loader prefixes "sampler."
+    assert problems == bad.validate()
     assert len(problems) == 3
     assert any(p.startswith("meta_batch_size=0") and ">= 1" in p for p in problems)
     assert any(p.startswith("strategy='greedy'") and "uniform_difficulty" in p for p in problems)
@@ -132,6 +133,13 @@ def test_config_errors_name_key_value_and_fix() -> None:
         CostAwareSampler(_pool(), SamplerConfig(meta_batch_size=5, on_uneven="error"), world_size=2, seed=0)
     with pytest.raises(TypeError):
         SamplerConfig(8)  # keyword-only
+
+
+def test_meta_batch_larger_than_the_pool_is_refused() -> None:
+    """Drawing with replacement would silently weight a task twice in one meta-batch."""
+    with pytest.raises(ValueError, match=r"sampler.meta_batch_size=9 is larger than the meta-training pool \(8 tasks\)"):
+        CostAwareSampler(_pool(8), SamplerConfig(meta_batch_size=9), world_size=1, seed=0)
+    assert CostAwareSampler(_pool(8), SamplerConfig(meta_batch_size=8), world_size=1, seed=0).sample(0).n_real_tasks == 8
 
 
 def test_cost_fit_learns_from_the_critical_pass_of_each_index() -> None:
@@ -156,8 +164,8 @@ def test_cost_fit_learns_from_the_critical_pass_of_each_index() -> None:
 
 
 def test_support_draws_add_fresh_support_sets_and_keep_the_first_draw() -> None:
-    cfg = SamplerConfig(meta_batch_size=6, micro_batch_size=4, inner_steps=3)
-    plain = CostAwareSampler(_pool(), cfg, world_size=2, seed=1)
+    cfg = SamplerConfig(meta_batch_size=6, micro_batch_size=4)
+    plain = CostAwareSampler(_pool(), cfg, world_size=2, seed=1, support_repeats=3)
     drawn = CostAwareSampler(_pool(), cfg, world_size=2, seed=1, support_draws=3, support_repeats=1)
     for step in range(3):
         a = {s.task_id: s.episode for r in plain.sample(step).ranks for s in r.slots}

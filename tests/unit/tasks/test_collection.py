@@ -314,8 +314,8 @@ def test_rank_zero_fills_the_cache_before_the_barrier_and_other_ranks_only_read(
 def test_help_lists_the_keys_of_a_collection_source() -> None:
     from fmmeta.config import describe_config
 
-    text = describe_config(RecipeConfig)
-    for key in ("tasks.collection[].path (str, default '<required>')", "tasks.collection[].template",
+    text = describe_config(RecipeConfig())
+    for key in ("tasks.collection[].path (str, default <required>)", "tasks.collection[].template",
                 "tasks.collection[].max_examples", "tasks.split.held_out_families"):
         assert key in text, key
 

@@ -17,7 +17,7 @@ from fmmeta.tasks.builders import (
     tasks_from_datasets,
     tasks_from_examples,
 )
-from fmmeta.tasks.episode import IGNORE_INDEX, collate
+from fmmeta.tasks.episode import IGNORE_INDEX
 from fmmeta.tasks.source import load_source
 from fmmeta.tasks.task import EpisodeSpec, split_tasks
 from fmmeta.tasks.testing import tiny_tokenizer

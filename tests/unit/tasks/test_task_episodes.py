@@ -211,6 +211,9 @@ def test_ensure_pad_token_uses_eos_when_missing() -> None:
     pad = ensure_pad_token(tok)
     assert pad == tok.eos_token_id == tok.pad_token_id
     assert ensure_pad_token(TOK) == 0
+    tok.pad_token = tok.eos_token = None
+    with pytest.raises(ValueError, match="neither a pad nor an eos token"):
+        ensure_pad_token(tok)
 
 
 def test_with_spec_keeps_cache_changes_shape() -> None:

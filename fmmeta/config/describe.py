@@ -1,0 +1,72 @@
+"""The help text of a config, generated from the config itself so it cannot drift."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import textwrap
+from typing import Any
+
+from fmmeta.config.loader import _dataclass_in, _default_of, _hints, _list_item_dataclass, _type_name
+
+__all__ = ["describe_config", "field_docs"]
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Field name -> its one-line doc (the string literal under the field in the class body).
+
+    Why parse source: attribute docstrings keep each field's doc next to its default, where a
+    reader looks, without ``field(metadata=...)`` noise on every line.
+    """
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
+    tree = ast.parse(source)
+    docs: dict[str, str] = {}
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    for node, nxt in zip(body, body[1:]):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+            and isinstance(nxt.value.value, str)
+        ):
+            docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def describe_config(config: Any, prefix: str = "") -> str:
+    """One line per key, ``dotted.key (type, default): doc``, for ``--help`` texts.
+
+    Args:
+        config: the instance whose values are shown. Pass the recipe's default instance (e.g.
+            ``RecipeConfig()``): a recipe overrides some of its sections' class defaults, and
+            ``--help`` must show the values a run uses. A class is accepted too (for the items of a
+            list of sections, which have no default instance): its fields show their own defaults.
+        prefix: dotted path of ``config`` inside the whole config.
+    """
+    cls = config if isinstance(config, type) else type(config)
+    instance = None if isinstance(config, type) else config
+    hints = _hints(cls)
+    docs = field_docs(cls)
+    lines: list[str] = []
+    for f in dataclasses.fields(cls):
+        dotted = f"{prefix}{f.name}"
+        doc = docs.get(f.name, "")
+        value = _default_of(f, instance)
+        sub = _dataclass_in(hints[f.name])
+        if sub is not None:
+            lines.append(f"{dotted}: {doc or (sub.__doc__ or '').strip().splitlines()[0]}")
+            lines.append(describe_config(value if isinstance(value, sub) else sub, dotted + "."))
+            continue
+        item = _list_item_dataclass(hints[f.name])
+        if item is not None:  # a list of sections (tasks.collection): describe one item's keys
+            lines.append(f"{dotted}: a list, each item: {doc}")
+            lines.append(describe_config(item, dotted + "[]."))
+            continue
+        shown = "<required>" if value is dataclasses.MISSING else repr(value)
+        lines.append(f"  {dotted} ({_type_name(hints[f.name])}, default {shown}): {doc}")
+    return "\n".join(lines)
