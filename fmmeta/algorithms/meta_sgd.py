@@ -170,10 +170,12 @@ class MetaSGD:
     """
 
     name = "metasgd"
+    support_draws = 1
 
     def __init__(self, fomaml: FOMAML, cfg: AlgorithmConfig) -> None:
         self.fomaml = fomaml
         self.cfg = cfg
+        self.support_repeats = fomaml.support_repeats
         self.step_sizes = StepSizes(cfg.inner_lr, cfg.step_size_lr)
 
     def prepare(self, plan: RankPlan) -> RankWork:

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from fmmeta.recipe_config import RecipeConfig
-
 from tests.recipes import _recipe
 
 CONFIG = _recipe.REPO / "recipes" / "configs" / "own_tasks.yaml"
