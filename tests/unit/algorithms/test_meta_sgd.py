@@ -228,6 +228,7 @@ def test_meta_step_updates_step_sizes_with_the_task_mean(episodes) -> None:
     meta = build_algorithm("metasgd", cfg, PAD_ID)
     fomaml = build_algorithm("fomaml", AlgorithmConfig(inner_steps=2, inner_lr=0.1), PAD_ID)
     assert isinstance(meta, MetaSGD)
+    assert (meta.support_draws, meta.support_repeats) == (fomaml.support_draws, fomaml.support_repeats) == (1, 2)
     e_meta, e_fo = LocalEngine(build_tiny_peft(0), optim), LocalEngine(build_tiny_peft(0), optim)
     plan = make_plan([make_mixed_rank(episodes, 4)])
     expected = torch.zeros(len(e_meta.adapter_parameters()))
