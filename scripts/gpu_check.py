@@ -5,11 +5,12 @@ real benchmark, each in its own process, and is compared with a one-process CPU 
 config, the reference every engine is held to:
 
 * ``local_fp32``: the plain torch engine on the device, fp32 (TF32 stays off, torch's default for
-  matmuls), against the CPU reference: only kernel rounding may differ (tolerance 1e-4);
-* ``zero3_fp32``: DeepSpeed ZeRO-3 in one process on the device, fp32 (tolerance 1e-4);
+  matmuls), against the CPU reference: only kernel rounding may differ (see :data:`TOLERANCES`);
+* ``zero3_fp32``: DeepSpeed ZeRO-3 in one process on the device, fp32;
 * ``zero3_bf16``: the same in bf16; DeepSpeed keeps fp32 master copies of the adapter in its
   optimizer, which the check reads back from the run's last checkpoint (the optimizer file must
-  hold float32 flat groups); the adapter may differ from fp32 by bf16 rounding (tolerance 5e-2);
+  hold float32 flat groups); the adapter and the logged losses may differ from the fp32 reference
+  by bf16 rounding;
 * ``benchmarks/meta_step.py`` and ``benchmarks/throughput.py`` (~1B random Llama, bf16: tokens/s
   and MFU of a meta-step and of a plain LoRA loop on the same tokens).
 
@@ -39,8 +40,16 @@ REPO = Path(__file__).resolve().parents[1]
 TRAIN = REPO / "recipes" / "train.py"
 SMOKE = REPO / "recipes" / "configs" / "smoke.yaml"
 
-TOLERANCES = {"local_fp32": 1e-4, "zero3_fp32": 1e-4, "zero3_bf16": 5e-2}
-"""Largest max-relative adapter difference from the CPU reference each check accepts."""
+TOLERANCES = {"local_fp32": 1e-4, "zero3_fp32": 1e-4, "zero3_bf16": 1e-1}
+"""Largest relative adapter error ``||a - ref|| / ||ref||`` each check accepts. fp32 differs from
+the CPU only in summation order (ZeRO-3 on the CPU: 1.5e-6 after 2 steps). bf16 differs much more
+than its rounding (eps 3.9e-3) suggests: LoRA B starts at zero and Adam's normalised update turns
+a sign flip of a tiny gradient entry into a full step the other way (measured 1.9e-2 on the CPU
+after 2 steps), so for bf16 the losses are the sharper check."""
+
+LOSS_TOLERANCE_BF16 = 2e-3
+"""Largest relative difference of a logged loss between the bf16 run and the fp32 reference
+(measured 6.5e-5 on the CPU)."""
 
 BENCH_ARGS = {
     "cuda": {"meta_step": ["--device", "cuda"], "throughput": ["--device", "cuda"]},
@@ -48,6 +57,7 @@ BENCH_ARGS = {
                           "--layers", "1", "--tasks", "2", "--pack-rows", "4"],
             "throughput": ["--device", "cpu", "--tiny", "--reps", "1"]},
 }
+"""Arguments of each device benchmark: full size on a GPU, seconds-long sizes for the dry run."""
 
 
 def run(cmd: list[str], log: Path, env: dict[str, str], timeout_s: float) -> str:
@@ -80,14 +90,30 @@ def recipe_run(out: Path, name: str, extra: list[str], *, steps: int, hide_gpu: 
     return folder
 
 
-def adapter_diff(run_dir: Path, reference: Path) -> float:
-    """max over adapter tensors of max|a - b| / max|b|, both read as float32."""
+def adapter_error(run_dir: Path, reference: Path) -> float:
+    """``||a - b|| / ||b||`` over all adapter tensors together, in float64.
+
+    A norm over everything, not a per-tensor maximum: LoRA B starts at zero, so after a few steps
+    some of its entries are tiny and a per-element ratio would measure bf16's rounding of noise.
+    """
     a = load_file(str(run_dir / "fomaml" / "adapter" / "adapter_model.safetensors"))
     b = load_file(str(reference / "fomaml" / "adapter" / "adapter_model.safetensors"))
     if sorted(a) != sorted(b):
         raise RuntimeError(f"adapter tensors differ in names: {sorted(set(a) ^ set(b))[:3]}")
-    return max(((a[k].float() - b[k].float()).abs().max() / b[k].float().abs().max().clamp_min(1e-30)).item()
-               for k in b)
+    num = sum(float((a[k].double() - b[k].double()).pow(2).sum()) for k in b)
+    return (num / sum(float(b[k].double().pow(2).sum()) for k in b)) ** 0.5
+
+
+def loss_error(run_dir: Path, reference: Path) -> float:
+    """Largest relative difference of a logged loss (outer, query before and after) between runs."""
+    def losses(folder: Path) -> list[float]:
+        rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line]
+        return [r[k] for r in rows for k in ("outer_loss", "query_loss_before", "query_loss_after")]
+
+    got, want = losses(run_dir), losses(reference)
+    if len(got) != len(want):
+        raise RuntimeError(f"{run_dir} logged {len(got)} losses, the reference {len(want)}")
+    return max(abs(x - y) / abs(y) for x, y in zip(got, want))
 
 
 def master_dtypes(run_dir: Path) -> list[str]:
@@ -108,23 +134,24 @@ def last_json(text: str) -> dict[str, Any]:
 
 
 def correctness(out: Path, device: str, steps: int) -> dict[str, Any]:
-    """The three recipe checks against the CPU reference."""
+    """The recipe checks against the CPU reference (on a CPU, ``local_fp32`` would be the
+    reference itself, so the dry run skips it)."""
     on_cpu = device == "cpu"
     ref = recipe_run(out, "cpu_reference", [], steps=steps, hide_gpu=True)
     zero3 = ["engine.deepspeed_config=ds_configs/zero3.json"]
-    runs = {
-        "local_fp32": recipe_run(out, "local_fp32", [], steps=steps, hide_gpu=on_cpu),
-        "zero3_fp32": recipe_run(out, "zero3_fp32", zero3, steps=steps, hide_gpu=on_cpu),
-        "zero3_bf16": recipe_run(out, "zero3_bf16", [*zero3, "model.dtype=bfloat16"], steps=steps,
-                                 hide_gpu=on_cpu),
-    }
+    wanted = {"local_fp32": [], "zero3_fp32": zero3, "zero3_bf16": [*zero3, "model.dtype=bfloat16"]}
     checks: dict[str, Any] = {}
-    for name, folder in runs.items():
-        diff = adapter_diff(folder, ref)
-        checks[name] = {"adapter_rel_diff": diff, "tolerance": TOLERANCES[name], "ok": diff <= TOLERANCES[name]}
-    masters = master_dtypes(runs["zero3_bf16"])
-    checks["zero3_bf16"]["master_dtypes"] = masters
-    checks["zero3_bf16"]["ok"] = checks["zero3_bf16"]["ok"] and masters == ["torch.float32"]
+    for name, extra in wanted.items():
+        if on_cpu and name == "local_fp32":
+            checks[name] = {"skipped": "on a CPU this run is the reference itself", "ok": True}
+            continue
+        folder = recipe_run(out, name, extra, steps=steps, hide_gpu=on_cpu)
+        err = adapter_error(folder, ref)
+        checks[name] = {"adapter_rel_error": err, "tolerance": TOLERANCES[name], "ok": err <= TOLERANCES[name]}
+        if name == "zero3_bf16":
+            masters, losses = master_dtypes(folder), loss_error(folder, ref)
+            checks[name].update(master_dtypes=masters, loss_rel_error=losses, loss_tolerance=LOSS_TOLERANCE_BF16)
+            checks[name]["ok"] &= masters == ["torch.float32"] and losses <= LOSS_TOLERANCE_BF16
     return checks
 
 
