@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -49,16 +50,38 @@ def test_cpu_dry_run_passes_every_check_and_prints_one_json_line(tmp_path: Path)
     assert result["benchmarks"]["meta_step"]["device"] == "cpu"
 
 
-def test_a_missing_package_without_a_wheel_stops_with_the_fix(tmp_path: Path) -> None:
-    # A python without torch, and an empty wheel folder: nothing to install from, so it stops.
-    bare = "/usr/bin/python3"
-    if not Path(bare).exists() or subprocess.run([bare, "-c", "import torch"], capture_output=True).returncode == 0:
-        pytest.skip("needs a python without torch")
-    (tmp_path / "wheels").mkdir()
-    proc = subprocess.run([str(SCRIPT), "--cpu", "--wheels", str(tmp_path / "wheels")], env=_env(bare),
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2
+def _probe_wheel(folder: Path) -> Path:
+    """A minimal pure-Python wheel (module ``fmmeta_probe``), written by hand: a zip with the
+    module, its METADATA, WHEEL and RECORD."""
+    name = "fmmeta_probe-1.0"
+    path = folder / f"{name}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as whl:
+        whl.writestr("fmmeta_probe.py", "VALUE = 42\n")
+        whl.writestr(f"{name}.dist-info/METADATA", "Metadata-Version: 2.1\nName: fmmeta-probe\nVersion: 1.0\n")
+        whl.writestr(f"{name}.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\n"
+                                                "Tag: py3-none-any\n")
+        whl.writestr(f"{name}.dist-info/RECORD", "")
+    return path
+
+
+@pytest.mark.timeout(300)
+def test_missing_packages_come_from_the_wheel_folder_and_what_is_left_stops_it(tmp_path: Path) -> None:
+    # A bare venv (no torch) and a wheel folder with one package it lacks: the script installs
+    # that wheel offline, then stops on torch, which no wheel provides, naming the fix.
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=240)
+    python = str(venv / "bin" / "python")
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    _probe_wheel(wheels)
+    proc = subprocess.run([str(SCRIPT), "--cpu", "--wheels", str(wheels)], env=_env(python),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"installing 1 wheels from {wheels}" in proc.stderr
     assert "python module 'torch' is missing" in proc.stderr and "scripts/gpu_wheels.sh" in proc.stderr
+    probe = subprocess.run([python, "-c", "import fmmeta_probe; print(fmmeta_probe.VALUE)"],
+                           capture_output=True, text=True)
+    assert probe.stdout.strip() == "42", probe.stderr
 
 
 def test_an_unknown_argument_is_refused() -> None:
