@@ -27,6 +27,18 @@ def test_several_bare_copies_are_refused_with_the_fix(monkeypatch: pytest.Monkey
     assert not dist.is_initialized()
 
 
+def test_the_recipe_refuses_them_even_for_a_local_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fmmeta.config import EngineConfig
+    from fmmeta.engine.build import resolve_engine_kind
+
+    assert resolve_engine_kind(EngineConfig(kind="local")) == "local"
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "4")  # `srun -n 4 python recipes/train.py`
+    with pytest.raises(RuntimeError, match="srun started 4 copies"):
+        resolve_engine_kind(EngineConfig(kind="local"))
+    monkeypatch.setenv("WORLD_SIZE", "4")  # srun around a launcher: its workers know their world
+    assert resolve_engine_kind(EngineConfig(kind="local")) == "local"
+
+
 def test_one_copy_or_a_real_launcher_passes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "1")  # `srun -n 1 python recipes/train.py`
     refuse_bare_multiprocess_launch()
