@@ -85,7 +85,7 @@ def wait_nodes(nodes: list[Node], timeout_s: float) -> list[int]:
     return [node.proc.returncode for node in nodes]
 
 
-def run_nodes(launcher: str, args: list[str], logs: Path, *, timeout_s: float = 300.0) -> list[Node]:
+def run_nodes(launcher: str, args: list[str], logs: Path, *, timeout_s: float = 480.0) -> list[Node]:
     """Runs both nodes to the end; fails with both logs' tails unless both exit 0."""
     nodes = start_nodes(launcher, args, logs)
     codes = wait_nodes(nodes, timeout_s)
