@@ -8,7 +8,7 @@ export PYTHONUNBUFFERED := 1
 TEST_ENV := OMP_NUM_THREADS=1 DS_ACCELERATOR=$${DS_ACCELERATOR:-cpu} \
 	TORCH_EXTENSIONS_DIR=$${TORCH_EXTENSIONS_DIR:-$(CURDIR)/.venv/torch_extensions}
 
-.PHONY: setup train lint test test-unit test-distributed test-recipes bench
+.PHONY: setup train lint test test-unit test-distributed test-recipes bench gpu-wheels
 
 setup:
 	./scripts/setup.sh
@@ -36,3 +36,7 @@ test-recipes: setup
 
 bench: setup
 	for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+# wheels/ for scripts/gpu_check.sh on a GPU machine without the package index (Python 3.12).
+gpu-wheels: setup
+	./scripts/gpu_wheels.sh wheels

@@ -38,9 +38,11 @@ from fmmeta.algorithms.meta_sgd import MetaSGD, save_inner_lrs
 from fmmeta.algorithms.meta_step import meta_step
 from fmmeta.algorithms.protocol import MetaAlgorithm
 from fmmeta.checkpoint import CheckpointManager, load_rng_state, save_rng_state
+from fmmeta.checkpoint.shared_folder import SharedFolderError, check_shared_folder
 from fmmeta.config import ConfigError, describe_config, load_config, save_resolved
 from fmmeta.engine.build import build_engine, resolve_engine_kind
 from fmmeta.engine.distributed import (
+    all_gather_object,
     default_backend,
     init_distributed,
     strip_local_rank,
@@ -314,6 +316,13 @@ def main(argv: list[str] | None = None) -> int:
         rank, _, _ = init_distributed(default_backend(), cfg.engine.collective_timeout_s)
     setup_logging(rank)
     out = Path(cfg.output_dir)
+    if kind != "local":  # every rank writes into the checkpoint folders: one folder for all
+        try:
+            check_shared_folder(out, rank=rank, all_gather=all_gather_object,
+                                wait_s=min(30.0, cfg.engine.collective_timeout_s / 4))
+        except SharedFolderError as err:  # raised on every rank together
+            logger.error("%s", err)
+            return 2
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         save_resolved(cfg, out / "config.yaml")

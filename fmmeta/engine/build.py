@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from fmmeta.config import EngineConfig
-from fmmeta.engine.distributed import default_backend
+from fmmeta.engine.distributed import default_backend, refuse_bare_multiprocess_launch
 from fmmeta.engine.optim import OuterOptimConfig
 from fmmeta.engine.protocol import Engine
 
@@ -31,7 +31,14 @@ DEFAULT_DS_CONFIG = {
 
 
 def resolve_engine_kind(cfg: EngineConfig) -> str:
-    """The engine ``cfg.kind`` names, with ``"auto"`` resolved from the launch environment."""
+    """The engine ``cfg.kind`` names, with ``"auto"`` resolved from the launch environment.
+
+    Raises:
+        RuntimeError: mpirun or srun started several copies of the script without ``WORLD_SIZE``
+            (each would train alone, as a local engine included).
+    """
+    if "WORLD_SIZE" not in os.environ:
+        refuse_bare_multiprocess_launch()
     if cfg.kind != "auto":
         return cfg.kind
     from fmmeta.engine.accelerate_engine import launched_by_accelerate

@@ -13,6 +13,7 @@ import datetime
 import logging
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -120,6 +121,7 @@ def init_distributed(
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), local_rank, dist.get_world_size()
     if "WORLD_SIZE" not in os.environ:
+        refuse_bare_multiprocess_launch()
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
         os.environ["RANK"] = "0"
@@ -138,6 +140,49 @@ def init_distributed(
         backend, rank, local_rank, world, timeout_s,
     )
     return rank, local_rank, world
+
+
+_BARE_LAUNCHERS = {
+    "OMPI_COMM_WORLD_SIZE": "mpirun (OpenMPI)",
+    "PMI_SIZE": "mpirun (MPICH / Intel MPI)",
+    "SLURM_STEP_NUM_TASKS": "srun",
+}
+"""Variables with which launchers that start the script itself (no ``WORLD_SIZE``) count its copies."""
+
+
+def refuse_bare_multiprocess_launch() -> None:
+    """Raises if an MPI or SLURM launcher started several copies of the script without ``WORLD_SIZE``.
+
+    ``mpirun``/``srun`` (also under ``deepspeed --launcher openmpi|slurm``) start every process
+    directly and set only their own rank variables; each copy would then make a one-process group
+    and train alone, writing into the same folder as the others.
+
+    Raises:
+        RuntimeError: naming the launcher and the ways to launch that work.
+    """
+    for var, launcher in _BARE_LAUNCHERS.items():
+        count = os.environ.get(var, "1")
+        if count.isdigit() and int(count) > 1:
+            raise RuntimeError(
+                f"{var}={count}: {launcher} started {count} copies of this script without setting "
+                "WORLD_SIZE/RANK, so each would train alone. Start one launcher per node instead: "
+                "`torchrun --nnodes N --node_rank I ...` or `deepspeed --hostfile FILE --no_ssh "
+                "--node_rank I ...` (under SLURM: srun --ntasks-per-node=1 around it), or "
+                "deepspeed's default pdsh launcher; see docs/multinode.md"
+            )
+
+
+def all_gather_object(obj: Any) -> list[Any]:
+    """Every rank's ``obj`` in rank order, over the default process group (``[obj]`` without one).
+
+    For start-up checks that run before any engine exists (an engine has its own
+    ``all_gather_object``, which is what everything after start-up uses).
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def _free_port() -> int:

@@ -1,0 +1,151 @@
+"""Benchmark: tokens/s and model FLOP utilisation (MFU) of a FOMAML meta-step against a plain LoRA
+training loop on the same tokens, on a ~1B-parameter random Llama (a GPU benchmark).
+
+The model is built from a config (no download; hidden 2048, 16 layers, SmolLM2's 49,152-token
+vocabulary: 1.0B parameters) with LoRA r=8 on q,k,v,o, and runs in ``--dtype`` (bf16 by default:
+base and adapter alike, as fmmeta's local engine runs a bf16 model). One meta-step is 16 tasks x 8
+support and 8 query sequences of 256 tokens (16 answer tokens), 2 inner steps, packed into passes
+of 32 rows; the plain loop runs exactly the same passes (``loss.backward()`` + AdamW step per
+pass, the same loss function), so both process the same tokens.
+
+FLOPs counted per token of a pass (frozen base, so no weight gradients except the adapter's,
+which are negligible): 4 x the transformer body's parameters (forward 2, backward to the inputs 2),
+plus causal attention 6 x layers x hidden x sequence length (forward 2 matmuls at 2 FLOPs, half of
+them masked away, backward twice the forward), plus the LM head at answer positions only
+(4 x vocab x hidden per answer token; both loops run the head only there). MFU = counted FLOPs/s
+/ the device's dense peak for the dtype (``--peak-tflops``; known for H100/H200/A100 in bf16).
+
+Prints a few human lines and, as the last line, one JSON object: ``tokens_per_s`` and ``mfu`` of
+``meta_step`` and ``plain_loop``, and ``meta_step_vs_plain`` (time ratio, target <= 1.05 as on CPU).
+
+Usage:
+    python benchmarks/throughput.py --device cuda [--reps 5]
+    python benchmarks/throughput.py --tiny      # a seconds-long smoke run of the same code on CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import meta_step as bench  # noqa: E402  (benchmarks/meta_step.py: model, episodes, plans, loop)
+
+from fmmeta.algorithms.first_order import AlgorithmConfig, build_algorithm  # noqa: E402
+from fmmeta.algorithms.meta_step import meta_step  # noqa: E402
+from fmmeta.engine.local import LocalEngine  # noqa: E402
+from fmmeta.engine.optim import OuterOptimConfig  # noqa: E402
+
+PEAK_TFLOPS_BF16 = {"H200": 989.0, "H100": 989.0, "A100": 312.0}
+"""Dense bf16 peaks on paper (SXM parts), matched against the CUDA device name."""
+
+TINY = {"hidden": 128, "layers": 2, "vocab": 512, "tasks": 4, "shots": 2, "queries": 2, "seq": 32,
+        "answer": 4, "pack_rows": 4}
+"""Sizes of ``--tiny``: the same code path in seconds on a CPU."""
+
+
+def flops_per_meta_step(args: argparse.Namespace, n_body_params: int) -> float:
+    """Counted FLOPs of the meta-step's passes (see the module docstring for the formula)."""
+    seqs = args.tasks * (args.shots * args.inner_steps + args.queries)
+    per_token = 4 * n_body_params + 6 * args.layers * args.hidden * args.seq
+    return seqs * (args.seq * per_token + args.answer * 4 * args.vocab * args.hidden)
+
+
+def peak_flops(args: argparse.Namespace, device: torch.device) -> float | None:
+    """The device's dense peak in FLOP/s, or None where it is unknown (CPU, fp32, unlisted GPU)."""
+    if args.peak_tflops:
+        return args.peak_tflops * 1e12
+    if device.type != "cuda" or args.dtype != "bfloat16":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((t * 1e12 for key, t in PEAK_TFLOPS_BF16.items() if key in name), None)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--vocab", type=int, default=49152)
+    ap.add_argument("--tasks", type=int, default=16, help="tasks per meta-step")
+    ap.add_argument("--inner-steps", type=int, default=2)
+    ap.add_argument("--shots", type=int, default=8, help="support sequences per task")
+    ap.add_argument("--queries", type=int, default=8, help="query sequences per task")
+    ap.add_argument("--seq", type=int, default=256, help="tokens per sequence")
+    ap.add_argument("--answer", type=int, default=16, help="answer tokens per sequence")
+    ap.add_argument("--pack-rows", type=int, default=32, help="rows per packed pass")
+    ap.add_argument("--peak-tflops", type=float, default=0.0, help="the device's dense peak (0: known table)")
+    ap.add_argument("--tiny", action="store_true", help="tiny sizes: a CPU smoke run of the same code")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    if args.tiny:
+        for key, value in TINY.items():
+            setattr(args, key, value)
+    device = torch.device(args.device)
+    dtype = getattr(torch, args.dtype)
+
+    model = bench.build_model(args, device).to(dtype)
+    engine = LocalEngine(model, OuterOptimConfig(outer_lr=1e-4, grad_clip=0.0), device=device)
+    n_total = sum(p.numel() for p in model.parameters())
+    n_adapter = sum(p.numel() for p in bench.trainable(model))
+    n_body = n_total - n_adapter - 2 * args.vocab * args.hidden  # without embedding and LM head
+    plan = bench.build_plan(bench.build_episodes(args), args.pack_rows)
+    algo = build_algorithm(AlgorithmConfig(name="fomaml", inner_steps=args.inner_steps, inner_lr=1e-2),
+                           bench.PAD_ID)
+    batches = bench.pass_batches(plan, args.inner_steps, device)
+    plain_opt = torch.optim.AdamW(bench.trainable(model), lr=1e-4)
+    methods = {
+        "meta_step": lambda: meta_step(engine, algo, plan),
+        "plain_loop": lambda: bench.plain_loop(model, plain_opt, batches, hf=False),
+    }
+    for fn in methods.values():  # warm-up: kernels, allocator, optimizer state
+        fn()
+    times: dict[str, list[float]] = {k: [] for k in methods}
+    for rep in range(args.reps):
+        for name in (list(methods) if rep % 2 == 0 else list(methods)[::-1]):
+            bench.sync(device)
+            t0 = time.perf_counter()
+            methods[name]()
+            bench.sync(device)
+            times[name].append(time.perf_counter() - t0)
+
+    tokens = sum(int(b.attention_mask.sum()) for b in batches)
+    flops = flops_per_meta_step(args, n_body)
+    peak = peak_flops(args, device)
+    result: dict[str, object] = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "dtype": args.dtype,
+        "model": {"params": n_total, "adapter_params": n_adapter, "hidden": args.hidden,
+                  "layers": args.layers, "vocab": args.vocab},
+        "meta_step_shape": {"tasks": args.tasks, "inner_steps": args.inner_steps, "shots": args.shots,
+                            "queries": args.queries, "seq": args.seq, "passes": len(batches)},
+        "tokens_per_meta_step": tokens,
+        "tflop_per_meta_step": flops / 1e12,
+        "peak_tflops": peak / 1e12 if peak else None,
+        "reps": args.reps,
+    }
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        result[name] = {"median_s": med, "tokens_per_s": tokens / med,
+                        "mfu": flops / med / peak if peak else None}
+        print(f"{name:10s} median {med * 1000:9.1f} ms  {tokens / med:10.0f} tokens/s"
+              + (f"  MFU {flops / med / peak:.3f}" if peak else ""))
+    result["meta_step_vs_plain"] = result["meta_step"]["median_s"] / result["plain_loop"]["median_s"]  # type: ignore[index]
+    if device.type == "cuda":
+        result["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+    print(f"model {n_total / 1e9:.2f}B params, {tokens} tokens and {len(batches)} passes per meta-step")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""The CUDA checks behind ``scripts/gpu_check.sh``: correctness first, then speed, one JSON line.
+
+Every run goes through the real recipe (``recipes/train.py`` on the smoke config, FOMAML only) or a
+real benchmark, each in its own process, and is compared with a one-process CPU run of the same
+config, the reference every engine is held to:
+
+* ``local_fp32``: the plain torch engine on the device, fp32 (TF32 stays off, torch's default for
+  matmuls), against the CPU reference: only kernel rounding may differ (see :data:`TOLERANCES`);
+* ``zero3_fp32``: DeepSpeed ZeRO-3 in one process on the device, fp32;
+* ``zero3_bf16``: the same in bf16; DeepSpeed keeps fp32 master copies of the adapter in its
+  optimizer, which the check reads back from the run's last checkpoint (the optimizer file must
+  hold float32 flat groups); the adapter and the logged losses may differ from the fp32 reference
+  by bf16 rounding;
+* ``benchmarks/meta_step.py`` and ``benchmarks/throughput.py`` (~1B random Llama, bf16: tokens/s
+  and MFU of a meta-step and of a plain LoRA loop on the same tokens).
+
+``--device cpu`` runs all of it on the CPU with small sizes (what the test suite does), so the
+script is known to work end to end before a GPU is spent on it.
+
+Usage: ``python scripts/gpu_check.py --device cuda --out gpu_check_out`` (normally through
+``scripts/gpu_check.sh``, which installs what is missing first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+REPO = Path(__file__).resolve().parents[1]
+TRAIN = REPO / "recipes" / "train.py"
+SMOKE = REPO / "recipes" / "configs" / "smoke.yaml"
+
+TOLERANCES = {"local_fp32": 1e-4, "zero3_fp32": 1e-4, "zero3_bf16": 1e-1}
+"""Largest relative adapter error ``||a - ref|| / ||ref||`` each check accepts. fp32 differs from
+the CPU only in summation order (ZeRO-3 on the CPU: 1.5e-6 after 2 steps). bf16 differs much more
+than its rounding (eps 3.9e-3) suggests: LoRA B starts at zero and Adam's normalised update turns
+a sign flip of a tiny gradient entry into a full step the other way (measured 1.9e-2 on the CPU
+after 2 steps), so for bf16 the losses are the sharper check."""
+
+LOSS_TOLERANCE_BF16 = 2e-3
+"""Largest relative difference of a logged loss between the bf16 run and the fp32 reference
+(measured 6.5e-5 on the CPU)."""
+
+BENCH_ARGS = {
+    "cuda": {"meta_step": ["--device", "cuda"], "throughput": ["--device", "cuda"]},
+    "cpu": {"meta_step": ["--device", "cpu", "--reps", "1", "--vocab", "512", "--hidden", "64",
+                          "--layers", "1", "--tasks", "2", "--pack-rows", "4"],
+            "throughput": ["--device", "cpu", "--tiny", "--reps", "1"]},
+}
+"""Arguments of each device benchmark: full size on a GPU, seconds-long sizes for the dry run."""
+
+
+def run(cmd: list[str], log: Path, env: dict[str, str], timeout_s: float) -> str:
+    """Runs ``cmd`` with its output in ``log``; raises with the log's tail if it fails."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as fh:
+        proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                              timeout=timeout_s, check=False)
+    text = log.read_text()
+    if proc.returncode != 0:
+        raise RuntimeError(f"rc={proc.returncode}: {' '.join(cmd)}\n{text[-4000:]}")
+    return text
+
+
+def environment(*, hide_gpu: bool) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if hide_gpu:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+def recipe_run(out: Path, name: str, extra: list[str], *, steps: int, hide_gpu: bool) -> Path:
+    """One short FOMAML run of the smoke config; returns its output folder."""
+    folder = out / name
+    args = ["--config", str(SMOKE), "methods=[fomaml]", "eval.enabled=false",
+            f"train.meta_steps={steps}", "engine.collective_timeout_s=300", f"output_dir={folder}", *extra]
+    run([sys.executable, str(TRAIN), *args], out / f"{name}.log", environment(hide_gpu=hide_gpu), 1800)
+    return folder
+
+
+def adapter_error(run_dir: Path, reference: Path) -> float:
+    """``||a - b|| / ||b||`` over all adapter tensors together, in float64.
+
+    A norm over everything, not a per-tensor maximum: LoRA B starts at zero, so after a few steps
+    some of its entries are tiny and a per-element ratio would measure bf16's rounding of noise.
+    """
+    a = load_file(str(run_dir / "fomaml" / "adapter" / "adapter_model.safetensors"))
+    b = load_file(str(reference / "fomaml" / "adapter" / "adapter_model.safetensors"))
+    if sorted(a) != sorted(b):
+        raise RuntimeError(f"adapter tensors differ in names: {sorted(set(a) ^ set(b))[:3]}")
+    num = sum(float((a[k].double() - b[k].double()).pow(2).sum()) for k in b)
+    return (num / sum(float(b[k].double().pow(2).sum()) for k in b)) ** 0.5
+
+
+def loss_error(run_dir: Path, reference: Path) -> float:
+    """Largest relative difference of a logged loss (outer, query before and after) between runs."""
+    def losses(folder: Path) -> list[float]:
+        rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line]
+        return [r[k] for r in rows for k in ("outer_loss", "query_loss_before", "query_loss_after")]
+
+    got, want = losses(run_dir), losses(reference)
+    if len(got) != len(want):
+        raise RuntimeError(f"{run_dir} logged {len(got)} losses, the reference {len(want)}")
+    return max(abs(x - y) / abs(y) for x, y in zip(got, want))
+
+
+def master_dtypes(run_dir: Path) -> list[str]:
+    """Dtypes of the fp32 flat groups in the last checkpoint's optimizer files (ZeRO's master copy)."""
+    last = sorted((run_dir / "fomaml" / "checkpoints").glob("step_*"))[-1]
+    found = set()
+    for file in last.rglob("*"):
+        if not file.is_file() or file.suffix not in (".pt", ".bin"):
+            continue
+        state = torch.load(file, map_location="cpu", weights_only=True)
+        groups = state.get("optimizer", {}).get("fp32_flat_groups", []) if isinstance(state, dict) else []
+        found.update(str(t.dtype) for t in groups if isinstance(t, torch.Tensor))
+    return sorted(found)
+
+
+def last_json(text: str) -> dict[str, Any]:
+    return json.loads(text.strip().splitlines()[-1])
+
+
+def correctness(out: Path, device: str, steps: int) -> dict[str, Any]:
+    """The recipe checks against the CPU reference (on a CPU, ``local_fp32`` would be the
+    reference itself, so the dry run skips it)."""
+    on_cpu = device == "cpu"
+    ref = recipe_run(out, "cpu_reference", [], steps=steps, hide_gpu=True)
+    zero3 = ["engine.deepspeed_config=ds_configs/zero3.json"]
+    wanted = {"local_fp32": [], "zero3_fp32": zero3, "zero3_bf16": [*zero3, "model.dtype=bfloat16"]}
+    checks: dict[str, Any] = {}
+    for name, extra in wanted.items():
+        if on_cpu and name == "local_fp32":
+            checks[name] = {"skipped": "on a CPU this run is the reference itself", "ok": True}
+            continue
+        folder = recipe_run(out, name, extra, steps=steps, hide_gpu=on_cpu)
+        err = adapter_error(folder, ref)
+        checks[name] = {"adapter_rel_error": err, "tolerance": TOLERANCES[name], "ok": err <= TOLERANCES[name]}
+        if name == "zero3_bf16":
+            masters, losses = master_dtypes(folder), loss_error(folder, ref)
+            checks[name].update(master_dtypes=masters, loss_rel_error=losses, loss_tolerance=LOSS_TOLERANCE_BF16)
+            checks[name]["ok"] &= masters == ["torch.float32"] and losses <= LOSS_TOLERANCE_BF16
+    return checks
+
+
+def benchmarks(out: Path, device: str) -> dict[str, Any]:
+    """The device benchmarks' JSON lines (the figures the README quotes)."""
+    figures = {}
+    for name, extra in BENCH_ARGS[device].items():
+        text = run([sys.executable, str(REPO / "benchmarks" / f"{name}.py"), *extra],
+                   out / f"bench_{name}.log", environment(hide_gpu=device == "cpu"), 3600)
+        figures[name] = last_json(text)
+    return figures
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--out", default="", help="folder for run outputs and logs (default: a temporary one)")
+    args = ap.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("error: --device cuda but torch sees no GPU; use --cpu for the dry run", file=sys.stderr)
+        return 2
+    out = Path(args.out or tempfile.mkdtemp(prefix="gpu_check_")).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    steps = 8 if args.device == "cuda" else 2
+    import deepspeed
+
+    result: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
+        "torch": torch.__version__, "deepspeed": deepspeed.__version__,
+        "cuda": torch.version.cuda, "meta_steps": steps, "out": str(out),
+    }
+    result["checks"] = correctness(out, args.device, steps)
+    result["benchmarks"] = benchmarks(out, args.device)
+    result["ok"] = all(c["ok"] for c in result["checks"].values())
+    result["seconds"] = time.perf_counter() - t0
+    print(json.dumps(result))
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

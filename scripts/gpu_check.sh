@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# One prepared check for a GPU machine: installs what is missing (offline, from a wheel folder),
+# then runs scripts/gpu_check.py: the meta-step on CUDA against the CPU reference in fp32, bf16
+# with fp32 master adapter weights, ZeRO-3 on one GPU, and the device benchmarks (a ~1B random
+# Llama's tokens/s and MFU, meta-step against a plain LoRA loop). The last stdout line is one JSON
+# object; the exit status is non-zero if a check failed.
+#
+# Usage: scripts/gpu_check.sh [--cpu] [--wheels DIR] [--out DIR]
+#   --cpu          dry run of everything on the CPU with small sizes (what the tests run)
+#   --wheels DIR   wheels to install from where a package is missing (default: wheels/,
+#                  prepared on a networked machine with scripts/gpu_wheels.sh)
+#   --out DIR      where runs and logs go (default: a temporary folder)
+# PYTHON selects the interpreter (default: python3; the machine's torch, transformers and peft).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DEVICE=cuda
+WHEELS=wheels
+OUT=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --cpu) DEVICE=cpu ;;
+    --wheels) WHEELS=${2:?--wheels needs a folder}; shift ;;
+    --out) OUT=${2:?--out needs a folder}; shift ;;
+    *) echo "error: unknown argument '$1' (allowed: --cpu, --wheels DIR, --out DIR)" >&2; exit 2 ;;
+  esac
+  shift
+done
+PY=${PYTHON:-python3}
+
+# A wheel is installed only where its distribution is missing, without dependencies and without
+# the network, so nothing the machine already has (torch above all) is replaced.
+installed() { "$PY" -c "import importlib.metadata as m, sys; m.version(sys.argv[1])" "$1" 2>/dev/null; }
+missing=()
+if [ -d "$WHEELS" ]; then
+  for whl in "$WHEELS"/*.whl; do
+    [ -e "$whl" ] || continue
+    name=$(basename "$whl" | cut -d- -f1)
+    installed "$name" || missing+=("$whl")
+  done
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing ${#missing[@]} wheels from $WHEELS" >&2
+  "$PY" -m pip install -q --no-index --no-deps "${missing[@]}" >&2
+fi
+for module in torch transformers peft accelerate deepspeed datasets gguf safetensors yaml babel; do
+  if ! "$PY" -c "import $module" 2>/dev/null; then
+    echo "error: python module '$module' is missing and $WHEELS/ holds no wheel for it: prepare the" \
+      "folder with scripts/gpu_wheels.sh on a machine with the package index, copy it here, rerun" >&2
+    exit 2
+  fi
+done
+
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$PWD/.gpu_check_extensions}
+if [ "$DEVICE" = cpu ]; then export DS_ACCELERATOR=cpu; fi
+exec "$PY" scripts/gpu_check.py --device "$DEVICE" ${OUT:+--out "$OUT"}

@@ -1,0 +1,89 @@
+"""scripts/gpu_check.sh end to end in its CPU dry mode (``--cpu``), so the one GPU run it is
+prepared for does not fail on a typo: every recipe run, every comparison and both device
+benchmarks run here with small sizes, and the last stdout line is the JSON the README quotes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "gpu_check.sh"
+
+
+def _env(python: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"PYTHON": python, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"})
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    return env
+
+
+@pytest.mark.timeout(900)
+def test_cpu_dry_run_passes_every_check_and_prints_one_json_line(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = subprocess.run([str(SCRIPT), "--cpu", "--out", str(out)], cwd=tmp_path, env=_env(sys.executable),
+                          capture_output=True, text=True, timeout=880)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["ok"] is True and result["device"] == "cpu" and result["out"] == str(out)
+    checks = result["checks"]
+    assert checks["zero3_fp32"]["adapter_rel_error"] <= 1e-4
+    bf16 = checks["zero3_bf16"]
+    assert bf16["master_dtypes"] == ["torch.float32"], bf16  # DeepSpeed's fp32 master adapter
+    assert bf16["loss_rel_error"] <= 2e-3 and bf16["adapter_rel_error"] > 0  # bf16 did run in bf16
+    # Each run trained FOMAML in its own folder, and the ZeRO-3 runs really ran DeepSpeed.
+    for name in ("cpu_reference", "zero3_fp32", "zero3_bf16"):
+        assert (out / name / "fomaml" / "adapter" / "adapter_model.safetensors").is_file(), name
+    assert "ZeRO stage 3" in (out / "zero3_bf16.log").read_text()
+    assert "precision=bf16" in (out / "zero3_bf16.log").read_text()
+    throughput = result["benchmarks"]["throughput"]
+    for loop in ("meta_step", "plain_loop"):
+        assert throughput[loop]["tokens_per_s"] > 0 and throughput[loop]["mfu"] is None  # no CPU peak
+    assert throughput["tokens_per_meta_step"] > 0 and throughput["tflop_per_meta_step"] > 0
+    assert result["benchmarks"]["meta_step"]["device"] == "cpu"
+
+
+def _probe_wheel(folder: Path) -> Path:
+    """A minimal pure-Python wheel (module ``fmmeta_probe``), written by hand: a zip with the
+    module, its METADATA, WHEEL and RECORD."""
+    name = "fmmeta_probe-1.0"
+    path = folder / f"{name}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as whl:
+        whl.writestr("fmmeta_probe.py", "VALUE = 42\n")
+        whl.writestr(f"{name}.dist-info/METADATA", "Metadata-Version: 2.1\nName: fmmeta-probe\nVersion: 1.0\n")
+        whl.writestr(f"{name}.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\n"
+                                                "Tag: py3-none-any\n")
+        whl.writestr(f"{name}.dist-info/RECORD", "")
+    return path
+
+
+@pytest.mark.timeout(300)
+def test_missing_packages_come_from_the_wheel_folder_and_what_is_left_stops_it(tmp_path: Path) -> None:
+    # A bare venv (no torch) and a wheel folder with one package it lacks: the script installs
+    # that wheel offline, then stops on torch, which no wheel provides, naming the fix.
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=240)
+    python = str(venv / "bin" / "python")
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    _probe_wheel(wheels)
+    proc = subprocess.run([str(SCRIPT), "--cpu", "--wheels", str(wheels)], env=_env(python),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"installing 1 wheels from {wheels}" in proc.stderr
+    assert "python module 'torch' is missing" in proc.stderr and "scripts/gpu_wheels.sh" in proc.stderr
+    probe = subprocess.run([python, "-c", "import fmmeta_probe; print(fmmeta_probe.VALUE)"],
+                           capture_output=True, text=True)
+    assert probe.stdout.strip() == "42", probe.stderr
+
+
+def test_an_unknown_argument_is_refused() -> None:
+    proc = subprocess.run([str(SCRIPT), "--gpu"], env=_env(sys.executable), capture_output=True, text=True)
+    assert proc.returncode == 2 and "unknown argument '--gpu'" in proc.stderr

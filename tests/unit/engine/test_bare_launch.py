@@ -1,0 +1,51 @@
+"""Launchers that start every copy of the script themselves (mpirun, srun) without WORLD_SIZE
+are refused before any process group exists: each copy would otherwise train alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+
+from fmmeta.engine.distributed import all_gather_object, init_distributed, refuse_bare_multiprocess_launch
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.mark.parametrize("var,launcher", [("OMPI_COMM_WORLD_SIZE", "mpirun"), ("PMI_SIZE", "mpirun"),
+                                          ("SLURM_STEP_NUM_TASKS", "srun")])
+def test_several_bare_copies_are_refused_with_the_fix(monkeypatch: pytest.MonkeyPatch, var: str,
+                                                      launcher: str) -> None:
+    monkeypatch.setenv(var, "4")
+    with pytest.raises(RuntimeError) as err:
+        init_distributed("gloo", 5.0)
+    msg = str(err.value)
+    assert f"{var}=4" in msg and launcher in msg and "torchrun --nnodes" in msg and "--no_ssh" in msg
+    assert not dist.is_initialized()
+
+
+def test_the_recipe_refuses_them_even_for_a_local_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fmmeta.config import EngineConfig
+    from fmmeta.engine.build import resolve_engine_kind
+
+    assert resolve_engine_kind(EngineConfig(kind="local")) == "local"
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "4")  # `srun -n 4 python recipes/train.py`
+    with pytest.raises(RuntimeError, match="srun started 4 copies"):
+        resolve_engine_kind(EngineConfig(kind="local"))
+    monkeypatch.setenv("WORLD_SIZE", "4")  # srun around a launcher: its workers know their world
+    assert resolve_engine_kind(EngineConfig(kind="local")) == "local"
+
+
+def test_one_copy_or_a_real_launcher_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "1")  # `srun -n 1 python recipes/train.py`
+    refuse_bare_multiprocess_launch()
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "not a number")
+    refuse_bare_multiprocess_launch()
+
+
+def test_all_gather_object_without_a_group_is_this_process_alone() -> None:
+    assert not dist.is_initialized()
+    assert all_gather_object({"a": 1}) == [{"a": 1}]
