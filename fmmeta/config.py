@@ -255,6 +255,8 @@ class TrainConfig:
     """Complete checkpoints to keep (>= 2, so a corrupt newest one has a fallback)."""
     resume: str = "auto"
     """"auto" = latest complete checkpoint in output_dir if any; "never"; or a checkpoint folder."""
+    resume_changes: tuple[str, ...] = ()
+    """Keys allowed to differ from the checkpoint's on resume (e.g. [optim.outer_lr]); others are refused."""
     nonfinite: Literal["skip", "stop"] = "stop"
     """On a non-finite loss: "skip" the meta-step on all ranks, or "stop" (last good checkpoint kept)."""
 

@@ -324,9 +324,11 @@ def test_recipe_nonfinite_stop_keeps_last_good_checkpoint(
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 1]
 
-    # The same output_dir with another LoRA shape: the kept checkpoint is refused, not loaded.
-    with pytest.raises(CheckpointMismatchError, match=r"has shape \[4, 32\] there, \[8, 32\] here"):
-        _recipe().main(args + ["lora.r=8"])
+    # The same output_dir with another LoRA shape: the kept checkpoint is refused before
+    # anything is built or written (exit 2), naming the setting.
+    assert _recipe().main(args + ["lora.r=8"]) == 2
+    err = capsys.readouterr().err
+    assert "lora.r: 4 in the checkpoint, 8 now" in err and "train.resume_changes=[lora.r]" in err, err
 
 
 # ---------------------------------------------------------------------------------------------
