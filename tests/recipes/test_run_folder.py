@@ -42,7 +42,8 @@ def test_second_run_into_the_same_folder_is_refused_and_the_first_is_unharmed(
 ) -> None:
     out = tmp_path / "run"
     first_log = tmp_path / "first.log"
-    first = _start([*_recipe.SHORT, f"output_dir={out}"], first_log)
+    # Long enough that the second run (interpreter start and imports: seconds) meets it running.
+    first = _start([*_recipe.SHORT, "train.meta_steps=40", f"output_dir={out}"], first_log)
     try:
         _wait_for_step(first, out / "metrics.jsonl", 0, first_log)
         config_before = (out / "config.yaml").read_bytes()
@@ -52,12 +53,16 @@ def test_second_run_into_the_same_folder_is_refused_and_the_first_is_unharmed(
         assert re.search(rf"output_dir='{re.escape(str(out))}' is in use by another run: pid "
                          rf"{first.pid} on host \S+", second.stdout), second.stdout[-3000:]
         assert "Traceback" not in second.stdout and "model and" not in second.stdout
+        assert first.poll() is None, "the first run ended before the second was refused"
         assert (out / "config.yaml").read_bytes() == config_before
-        assert first.wait(timeout=180) == 0, first_log.read_text()[-3000:]
+        assert first.wait(timeout=240) == 0, first_log.read_text()[-3000:]
     finally:
         _recipe.kill_group(first)
-    # The first run is exactly the run it would have been alone.
-    assert _recipe.losses(out / "metrics.jsonl") == _recipe.losses(local_short / "metrics.jsonl")
+    # The first run is exactly the run it would have been alone: each step logged once, and its
+    # first 8 steps equal the 8-step reference's (a constant lr: the length changes nothing before).
+    got = _recipe.losses(out / "metrics.jsonl")
+    assert [r[0] for r in got] == list(range(40))
+    assert got[:8] == _recipe.losses(local_short / "metrics.jsonl")
     assert not (out / ".fmmeta.lock").exists()
 
 
