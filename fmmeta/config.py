@@ -265,6 +265,8 @@ class TrainConfig:
         problems: list[str] = []
         if self.meta_steps < 1:
             problems.append(f"meta_steps={self.meta_steps} is invalid: must be >= 1")
+        if not self.seed >= 0:
+            problems.append(f"seed={self.seed} is invalid: must be >= 0 (numpy's seed sequence)")
         if self.log_every < 1:
             problems.append(f"log_every={self.log_every} is invalid: must be >= 1")
         if self.checkpoint_every < 0:

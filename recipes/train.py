@@ -321,6 +321,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.config is not None and os.path.isdir(args.config):
+        raise UserInputError(f"--config {args.config!r} is a folder: give the YAML file, e.g. "
+                             f"{os.path.join(args.config, 'config.yaml')}")
     cfg = load_config(RecipeConfig, args.config, args.overrides)
     kind = resolve_engine_kind(cfg.engine)
     rank = 0

@@ -93,6 +93,7 @@ CONFIG_CASES = {
     "keep_last_one": (["train.keep_last=1"], ["train.keep_last=1 is invalid: must be >= 2"]),
     "unknown_method": (["methods=[maml2]"], ["methods=['maml2'] is invalid: choose one or more of fomaml"]),
     "malformed_override": (["train.meta_steps"], ["override 'train.meta_steps' is malformed: write section.key=value"]),
+    "negative_seed": (["train.seed=-1"], ["train.seed=-1 is invalid: must be >= 0"]),
 }
 
 
@@ -329,6 +330,21 @@ def test_recipe_nonfinite_stop_keeps_last_good_checkpoint(
     assert _recipe().main(args + ["lora.r=8"]) == 2
     err = capsys.readouterr().err
     assert "lora.r: 4 in the checkpoint, 8 now" in err and "train.resume_changes=[lora.r]" in err, err
+
+
+@pytest.mark.timeout(120)
+def test_recipe_late_input_errors_exit_2_with_one_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    smoke = str(REPO / "recipes" / "configs" / "smoke.yaml")
+    assert _recipe().main(["--config", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"--config {str(tmp_path)!r} is a folder: give the YAML file" in err, err
+    out = tmp_path / "run"
+    assert _recipe().main(["--config", smoke, f"output_dir={out}", "lora.target_modules=[nope]"]) == 2
+    err = capsys.readouterr().err
+    assert "lora.target_modules=['nope'] is invalid" in err and "Traceback" not in err, err
+    assert not (out / ".fmmeta.lock").exists()  # released on the way out
 
 
 # ---------------------------------------------------------------------------------------------
