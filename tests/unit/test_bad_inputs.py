@@ -137,6 +137,16 @@ def test_ds_json_conflicting_with_recipe_is_refused(tmp_path: Path) -> None:
     load_config(RecipeConfig, None, TINY + [f"engine.deepspeed_config={_ds_json(tmp_path)}"])
 
 
+def test_ds_json_that_is_a_list_or_asks_for_stage_7_is_refused(tmp_path: Path) -> None:
+    listed = tmp_path / "list.json"
+    listed.write_text(json.dumps([{"zero_optimization": {"stage": 3}}]))
+    msg = _problems([f"engine.deepspeed_config={listed}"])
+    assert f"engine.deepspeed_config={str(listed)!r}: the JSON holds a list, not an object" in msg, msg
+    assert "see ds_configs/zero3.json" in msg
+    msg = _problems([f"engine.deepspeed_config={_ds_json(tmp_path, zero_optimization={'stage': 7})}"])
+    assert "zero_optimization.stage: DeepSpeed JSON has 7 but ZeRO stages are 0, 1, 2 and 3" in msg, msg
+
+
 def test_ds_json_missing_is_refused(tmp_path: Path) -> None:
     msg = _problems([f"engine.deepspeed_config={tmp_path / 'nope.json'}"])
     assert "does not exist: give a DeepSpeed JSON file such as ds_configs/zero3.json" in msg
