@@ -355,6 +355,11 @@ def test_recipe_late_input_errors_exit_2_with_one_message(
     err = capsys.readouterr().err
     assert "lora.target_modules=['nope'] is invalid" in err and "Traceback" not in err, err
     assert not (out / ".fmmeta.lock").exists()  # released on the way out
+    short = tmp_path / "short"
+    assert _recipe().main(["--config", smoke, f"output_dir={short}", "tasks.max_length=8"]) == 2
+    err = capsys.readouterr().err
+    assert "dropped as too long for max_length" in err and "Traceback" not in err, err
+    assert "Raise tasks.max_length (now 8 tokens per example) so the examples fit" in err, err
 
 
 # ---------------------------------------------------------------------------------------------
