@@ -173,6 +173,10 @@ def _text_problem(path: str, kind: str) -> str | None:
     return None
 
 
+_JSON_KINDS = {list: "array", str: "string", int: "number", float: "number", bool: "boolean",
+               type(None): "null"}
+
+
 def _first_bad_json_line(path: str) -> str | None:
     """A JSON array file parses whole; otherwise every non-blank line must be one JSON object."""
     if Path(path).suffix.lower() not in _FORMATS:
@@ -197,8 +201,8 @@ def _first_bad_json_line(path: str) -> str | None:
             )
         if not isinstance(row, dict):
             return (
-                f"data file {path!r} line {number} holds a {type(row).__name__}, not a JSON "
-                f"object: {line[:80]!r}. Each line must be one object such as "
+                f"data file {path!r} line {number} is a JSON {_JSON_KINDS.get(type(row), 'value')}, "
+                f"not an object: {line[:80]!r}. Each line must be one object such as "
                 '{"input": "...", "output": "..."}: fix or remove that line'
             )
     return None
