@@ -21,6 +21,7 @@ rank evaluates its share of the held-out episodes under one more engine on the s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -28,7 +29,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import torch
 from tqdm import tqdm
@@ -37,12 +38,15 @@ from fmmeta.algorithms.first_order import build_algorithm
 from fmmeta.algorithms.meta_sgd import MetaSGD, save_inner_lrs
 from fmmeta.algorithms.meta_step import meta_step
 from fmmeta.algorithms.protocol import MetaAlgorithm
-from fmmeta.checkpoint import CheckpointManager, load_rng_state, save_rng_state
+from fmmeta.checkpoint import CheckpointManager, CheckpointMismatchError, load_rng_state, save_rng_state
+from fmmeta.checkpoint.resume import RESUME_FACTS, find_resume_checkpoint, resume_facts
+from fmmeta.checkpoint.run_folder import claim_output_dir
 from fmmeta.checkpoint.shared_folder import SharedFolderError, check_shared_folder
-from fmmeta.config import ConfigError, describe_config, load_config, save_resolved
+from fmmeta.config import ConfigError, describe_config, load_config
 from fmmeta.engine.build import build_engine, resolve_engine_kind
 from fmmeta.engine.distributed import (
     all_gather_object,
+    broadcast_from_rank0,
     default_backend,
     init_distributed,
     strip_local_rank,
@@ -51,6 +55,7 @@ from fmmeta.engine.guard import NonFiniteError, NonFiniteGuard
 from fmmeta.engine.partition import partitioned_build
 from fmmeta.engine.protocol import Engine
 from fmmeta.engine.zero import scatter_adapter
+from fmmeta.errors import UserInputError
 from fmmeta.evaluation.heldout import evaluate_run
 from fmmeta.models import (
     add_lora,
@@ -79,6 +84,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         + describe_config(RecipeConfig()),
     )
     parser.add_argument("--config", help="YAML file holding only what differs from the defaults")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of input errors too (they exit with code 2)")
     parser.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.meta_steps=10")
     return parser.parse_args(strip_local_rank(argv))
 
@@ -164,12 +171,14 @@ class MetricsLog:
                 fh.write(dumps_strict(record) + "\n")
 
 
-def restore(ckpts: CheckpointManager, cfg: RecipeConfig, engine: Engine, prefetcher: Prefetcher,
+def restore(method_dir: Path, cfg: RecipeConfig, engine: Engine, prefetcher: Prefetcher,
             model: torch.nn.Module, algorithm: MetaAlgorithm) -> int:
-    """Loads the checkpoint ``train.resume`` names; returns the first step still to run."""
-    if cfg.train.resume == "never":
-        return 0
-    ckpt = ckpts.latest() if cfg.train.resume == "auto" else ckpts.open(cfg.train.resume)
+    """Loads the checkpoint ``train.resume`` selects; returns the first step still to run.
+
+    Its settings were compared with this run's before anything was written
+    (``claim_output_dir``); the model and LoRA shapes are compared here, with the model built.
+    """
+    ckpt = find_resume_checkpoint(cfg.train, method_dir)
     if ckpt is None:
         return 0
     ckpt.check_compatible(model_id=model_id(cfg.model), lora_shapes=lora_shapes(model))
@@ -187,8 +196,9 @@ def restore(ckpts: CheckpointManager, cfg: RecipeConfig, engine: Engine, prefetc
     return ckpt.step + 1
 
 
-def save_checkpoint(ckpts: CheckpointManager, step: int, cfg: RecipeConfig, engine: Engine,
-                    prefetcher: Prefetcher, model: torch.nn.Module, algorithm: MetaAlgorithm) -> None:
+def save_checkpoint(ckpts: CheckpointManager, step: int, cfg: RecipeConfig, method: str,
+                    engine: Engine, prefetcher: Prefetcher, model: torch.nn.Module,
+                    algorithm: MetaAlgorithm) -> None:
     """Adapter, optimizer (every rank's share), sampler state, RNG and step, written atomically;
     for metasgd also its step sizes and their optimizer state."""
     state: dict[str, Any] = {"step": step, "prefetcher": prefetcher.state_dict()}
@@ -204,7 +214,26 @@ def save_checkpoint(ckpts: CheckpointManager, step: int, cfg: RecipeConfig, engi
         w.add_files(engine.save_optimizer(w.directory))
         save_rng_state(w)
 
-    ckpts.save(step, write, meta={"model_id": model_id(cfg.model), "lora_shapes": lora_shapes(model)})
+    ckpts.save(step, write, meta={"model_id": model_id(cfg.model), "lora_shapes": lora_shapes(model),
+                                  RESUME_FACTS: resume_facts(cfg, method)})
+
+
+class Interrupted(Exception):
+    """Ctrl-C during meta-training; the message says where the last checkpoint is."""
+
+
+@contextlib.contextmanager
+def interrupt_note(method: str, ckpts: CheckpointManager, step: Callable[[], int]) -> Iterator[None]:
+    """Turns Ctrl-C into :class:`Interrupted` naming the last checkpoint and how to resume."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        last = ckpts.latest(verify=False)
+        raise Interrupted(
+            f"{method} interrupted during meta-step {step()}. Last checkpoint: "
+            + (f"{last.path} (after meta-step {last.step})" if last else "none yet")
+            + ". Rerun the same command to resume from it (train.resume=auto)"
+        ) from None
 
 
 def adapter_tensors(model: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -255,12 +284,13 @@ def _train(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.Modul
         method_dir / "checkpoints", keep_last=cfg.train.keep_last, rank=engine.rank,
         world_size=engine.world_size, barrier=engine.barrier,
     )
-    start = restore(ckpts, cfg, engine, prefetcher, model, algorithm)
+    start = restore(method_dir, cfg, engine, prefetcher, model, algorithm)
     metrics = MetricsLog(out / "metrics.jsonl", rank=engine.rank, method=method, keep_until=start - 1)
     every = cfg.train.checkpoint_every
     bar = tqdm(total=cfg.train.meta_steps, initial=start, desc=method, dynamic_ncols=True,
                file=sys.stderr, disable=engine.rank != 0 or not sys.stderr.isatty())
-    with prefetcher:
+    step = start
+    with prefetcher, interrupt_note(method, ckpts, lambda: step):
         for step in range(start, cfg.train.meta_steps):
             item = prefetcher.get()
             try:
@@ -284,7 +314,8 @@ def _train(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.Modul
             bar.update(1)
             if engine.rank == 0 and (step % cfg.train.log_every == 0 or step + 1 == cfg.train.meta_steps):
                 bar.write(
-                    f"{method} step {step + 1}/{cfg.train.meta_steps} | outer {record['outer_loss']:.3f}"
+                    f"{method} meta-step {step} ({step + 1}/{cfg.train.meta_steps})"
+                    f" | outer {record['outer_loss']:.3f}"
                     f" | query {record['query_loss_before']:.3f} -> {record['query_loss_after']:.3f}"
                     f" | {record['tokens']} tok, {record['tokens_per_s']:.0f} tok/s"
                     f" | pad eff {record['padding_efficiency']:.3f}"
@@ -293,7 +324,7 @@ def _train(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.Modul
                     + (" | SKIPPED (non-finite)" if record["skipped"] else "")
                 )
             if (every and (step + 1) % every == 0) or step + 1 == cfg.train.meta_steps:
-                save_checkpoint(ckpts, step, cfg, engine, prefetcher, model, algorithm)
+                save_checkpoint(ckpts, step, cfg, method, engine, prefetcher, model, algorithm)
     bar.close()
     adapter_dir = method_dir / "adapter"
     engine.save_adapter(adapter_dir)
@@ -304,29 +335,62 @@ def _train(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.Modul
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit codes: 0 done, 2 bad input (config, data, run folder, resume), 3 non-finite loss
+    (``train.nonfinite=stop``), 130 interrupted; anything else is a bug and keeps its traceback."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        cfg = load_config(RecipeConfig, args.config, args.overrides)
-    except ConfigError as err:
+        return run(args)
+    except (ConfigError, UserInputError, CheckpointMismatchError) as err:
+        if args.debug:
+            logger.exception("input error (traceback shown for --debug)")
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except Interrupted as err:
+        logger.warning("stopped: %s", err)
+        return 130
+    except KeyboardInterrupt:  # while loading, or during the final evaluation
+        logger.warning("stopped by Ctrl-C outside meta-training; rerun the same command: every "
+                       "complete checkpoint is resumed (train.resume=auto)")
+        return 130
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.config is not None and os.path.isdir(args.config):
+        raise UserInputError(f"--config {args.config!r} is a folder: give the YAML file, e.g. "
+                             f"{os.path.join(args.config, 'config.yaml')}")
+    cfg = load_config(RecipeConfig, args.config, args.overrides)
     kind = resolve_engine_kind(cfg.engine)
     rank = 0
     if kind != "local":
         rank, _, _ = init_distributed(default_backend(), cfg.engine.collective_timeout_s)
     setup_logging(rank)
-    out = Path(cfg.output_dir)
-    if kind != "local":  # every rank writes into the checkpoint folders: one folder for all
-        try:
-            check_shared_folder(out, rank=rank, all_gather=all_gather_object,
-                                wait_s=min(30.0, cfg.engine.collective_timeout_s / 4))
-        except SharedFolderError as err:  # raised on every rank together
-            logger.error("%s", err)
-            return 2
+    # Nothing is written into output_dir before rank 0 holds its lock and has checked the resume;
+    # every rank learns the outcome, so all stop together or go on together.
+    lock, refused = None, None
     if rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
-        save_resolved(cfg, out / "config.yaml")
-        logger.info("resolved config written to %s", out / "config.yaml")
+        try:
+            lock = claim_output_dir(cfg)
+        except UserInputError as err:
+            refused = str(err)
+    refused = broadcast_from_rank0(refused)
+    if refused is not None:
+        raise UserInputError(refused)
+    out = Path(cfg.output_dir).expanduser()
+    try:
+        if kind != "local":  # every rank writes into the checkpoint folders: one folder for all
+            try:
+                check_shared_folder(out, rank=rank, all_gather=all_gather_object,
+                                    wait_s=min(30.0, cfg.engine.collective_timeout_s / 4))
+            except SharedFolderError as err:  # raised on every rank together
+                logger.error("%s", err)
+                return 2
+        return train_and_evaluate(cfg, out)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def train_and_evaluate(cfg: RecipeConfig, out: Path) -> int:
     torch.manual_seed(cfg.train.seed)
     t0 = time.perf_counter()
     # Under ZeRO-3 the base is partitioned as it is built; `partitioned` stays alive all run.

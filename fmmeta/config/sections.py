@@ -193,6 +193,8 @@ class TrainConfig:
     """Complete checkpoints to keep (>= 2, so a corrupt newest one has a fallback)."""
     resume: str = "auto"
     """"auto" = latest complete checkpoint in output_dir if any; "never"; or a checkpoint folder."""
+    resume_changes: tuple[str, ...] = ()
+    """Keys allowed to differ from the checkpoint's on resume (e.g. [optim.outer_lr]); others are refused."""
     nonfinite: Literal["skip", "stop"] = "stop"
     """On a non-finite loss: "skip" the meta-step on all ranks, or "stop" (last good checkpoint kept)."""
 
@@ -201,6 +203,8 @@ class TrainConfig:
         problems: list[str] = []
         if self.meta_steps < 1:
             problems.append(f"meta_steps={self.meta_steps} is invalid: must be >= 1")
+        if not self.seed >= 0:
+            problems.append(f"seed={self.seed} is invalid: must be >= 0 (numpy's seed sequence)")
         if self.log_every < 1:
             problems.append(f"log_every={self.log_every} is invalid: must be >= 1")
         if self.checkpoint_every < 0:

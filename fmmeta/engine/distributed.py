@@ -191,3 +191,16 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def broadcast_from_rank0(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank (``obj`` itself without a process group).
+
+    Why: decisions only rank 0 can make before any engine exists (is the output folder ours, may
+    this run resume) must reach every rank, so that all of them stop together or go on together.
+    """
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

@@ -145,7 +145,13 @@ def resolve_ds_config(
         1
     """
     cfg = load_ds_config(source)
-    problems: list[str] = []
+    if not isinstance(cfg, dict):
+        raise DSConfigError(
+            "the DeepSpeed config does not match the recipe (1 problem(s)):\n  - the JSON holds a "
+            f"{type(cfg).__name__}, not an object: a DeepSpeed config is one JSON object such as "
+            '{"zero_optimization": {"stage": 3}}; see ds_configs/zero3.json'
+        )
+    problems: list[str] = _zero_problems(cfg.get("zero_optimization", {}))
     for key in owned:
         if key not in OWNED_KEYS:
             raise ValueError(
@@ -226,6 +232,18 @@ def resolve_ds_config(
     if problems:
         raise DSConfigError(problems)
     return cfg
+
+
+def _zero_problems(zero: Any) -> list[str]:
+    """What is wrong with the ``zero_optimization`` block's shape and stage (DeepSpeed itself
+    would fail on it only after the model is loaded, with a traceback)."""
+    if not isinstance(zero, dict):
+        return [f"zero_optimization: must be an object such as {{\"stage\": 3}}, got {zero!r}"]
+    stage = zero.get("stage", 0)
+    if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
+        return [f"zero_optimization.stage: DeepSpeed JSON has {stage!r} but ZeRO stages are 0, 1, 2 "
+                "and 3; fix: set one of them (ds_configs/zero3.json uses 3)"]
+    return []
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -62,7 +62,12 @@ class LocalEngine:
             )
         self._names = [n for n, _ in named]
         self._params = [p for _, p in named]
-        self.optimizer, self.scheduler = build_outer_optimizer(self._params, cfg)
+        # AdamW updates theta by ~outer_lr per step, often below bf16's resolution (8 significant
+        # bits) at the weight's magnitude: it steps fp32 master copies of a bf16 adapter, as
+        # DeepSpeed's bf16 optimizer does, and the live tensors get the rounded result.
+        self._master = [p if p.dtype == torch.float32 else p.detach().float().clone()
+                        for p in self._params]
+        self.optimizer, self.scheduler = build_outer_optimizer(self._master, cfg)
 
     def close(self) -> None:
         """Nothing to release: the model has no framework hooks (the method exists for symmetry
@@ -96,12 +101,19 @@ class LocalEngine:
             grads.append(g.detach().to(device=p.device, dtype=torch.float32) / n_real_tasks)
         norm = clip_grad_norm(grads, self.cfg.grad_clip)
         lr = float(self.optimizer.param_groups[0]["lr"])
-        for p, g in zip(self._params, grads):
-            p.grad = g.to(p.dtype)
+        for m, g in zip(self._master, grads):
+            m.grad = g
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self._copy_master_to_live()
         return {"grad_norm": norm, "lr": lr}
+
+    @torch.no_grad()
+    def _copy_master_to_live(self) -> None:
+        for p, m in zip(self._params, self._master):
+            if m is not p:
+                p.copy_(m)
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         """``[obj]``: one rank."""
@@ -154,6 +166,10 @@ class LocalEngine:
             raise RuntimeError(
                 "load_adapter replaced the adapter's Parameter objects instead of copying into them"
             )
+        with torch.no_grad():
+            for p, m in zip(self._params, self._master):
+                if m is not p:
+                    m.copy_(p)  # load_optimizer then restores the master's own fp32 digits
 
     def save_optimizer(self, directory: str | Path) -> list[Path]:
         """Writes the outer AdamW and schedule state (loadable with ``torch.load(weights_only=True)``)."""
@@ -161,7 +177,8 @@ class LocalEngine:
         directory.mkdir(parents=True, exist_ok=True)
         file = optimizer_file(directory, self.rank)
         torch.save(
-            {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
+            {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+             "master": [m.detach() for m, p in zip(self._master, self._params) if m is not p]},
             file,
         )
         return [file]
@@ -171,3 +188,14 @@ class LocalEngine:
         state = read_optimizer_state(directory, self.rank, self.device)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        separate = [m for m, p in zip(self._master, self._params) if m is not p]
+        saved = state.get("master", [])
+        if len(saved) != len(separate):
+            raise ValueError(
+                f"load_optimizer: {directory} holds {len(saved)} fp32 master tensors but this engine "
+                f"has {len(separate)}: it was written with another model.dtype; resume with the same one"
+            )
+        with torch.no_grad():
+            for m, s in zip(separate, saved):
+                m.copy_(s)
+        self._copy_master_to_live()

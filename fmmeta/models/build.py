@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from fmmeta.config import EMBEDDED_MODEL, LoraConfig, ModelConfig, model_source_problems
+from fmmeta.errors import UserInputError
 from fmmeta.tasks.task import ensure_pad_token
 
 __all__ = [
@@ -76,7 +77,7 @@ class PartitionedInit(Protocol):
         ...
 
 
-class ModelSourceError(ValueError):
+class ModelSourceError(UserInputError, ValueError):
     """The model cannot be loaded from where the config points; the message says how to fix it."""
 
 

@@ -214,6 +214,12 @@ class CostAwareSampler:
             )
         if not (isinstance(support_draws, int) and support_draws >= 1):
             raise ValueError(f"support_draws={support_draws!r} is invalid: must be an integer >= 1")
+        empty = [s.name for s in sources if hasattr(s, "__len__") and len(s) == 0]  # type: ignore[arg-type]
+        if empty:
+            raise ValueError(
+                f"task(s) {empty[:5]} have no examples: a task in a meta-batch counts as one "
+                "slot of the meta-gradient's mean, so an empty one would dilute it; leave them out"
+            )
         names = [s.name for s in sources]
         if len(set(names)) != len(names):
             dup = sorted({n for n in names if names.count(n) > 1})
@@ -235,6 +241,8 @@ class CostAwareSampler:
         self._n_observed = np.zeros(n, dtype=np.int64)
         self._last_step = -1
         self._probe: _Probe | None = None
+        self.ignored_observations = 0
+        """Non-finite losses and pass times ignored by :meth:`observe` so far (this process)."""
 
     # -- randomness ---------------------------------------------------------------------------
 
@@ -286,6 +294,13 @@ class CostAwareSampler:
             raise ValueError(f"step={step!r} is invalid: must be an integer >= 0")
         ids = self.select(step).tolist()
         episodes = [self._episode(t, step, i) for i, t in enumerate(ids)]
+        for ep in episodes:
+            if not ep.query:
+                raise ValueError(
+                    f"task {ep.task!r} gave an episode with no query examples: it would count as "
+                    "a full task of the meta-batch with nothing to learn from; give it examples "
+                    "or leave it out of the pool"
+                )
         plan = plan_meta_batch(
             episodes,
             ids,
@@ -337,10 +352,23 @@ class CostAwareSampler:
                         key=PassObservation.sort_key)
         alpha = self.config.loss_ema
         n = len(self.sources)
+        # An infinite loss or time (a diverged task, a clock glitch) would poison the running
+        # estimates for good: one inf loss turns every later "hard" probability into NaN.
+        bad = [o for o in tasks if math.isinf(o.query_loss)]
+        bad_passes = [o for o in passes if not math.isfinite(o.seconds)]
+        if bad or bad_passes:
+            self.ignored_observations += len(bad) + len(bad_passes)
+            logger.warning(
+                "sampler ignored %d non-finite task loss(es) and %d non-finite pass time(s) "
+                "(%d ignored so far); first task: %s",
+                len(bad), len(bad_passes), self.ignored_observations,
+                self.sources[bad[0].task_id].name if bad and 0 <= bad[0].task_id < n else "-",
+            )
+            passes = [o for o in passes if math.isfinite(o.seconds)]
         for o in tasks:
             if not (0 <= o.task_id < n):
                 raise ValueError(f"observation task_id={o.task_id} is invalid: must be in [0, {n})")
-            if math.isnan(o.query_loss):
+            if not math.isfinite(o.query_loss):
                 continue
             old = self._loss[o.task_id]
             self._loss[o.task_id] = o.query_loss if math.isnan(old) else (1 - alpha) * old + alpha * o.query_loss
@@ -387,10 +415,24 @@ class CostAwareSampler:
             raise ValueError(f"sampler state has seed={state['seed']} but this sampler has seed={self.seed}; use the same seed")
         if state["world_size"] != self.world_size:
             logger.warning("resuming with world_size=%d (saved with %d): plans will differ", self.world_size, state["world_size"])
+        now = {f.name: getattr(self.config, f.name) for f in fields(self.config)}
+        changed = [f"{k}={state['config'][k]!r} -> {v!r}" for k, v in now.items()
+                   if k in state.get("config", {}) and _plain(state["config"][k]) != _plain(v)]
+        if changed:
+            logger.warning(
+                "sampler state was saved with another configuration (%s): its loss estimates "
+                "and cost model are kept, but plans will differ from the saved run's",
+                ", ".join(changed),
+            )
         self._last_step = int(state["last_step"])
         self._loss = np.array([math.nan if v is None else float(v) for v in state["loss"]], dtype=np.float64)
         self._n_observed = np.array(state["n_observed"], dtype=np.int64)
         self.cost_model.load_state_dict(state["cost_model"])
+
+
+def _plain(value: Any) -> Any:
+    """Tuples as lists: a state read back from JSON holds lists."""
+    return list(value) if isinstance(value, tuple) else value
 
 
 def critical_passes(passes: Sequence[PassObservation], cost_model: CostModel) -> list[PassObservation]:

@@ -201,11 +201,15 @@ class UniformDifficulty:
 
     def select(self, n: int, rng: np.random.Generator, pool: PoolView, step: int) -> np.ndarray:
         bins = self.bin_of(pool)
-        nonempty = np.unique(bins)
-        members = {int(b): np.flatnonzero(bins == b) for b in nonempty}
-        chosen = rng.choice(nonempty, size=n, replace=True)
-        out = np.empty(n, dtype=np.int64)
-        for b in np.unique(chosen):
-            where = np.flatnonzero(chosen == b)
-            out[where] = _choose(rng, members[int(b)], where.size)
-        return out
+        members = [np.flatnonzero(bins == b) for b in np.unique(bins)]
+        size = np.array([m.size for m in members])
+        taken = np.zeros(len(members), dtype=np.int64)
+        # Each draw picks a bin uniformly among those with a task not yet taken, so a lone task
+        # in its bin is drawn at most once per meta-batch while the pool has n distinct tasks.
+        for _ in range(n):
+            open_ = np.flatnonzero(taken < size)
+            if open_.size == 0:
+                open_ = np.arange(len(members))  # pool smaller than n: repeats are unavoidable
+            taken[rng.choice(open_)] += 1
+        out = np.concatenate([_choose(rng, m, int(t)) for m, t in zip(members, taken) if t])
+        return out[rng.permutation(out.size)]

@@ -91,12 +91,18 @@ def _render(template: str, cols: Mapping[str, list[Any]], n: int, *, where: str)
 
 
 def _check_present(values: Sequence[Any], *, key: str, where: str) -> None:
-    """Raises on None or blank values; numbers pass (CSV files read "1" as an int)."""
+    """Raises on None, blank or non-scalar values; numbers pass (CSV files read "1" as an int).
+    A list or an object would otherwise become its Python repr in the answer text."""
     for i, v in enumerate(values):
         if v is None or (isinstance(v, str) and not v.strip()):
             raise ValueError(
                 f"{where}: {key}[{i}]={v!r} is empty: every {key} must be non-empty; "
                 f"filter such rows first (dataset.filter(lambda r: r[{key!r}]))"
+            )
+        if isinstance(v, (list, tuple, dict)):
+            raise ValueError(
+                f"{where}: {key}[{i}]={v!r} is a {type(v).__name__}, not one answer text: make each "
+                f"row's {key!r} a single string (e.g. keep the first of several reference answers)"
             )
 
 

@@ -303,10 +303,7 @@ def _load(src: CollectionSource, files: list[str] | None, cache_dir: str | None)
         return load_source(
             src.path, split=src.split, name=src.name, data_files=src.data_files, cache_dir=cache_dir
         )
-    empty = [f for f in files if os.path.getsize(f) == 0]
-    if empty:
-        raise ValueError(f"file(s) {empty} are empty: add rows or remove them from path")
-    return load_source(files, cache_dir=cache_dir)
+    return load_source(files, cache_dir=cache_dir)  # refuses empty, non-UTF-8 and malformed files
 
 
 def _stem(path: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from fmmeta.errors import UserInputError
 from fmmeta.tasks.collection import CollectionSource, CollectionSplit
 from fmmeta.tasks.task import TaskSet
 
@@ -112,16 +113,23 @@ def build_task_set(cfg: TasksConfig, tokenizer: Any, *, seed: int) -> TaskSet:
         >>> suite = build_task_set(cfg.tasks, tokenizer, seed=cfg.train.seed)  # doctest: +SKIP
     """
     suite = cfg.resolved_suite()
-    if suite == COLLECTION:
-        from fmmeta.tasks.collection import build_collection
+    try:
+        if suite == COLLECTION:
+            from fmmeta.tasks.collection import build_collection
 
-        return build_collection(
-            cfg.collection, cfg.split, tokenizer, seed=seed, max_length=cfg.max_length,
-            cache_dir=cfg.cache_dir,
-        )  # fmt: skip
-    from fmmeta.tasks.suites import build_suite
+            return build_collection(
+                cfg.collection, cfg.split, tokenizer, seed=seed, max_length=cfg.max_length,
+                cache_dir=cfg.cache_dir,
+            )  # fmt: skip
+        from fmmeta.tasks.suites import build_suite
 
-    return build_suite(suite, tokenizer, seed=seed, max_length=cfg.max_length, **cfg.options)
+        return build_suite(suite, tokenizer, seed=seed, max_length=cfg.max_length, **cfg.options)
+    except ValueError as err:  # the builders' refusals of the data, each naming task and fix
+        # Only here is it known that the budget came from tasks.max_length: say so, since the
+        # builder's message cannot name the key the user has to change.
+        fix = (f" Raise tasks.max_length (now {cfg.max_length} tokens per example) so the examples "
+               "fit, or shorten them." if "too long for max_length" in str(err) else "")
+        raise UserInputError(f"tasks (suite {suite!r}) could not be built: {str(err).rstrip('.')}.{fix}") from err
 
 
 __all__ = ["COLLECTION", "CollectionSource", "CollectionSplit", "TasksConfig", "build_task_set"]

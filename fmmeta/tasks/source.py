@@ -8,6 +8,7 @@ config and split, or local json/jsonl/csv/parquet files. :func:`load_source` tur
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Sequence
@@ -121,15 +122,90 @@ def _load_files(
             f"data file(s) {missing} do not exist (working directory {os.getcwd()!r}): "
             "check the path(s)"
         )
+    for path in paths:
+        problem = _text_problem(path, kinds[0])
+        if problem is not None:
+            raise ValueError(problem)
     # The "json" builder reads both JSON arrays and JSON lines; every file lands in one split.
-    ds = datasets.load_dataset(
-        kinds[0],
-        data_files={"train": paths},
-        split="train",
-        cache_dir=os.fspath(cache_dir) if cache_dir is not None else None,
-    )
+    try:
+        ds = datasets.load_dataset(
+            kinds[0],
+            data_files={"train": paths},
+            split="train",
+            cache_dir=os.fspath(cache_dir) if cache_dir is not None else None,
+        )
+    except Exception as err:  # datasets raises StopIteration, ArrowInvalid, its own types
+        # Its messages name neither the file nor the line, so find them ourselves (only on failure:
+        # parsing every good file twice would double the load time of large data).
+        bad = [_first_bad_json_line(p) for p in paths] if kinds[0] == "json" else []
+        raise ValueError(next((b for b in bad if b is not None), None) or (
+            f"data file(s) {paths} could not be read as {kinds[0]} ({type(err).__name__}: {err}): "
+            "check that they are well-formed files of that format"
+        )) from err
+    if len(ds) == 0:  # e.g. a JSON file holding []
+        raise ValueError(f"data file(s) {paths} hold no rows: add rows, or leave the file(s) out")
     logger.info("loaded %d rows from %d %s file(s)", len(ds), len(paths), kinds[0])
     return ds
+
+
+def _text_problem(path: str, kind: str) -> str | None:
+    """What makes a JSON or CSV file unusable before parsing: no rows, only a CSV header, or a byte
+    that is not UTF-8 (``datasets`` loads that without a word and fails later, when a row is read,
+    naming neither file nor line). Compressed and parquet files are left to their reader."""
+    if kind not in ("json", "csv") or Path(path).suffix.lower() not in _FORMATS:
+        return None
+    rows = 0  # non-blank lines
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, start=1):  # a newline byte is never inside a UTF-8 character
+            try:
+                text = line.decode("utf-8")
+            except UnicodeDecodeError as err:
+                return (
+                    f"data file {path!r} line {number}: byte 0x{line[err.start]:02x} at column "
+                    f"{err.start + 1} is not UTF-8: save the file as UTF-8 (e.g. "
+                    "iconv -f latin1 -t utf-8 in.jsonl > out.jsonl)"
+                )
+            rows += bool(text.strip())
+    if rows == 0:
+        return f"data file {path!r} is empty (no rows): add rows, or leave the file out"
+    if kind == "csv" and rows == 1:
+        return f"data file {path!r} has only a header line, no rows: add rows, or leave the file out"
+    return None
+
+
+_JSON_KINDS = {list: "array", str: "string", int: "number", float: "number", bool: "boolean",
+               type(None): "null"}
+
+
+def _first_bad_json_line(path: str) -> str | None:
+    """A JSON array file parses whole; otherwise every non-blank line must be one JSON object."""
+    if Path(path).suffix.lower() not in _FORMATS:
+        return None  # compressed
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        whole = json.loads(text)
+        if isinstance(whole, list):
+            return None if whole else f"data file {path!r} holds an empty JSON array: add rows, or leave the file out"
+    except json.JSONDecodeError:
+        pass
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            return (
+                f"data file {path!r} line {number} is not valid JSON ({err.msg} at column "
+                f"{err.colno}): {line[:80]!r}. Each line of a JSON-lines file must be one JSON "
+                "object: fix or remove that line"
+            )
+        if not isinstance(row, dict):
+            return (
+                f"data file {path!r} line {number} is a JSON {_JSON_KINDS.get(type(row), 'value')}, "
+                f"not an object: {line[:80]!r}. Each line must be one object such as "
+                '{"input": "...", "output": "..."}: fix or remove that line'
+            )
+    return None
 
 
 def _load_hub(

@@ -288,7 +288,8 @@ class Task:
                 raise ValueError(
                     f"task {name!r} has {len(self._examples)} examples but an episode needs "
                     f"shots + query = {spec.shots} + {spec.query} = {spec.per_class} without "
-                    "overlap: add examples, lower shots/query, or drop the task"
+                    "overlap" + (f" ({n_dropped} dropped as too long for max_length)" if n_dropped else "")
+                    + ": add examples, lower shots/query, or drop the task"
                 )
             self.class_names: tuple[str, ...] | None = None
             self.ways: int | None = None

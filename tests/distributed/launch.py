@@ -24,13 +24,21 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+LAUNCH_LIMIT_S = 600.0
+"""Wall-clock limit of one launch: a backstop, not the hang detector. A rank stuck in a collective
+fails after the worker's short process-group timeout (``pg_timeout_s``); this limit only has to
+stay above an honest launch on a loaded machine. Launches that run a dozen configurations took
+up to 280 s while four test suites shared two cores, so a limit of 240 s failed runs that would
+have passed."""
+
+
 def run_worker(
     out: Path,
     configs: list[str] | None,
     *,
     nprocs: int = 1,
     launcher: str = "python",
-    timeout_s: float = 240.0,
+    timeout_s: float = LAUNCH_LIMIT_S,
     pg_timeout_s: float = 60.0,
     extra: list[str] | None = None,
     worker: Path = WORKER,

@@ -45,7 +45,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def two(tmp_path_factory: pytest.TempPathFactory, folder: Path) -> Path:
     out = tmp_path_factory.mktemp("two")
-    run_worker(out, None, nprocs=2, launcher="deepspeed", timeout_s=300, pg_timeout_s=30,
+    run_worker(out, None, nprocs=2, launcher="deepspeed", pg_timeout_s=30,
                extra=["--folder", str(folder)], worker=WORKER)
     return out
 
@@ -53,7 +53,7 @@ def two(tmp_path_factory: pytest.TempPathFactory, folder: Path) -> Path:
 @pytest.fixture(scope="module")
 def one(tmp_path_factory: pytest.TempPathFactory, folder: Path) -> Path:
     out = tmp_path_factory.mktemp("one")
-    run_worker(out, None, nprocs=1, launcher="python", timeout_s=240,
+    run_worker(out, None, nprocs=1, launcher="python",
                extra=["--folder", str(folder)], worker=WORKER)
     return out
 

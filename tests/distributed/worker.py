@@ -51,10 +51,25 @@ def main() -> None:
     optim_cfg = OuterOptimConfig(outer_lr=1e-2, grad_clip=args.grad_clip)
     root = Path(__file__).resolve().parents[2]
 
+    layer_calls = [0]  # forwards of the decoder layers' MLPs in the current configuration
+
+    def count_layer_calls(model: torch.nn.Module) -> None:
+        """Counts every forward of a decoder layer's MLP from now on, the recomputations that
+        activation checkpointing runs inside the backward included. The MLP's own ``forward`` is
+        wrapped: transformers checkpoints the layer's ``forward`` and module hooks do not run in
+        the recomputation, so hooks would count once per pass whether or not it recomputes."""
+        for mlp in (m for m in model.modules() if type(m).__name__.endswith("MLP")):
+            def counted(*args, _forward=mlp.forward, **kwargs):  # type: ignore[no-untyped-def]
+                layer_calls[0] += 1
+                return _forward(*args, **kwargs)
+
+            mlp.forward = counted
+
     def make_engine(kind: str, gc: bool, precision: str):  # type: ignore[no-untyped-def]
         model = build_model()
         if gc:  # as the recipe does (model.gradient_checkpointing), before any engine wraps it
             enable_activation_checkpointing(model)
+        count_layer_calls(model)
         if kind == "local":
             from fmmeta.engine.local import LocalEngine
 
@@ -77,6 +92,7 @@ def main() -> None:
         tag = spec.replace(":", "_")
         gc = "gc" in flags
         precision = "bf16" if "bf16" in flags else "fp32"
+        layer_calls[0] = 0
         engine, plan_world = make_engine(kind, gc, precision)
         shapes_after_init = all(p.numel() > 0 for p in engine.adapter_parameters())
         gc_on = bool(getattr(engine.model, "is_gradient_checkpointing", False))
@@ -84,6 +100,7 @@ def main() -> None:
         method = next((m for m in ("reptile", "multitask", "metasgd") if m in flags), "fomaml")
         algo = build_algorithm(method, AlgorithmConfig(inner_steps=2, inner_lr=0.05), pad_id=0)
         norms = []
+        passes = 0
         shapes_ok = True
         for step in range(STEPS):
             if "exit_early" in flags and step == 1 and rank == world - 1:
@@ -103,6 +120,7 @@ def main() -> None:
             plan = build_plan(step, plan_world, n_tasks, micro)
             stats = meta_step(engine, algo, plan)
             norms.append(stats.outer["grad_norm"])
+            passes += stats.n_passes
             shapes_ok &= all(p.numel() > 0 for p in engine.adapter_parameters())
         params = engine.adapter_parameters()
         if "save" in flags:
@@ -113,7 +131,8 @@ def main() -> None:
             (out / f"{tag}.json").write_text(json.dumps({
                 "grad_norms": norms, "world": world, "shapes_ok": shapes_ok,
                 "shapes_after_init": shapes_after_init, "gc_on": gc_on,
-                "dtype": str(params[0].dtype),
+                "dtype": str(params[0].dtype), "passes": passes, "layer_calls": layer_calls[0],
+                "layers": sum(type(m).__name__.endswith("MLP") for m in engine.model.modules()),
                 "inner_lrs": algo.step_sizes.lrs(len(params)) if method == "metasgd" else None,
             }))
         del engine

@@ -70,9 +70,11 @@ def test_log_shows_banner_and_one_line_per_step(smoke) -> None:
                            rf".*\| world size 1 .*\| tasks per meta-step {TASKS} \(~{TASKS}\.0 per rank, packed into passes"
                            rf" of \d+ x longest sequence tokens\)", log)
         assert banner, f"no banner for {m}:\n{log[-3000:]}"
-        lines = re.findall(rf"^{m} step (\d+)/{STEPS} \| outer [\d.]+ \| query \S+ -> [\d.]+ \| \d+ tok, \d+ tok/s"
-                           r" \| pad eff [\d.]+ \| data wait [\d.]+%", log, flags=re.M)
-        assert lines == [str(s) for s in range(1, STEPS + 1)], (m, lines)
+        # Meta-steps are numbered from 0 everywhere (log, metrics.jsonl, step_XXXXXXXX), with
+        # the count done in brackets.
+        lines = re.findall(rf"^{m} meta-step (\d+) \((\d+)/{STEPS}\) \| outer [\d.]+ \| query \S+ -> [\d.]+"
+                           r" \| \d+ tok, \d+ tok/s \| pad eff [\d.]+ \| data wait [\d.]+%", log, flags=re.M)
+        assert lines == [(str(s), str(s + 1)) for s in range(STEPS)], (m, lines)
     assert "done in" in log and "Traceback" not in log
 
 

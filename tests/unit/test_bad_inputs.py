@@ -99,6 +99,7 @@ CONFIG_CASES = {
     "nan_number": (["algorithm.inner_lr=nan"],
                    ["algorithm.inner_lr='nan' is invalid: must be a finite number (not inf or nan)"]),
     "nan_in_a_list": (["eval.lr_grid=[0.1, .nan]"], ["eval.lr_grid[1]=nan is invalid: must be a finite number"]),
+    "negative_seed": (["train.seed=-1"], ["train.seed=-1 is invalid: must be >= 0"]),
 }
 
 
@@ -162,6 +163,16 @@ def test_ds_json_conflicting_with_recipe_is_refused(tmp_path: Path) -> None:
     assert "bf16.enabled: DeepSpeed JSON has True but the recipe config has False" in msg
     assert 'set "gradient_clipping" to "auto"' in msg
     load_config(RecipeConfig, None, TINY + [f"engine.deepspeed_config={_ds_json(tmp_path)}"])
+
+
+def test_ds_json_that_is_a_list_or_asks_for_stage_7_is_refused(tmp_path: Path) -> None:
+    listed = tmp_path / "list.json"
+    listed.write_text(json.dumps([{"zero_optimization": {"stage": 3}}]))
+    msg = _problems([f"engine.deepspeed_config={listed}"])
+    assert f"engine.deepspeed_config={str(listed)!r}: the JSON holds a list, not an object" in msg, msg
+    assert "see ds_configs/zero3.json" in msg
+    msg = _problems([f"engine.deepspeed_config={_ds_json(tmp_path, zero_optimization={'stage': 7})}"])
+    assert "zero_optimization.stage: DeepSpeed JSON has 7 but ZeRO stages are 0, 1, 2 and 3" in msg, msg
 
 
 def test_ds_json_missing_is_refused(tmp_path: Path) -> None:
@@ -350,9 +361,31 @@ def test_recipe_nonfinite_stop_keeps_last_good_checkpoint(
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 1]
 
-    # The same output_dir with another LoRA shape: the kept checkpoint is refused, not loaded.
-    with pytest.raises(CheckpointMismatchError, match=r"has shape \[4, 32\] there, \[8, 32\] here"):
-        _recipe().main(args + ["lora.r=8"])
+    # The same output_dir with another LoRA shape: the kept checkpoint is refused before
+    # anything is built or written (exit 2), naming the setting.
+    assert _recipe().main(args + ["lora.r=8"]) == 2
+    err = capsys.readouterr().err
+    assert "lora.r: 4 in the checkpoint, 8 now" in err and "train.resume_changes=[lora.r]" in err, err
+
+
+@pytest.mark.timeout(120)
+def test_recipe_late_input_errors_exit_2_with_one_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    smoke = str(REPO / "recipes" / "configs" / "smoke.yaml")
+    assert _recipe().main(["--config", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"--config {str(tmp_path)!r} is a folder: give the YAML file" in err, err
+    out = tmp_path / "run"
+    assert _recipe().main(["--config", smoke, f"output_dir={out}", "lora.target_modules=[nope]"]) == 2
+    err = capsys.readouterr().err
+    assert "lora.target_modules=['nope'] is invalid" in err and "Traceback" not in err, err
+    assert not (out / ".fmmeta.lock").exists()  # released on the way out
+    short = tmp_path / "short"
+    assert _recipe().main(["--config", smoke, f"output_dir={short}", "tasks.max_length=8"]) == 2
+    err = capsys.readouterr().err
+    assert "dropped as too long for max_length" in err and "Traceback" not in err, err
+    assert "Raise tasks.max_length (now 8 tokens per example) so the examples fit" in err, err
 
 
 # ---------------------------------------------------------------------------------------------

@@ -108,3 +108,35 @@ def test_optimizer_resume_equals_continuous_run(peft_factory, tmp_path) -> None:
     for a, b in zip(resumed.adapter_parameters(), cont.adapter_parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     assert resumed.scheduler.last_epoch == cont.scheduler.last_epoch == 4
+
+
+def test_bf16_adapter_steps_an_fp32_master_copy(peft_factory, tmp_path) -> None:
+    """A bf16 adapter follows the fp32 run exactly, rounded: AdamW steps fp32 master copies.
+
+    With AdamW on the bf16 tensors themselves, steps of ~outer_lr below the weights' bf16
+    spacing were lost (the adapter did not move at all in this test).
+    """
+    cfg = OuterOptimConfig(outer_lr=1e-4, grad_clip=0.0)
+    fp32 = LocalEngine(peft_factory(), cfg)
+    with torch.no_grad():  # the same theta: representable in bf16
+        for p in fp32.adapter_parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    bf16 = LocalEngine(peft_factory().to(torch.bfloat16), cfg)
+    with torch.no_grad():
+        for p, q in zip(bf16.adapter_parameters(), fp32.adapter_parameters()):
+            p.copy_(q)
+    start = [p.detach().clone() for p in bf16.adapter_parameters()]
+    for step in range(40):
+        grads = _grads(fp32, step)
+        fp32.outer_step(grads, n_real_tasks=1)
+        bf16.outer_step(grads, n_real_tasks=1)
+        if step == 19:  # checkpoint and resume into a fresh bf16 engine halfway
+            bf16.save_adapter(tmp_path / "adapter")
+            bf16.save_optimizer(tmp_path)
+            bf16 = LocalEngine(peft_factory().to(torch.bfloat16), cfg)
+            bf16.load_adapter(tmp_path / "adapter")
+            bf16.load_optimizer(tmp_path)
+    for p, q, s in zip(bf16.adapter_parameters(), fp32.adapter_parameters(), start):
+        assert p.dtype == torch.bfloat16
+        assert torch.equal(p, q.to(torch.bfloat16))
+    assert sum(int((p != s).sum()) for p, s in zip(bf16.adapter_parameters(), start)) > 0

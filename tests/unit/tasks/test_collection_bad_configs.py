@@ -22,6 +22,11 @@ def _jsonl(path: Path, rows: list[dict]) -> str:
     return str(path)
 
 
+def _raw(path: Path, data: bytes) -> str:
+    path.write_bytes(data)
+    return str(path)
+
+
 def _gen(tmp_path: Path, name: str = "gen.jsonl") -> str:
     """Two generation tasks, 6 rows each, columns task / input / output."""
     rows = [{"task": t, "input": f"{t} {i}", "output": str(i)} for t in ("t1", "t2") for i in range(6)]
@@ -106,7 +111,32 @@ CASES = {
     ),
     "empty file": (
         lambda p: _with(p, 2, path=str(p / "empty.jsonl")),
-        ["tasks.collection[2] (path=", "empty.jsonl", "are empty: add rows or remove them from path"],
+        ["tasks.collection[2] (path=", "empty.jsonl", "is empty (no rows): add rows, or leave the file out"],
+    ),
+    "blank lines only": (
+        lambda p: _with(p, 2, path=_raw(p / "blank.jsonl", b"\n  \n")),
+        ["tasks.collection[2] (path=", "blank.jsonl' is empty (no rows)"],
+    ),
+    "byte that is not UTF-8": (
+        lambda p: _with(p, 2, path=_raw(p / "latin1.jsonl", b'{"input": "q", "output": "a"}\n'
+                                        b'{"input": "caf\xe9", "output": "b"}\n')),
+        ["latin1.jsonl' line 2: byte 0xe9 at column 15 is not UTF-8: save the file as UTF-8"],
+    ),
+    "malformed JSON line": (
+        lambda p: _with(p, 2, path=_raw(p / "broken.jsonl", b'{"input": "q", "output": "a"}\n'
+                                        b'{"input": "q2" "output": "b"}\n')),
+        ["broken.jsonl' line 2 is not valid JSON (Expecting ',' delimiter at column 16)",
+         "fix or remove that line"],
+    ),
+    "CSV with only a header": (
+        lambda p: _with(p, 2, path=_raw(p / "header.csv", b"input,output\n")),
+        ["header.csv' has only a header line, no rows: add rows, or leave the file out"],
+    ),
+    "list value in an answer column": (
+        lambda p: _with(p, 2, path=_jsonl(p / "lists.jsonl", [
+            {"input": f"q{i}", "output": ["a", "b"] if i == 3 else f"a{i}"} for i in range(6)])),
+        ["tasks.collection[2] (path=", "output[3]=['a', 'b'] is a list, not one answer text",
+         "make each row's 'output' a single string"],
     ),
     "label column with one class": (
         lambda p: _with(p, 1, path=_labeled(p, labels=("yes",), name="one_class.jsonl")),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 
 import datasets
@@ -317,6 +318,24 @@ def test_load_source_reads_several_files_as_one_split(tmp_path: Path) -> None:
 def test_error_missing_local_file(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"data file\(s\) \[.*nope.jsonl'\] do not exist"):
         load_source(str(tmp_path / "nope.jsonl"))
+
+
+def test_load_source_names_file_and_line_of_unreadable_data(tmp_path: Path) -> None:
+    """The loader's own errors (StopIteration, an ArrowInvalid, a UnicodeDecodeError only when a row
+    is read) become one message with the file, the line and the fix; good files load as before."""
+    cases = {
+        "empty.jsonl": (b"", "is empty (no rows)"),
+        "array.json": (b"[]", "holds an empty JSON array"),
+        "scalar.jsonl": (b'{"input": "a"}\n\n7\n', "line 3 is a JSON number, not an object: '7'"),
+        "cp1252.csv": (b"input,output\nna\xefve,1\n", "line 2: byte 0xef at column 3 is not UTF-8"),
+        "header.csv": (b"input,output\n", "has only a header line, no rows"),
+    }
+    for name, (data, message) in cases.items():
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(ValueError, match=re.escape(f"{name}' {message}")):
+            load_source(str(tmp_path / name))
+    (tmp_path / "good.jsonl").write_bytes(b'{"input": "na\xc3\xafve"}\n\n{"input": "b"}\n')
+    assert load_source(str(tmp_path / "good.jsonl"))["input"] == ["na\u00efve", "b"]
 
 
 def test_error_hub_dataset_unreachable(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,129 @@
+"""What a checkpoint's state means, and the check that a resuming run means the same.
+
+A checkpoint holds an adapter, an outer optimizer state, a sampler state and RNG streams. Each is
+only meaningful under the settings that produced it: a Reptile run continuing a FOMAML adapter, an
+adapter scaled by another ``lora.alpha``, Adam moments under another ``outer_lr`` schedule or a
+sampler state of another strategy would all run without an error and quietly train something
+else. So every checkpoint records those settings (:func:`resume_facts`), and a resume compares
+them with the new run's before anything is loaded or written (:func:`resume_differences`).
+
+Settings that change only speed or bookkeeping (pass packing, the cost model, logging,
+checkpoint cadence, ``meta_steps``, evaluation) are free to change between a run and its resume.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from fmmeta.checkpoint.manager import Checkpoint, CheckpointError, CheckpointManager
+from fmmeta.config import to_dict
+
+__all__ = ["RESUME_FACTS", "RESUME_KEYS", "find_resume_checkpoint", "resume_differences",
+           "resume_facts", "resume_problems"]
+
+RESUME_FACTS = "resume_facts"
+"""The manifest ``meta`` entry that holds :func:`resume_facts`."""
+
+RESUME_KEYS: tuple[str, ...] = (
+    "algorithm.name", "algorithm.inner_steps", "algorithm.inner_lr", "algorithm.inner_optimizer",
+    "algorithm.inner_clip_norm", "algorithm.reptile_query_step", "algorithm.multitask_match_passes",
+    "algorithm.icl_max_length",
+    "model.name_or_path", "model.gguf_file", "model.tiny", "model.tiny_vocab_size",
+    "model.tiny_hidden_size", "model.tiny_intermediate_size", "model.tiny_num_layers",
+    "model.tiny_num_heads", "model.tiny_num_kv_heads", "model.tiny_max_positions",
+    "model.tiny_seed", "model.dtype", "model.tokenizer",
+    "lora.r", "lora.alpha", "lora.dropout", "lora.target_modules",
+    "optim.outer_lr", "optim.weight_decay", "optim.betas", "optim.eps", "optim.grad_clip",
+    "optim.warmup_steps", "optim.schedule", "optim.total_steps",
+    "sampler.meta_batch_size", "sampler.strategy", "sampler.on_uneven", "sampler.difficulty",
+    "sampler.pacing_start", "sampler.pacing_steps", "sampler.pacing", "sampler.hard_floor",
+    "sampler.hard_temperature", "sampler.difficulty_bins", "sampler.loss_ema",
+    "train.seed",
+)
+"""Dotted config keys whose value a checkpoint's state depends on (``algorithm.name`` is the
+method the checkpoint was trained with)."""
+
+
+def resume_facts(cfg: Any, method: str) -> dict[str, Any]:
+    """The values of :data:`RESUME_KEYS` for ``method`` in ``cfg`` (JSON-able, for the manifest)."""
+    tree = to_dict(cfg)
+    tree.setdefault("algorithm", {})["name"] = method
+    facts: dict[str, Any] = {}
+    for key in RESUME_KEYS:
+        node: Any = tree
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, Mapping) else None
+        facts[key] = node
+    return facts
+
+
+def resume_differences(
+    saved: Mapping[str, Any], current: Mapping[str, Any], *, allowed: Iterable[str] = ()
+) -> list[str]:
+    """One line per key whose value differs, ``"key: <saved> in the checkpoint, <current> now"``.
+
+    Keys listed in ``allowed`` (``train.resume_changes``) may differ; keys a checkpoint predates
+    (absent from ``saved``) are not compared.
+    """
+    free = set(allowed)
+    lines = []
+    for key, now in current.items():
+        if key in free or key not in saved:
+            continue
+        then = saved[key]
+        if _plain(then) != _plain(now):
+            lines.append(f"{key}: {then!r} in the checkpoint, {now!r} now")
+    return lines
+
+
+def _plain(value: Any) -> Any:
+    """Tuples and lists compare equal (a manifest stores JSON lists)."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def find_resume_checkpoint(train: Any, method_dir: Path) -> Checkpoint | None:
+    """The checkpoint ``train.resume`` selects for one method's folder, or None to start fresh.
+
+    Raises:
+        CheckpointError: ``train.resume`` names a folder that is not a complete checkpoint.
+    """
+    if train.resume == "never":
+        return None
+    ckpts = CheckpointManager(method_dir / "checkpoints", keep_last=max(2, train.keep_last))
+    return ckpts.latest() if train.resume == "auto" else ckpts.open(Path(train.resume).expanduser())
+
+
+def resume_problems(cfg: Any, output_dir: Path) -> list[str]:
+    """Every reason the run ``cfg`` may not resume what ``train.resume`` selects, one per method.
+
+    Checked on rank 0 before anything is written into ``output_dir``, so a refused resume leaves
+    the folder as it was.
+    """
+    problems = [
+        f"train.resume_changes names {key!r}, which is not a setting a checkpoint depends on"
+        + (f"; did you mean {close[0]!r}?" if (close := difflib.get_close_matches(key, RESUME_KEYS, 1))
+           else f" (those are: {', '.join(RESUME_KEYS)})")
+        for key in cfg.train.resume_changes if key not in RESUME_KEYS
+    ]
+    for method in cfg.methods:
+        try:
+            ckpt = find_resume_checkpoint(cfg.train, output_dir / method)
+        except CheckpointError as err:
+            problems.append(f"{method}: {err}")
+            continue
+        if ckpt is None or RESUME_FACTS not in ckpt.meta:
+            continue  # nothing to resume, or a checkpoint written before the facts were recorded
+        diffs = resume_differences(ckpt.meta[RESUME_FACTS], resume_facts(cfg, method),
+                                   allowed=cfg.train.resume_changes)
+        if diffs:
+            problems.append(
+                f"{method} would resume from {str(ckpt.path)!r}, whose state was made with other "
+                f"settings: {'; '.join(diffs)}. Rerun with the checkpoint's values, start afresh "
+                "(train.resume=never or another output_dir), or accept the change with "
+                f"train.resume_changes=[{', '.join(d.split(':')[0] for d in diffs)}]"
+            )
+    return problems

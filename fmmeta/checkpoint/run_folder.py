@@ -1,0 +1,63 @@
+"""Claiming a run's output folder: lock it, check the resume, and only then write into it.
+
+Why in this order: a run refused for any reason (another run holds the folder, the resume does
+not match) must leave the folder exactly as it found it, so the resolved ``config.yaml`` of the
+refused run never replaces the one that belongs to the checkpoints next to it.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from fmmeta.checkpoint.lock import RunLock
+from fmmeta.checkpoint.resume import resume_problems
+from fmmeta.config import save_resolved
+from fmmeta.errors import UserInputError
+
+__all__ = ["claim_output_dir"]
+
+logger = logging.getLogger(__name__)
+
+
+def claim_output_dir(cfg: Any) -> RunLock:
+    """Creates and locks ``cfg.output_dir``, refuses a mismatched resume, writes ``config.yaml``.
+
+    Call it on rank 0 only, before anything else writes into the folder; release the returned
+    lock when the run ends (the kernel releases it if the process dies).
+
+    Raises:
+        UserInputError: the folder cannot be created, another live run holds it, or the resume
+            does not match (every difference listed). The folder is then left as it was.
+    """
+    out = Path(cfg.output_dir).expanduser()
+    created = not out.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as err:
+        raise UserInputError(
+            f"output_dir={cfg.output_dir!r} cannot be a folder: {err.filename!r} is a file. "
+            "Give output_dir a path that is a folder or does not exist yet"
+        ) from None
+    except PermissionError as err:
+        raise UserInputError(
+            f"output_dir={cfg.output_dir!r} cannot be created ({err.strerror}: {err.filename!r}): "
+            "choose a folder you can write to"
+        ) from None
+    lock = RunLock.acquire(out)
+    try:
+        problems = resume_problems(cfg, out)
+        if problems:
+            raise UserInputError(
+                f"train.resume={cfg.train.resume!r} refused; nothing in {str(out)!r} was changed:\n"
+                + "\n".join(f"  - {p}" for p in problems)
+            )
+        save_resolved(cfg, out / "config.yaml")
+    except BaseException:
+        lock.release()
+        if created and not any(out.iterdir()):
+            out.rmdir()
+        raise
+    logger.info("resolved config written to %s", out / "config.yaml")
+    return lock

@@ -1,0 +1,114 @@
+"""The output folder at the recipe level: one run per folder, refused resumes change nothing,
+and Ctrl-C says how to resume (issue 12)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.recipes import _recipe
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _start(args: list[str], log: Path) -> subprocess.Popen[str]:
+    with log.open("w") as fh:
+        return subprocess.Popen(_recipe.command("python", args), cwd=_recipe.REPO,
+                                env=_recipe.environment(), stdout=fh, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
+
+
+def _wait_for_step(proc: subprocess.Popen[str], metrics: Path, step: int, log: Path) -> None:
+    deadline = time.monotonic() + 120
+    while max(_recipe.steps(metrics), default=-1) < step:
+        assert proc.poll() is None, f"run ended (rc={proc.returncode}) early:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.05)
+
+
+@pytest.mark.timeout(300)
+def test_second_run_into_the_same_folder_is_refused_and_the_first_is_unharmed(
+    tmp_path: Path, local_short: Path
+) -> None:
+    out = tmp_path / "run"
+    first_log = tmp_path / "first.log"
+    # Long enough that the second run (interpreter start and imports: seconds) meets it running.
+    first = _start([*_recipe.SHORT, "train.meta_steps=40", f"output_dir={out}"], first_log)
+    try:
+        _wait_for_step(first, out / "metrics.jsonl", 0, first_log)
+        config_before = (out / "config.yaml").read_bytes()
+        second = _recipe.run("python", [*_recipe.SHORT, f"output_dir={out}", "lora.r=2"],
+                             timeout_s=60, check=False)
+        assert second.returncode == 2, second.stdout[-3000:]
+        assert re.search(rf"output_dir='{re.escape(str(out))}' is in use by another run: pid "
+                         rf"{first.pid} on host \S+", second.stdout), second.stdout[-3000:]
+        assert "Traceback" not in second.stdout and "model and" not in second.stdout
+        assert first.poll() is None, "the first run ended before the second was refused"
+        assert (out / "config.yaml").read_bytes() == config_before
+        assert first.wait(timeout=240) == 0, first_log.read_text()[-3000:]
+    finally:
+        _recipe.kill_group(first)
+    # The first run is exactly the run it would have been alone: each step logged once, and its
+    # first 8 steps equal the 8-step reference's (a constant lr: the length changes nothing before).
+    got = _recipe.losses(out / "metrics.jsonl")
+    assert [r[0] for r in got] == list(range(40))
+    assert got[:8] == _recipe.losses(local_short / "metrics.jsonl")
+    assert not (out / ".fmmeta.lock").exists()
+
+
+@pytest.mark.timeout(240)
+def test_refused_resume_leaves_the_folder_byte_identical(tmp_path: Path, local_short: Path) -> None:
+    out = tmp_path / "run"
+    shutil.copytree(local_short, out)
+    before = _snapshot(out)
+    cases = {
+        "lora.r=2": "lora.r: 4 in the checkpoint, 2 now",
+        "lora.alpha=32": "lora.alpha: 16.0 in the checkpoint, 32.0 now",
+        "sampler.strategy=hard": "sampler.strategy: 'diversity' in the checkpoint, 'hard' now",
+    }
+    for override, message in cases.items():
+        proc = _recipe.run("python", [*_recipe.SHORT, f"output_dir={out}", override],
+                           timeout_s=60, check=False)
+        assert proc.returncode == 2, proc.stdout[-3000:]
+        assert message in proc.stdout and "nothing in" in proc.stdout, proc.stdout[-3000:]
+        assert "Traceback" not in proc.stdout
+        assert _snapshot(out) == before, override
+    # A Reptile run pointed at a FOMAML checkpoint.
+    ckpt = out / "fomaml" / "checkpoints" / "step_00000007"
+    proc = _recipe.run("python", [*_recipe.SHORT, f"output_dir={out}", "methods=[reptile]",
+                                  f"train.resume={ckpt}"], timeout_s=60, check=False)
+    assert proc.returncode == 2 and "algorithm.name: 'fomaml' in the checkpoint, 'reptile' now" in proc.stdout
+    assert _snapshot(out) == before
+    # The explicit override accepts the change (nothing left to train: 8 of 8 steps are done).
+    proc = _recipe.run("python", [*_recipe.SHORT, f"output_dir={out}", "lora.alpha=32",
+                                  "train.resume_changes=[lora.alpha]"], timeout_s=120)
+    assert "resumed from" in proc.stdout
+
+
+@pytest.mark.timeout(240)
+def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    log = tmp_path / "run.log"
+    proc = _start([*_recipe.SHORT, f"output_dir={out}"], log)
+    try:
+        _wait_for_step(proc, out / "metrics.jsonl", 2, log)  # step 1's checkpoint is complete
+        os.killpg(proc.pid, signal.SIGINT)
+        rc = proc.wait(timeout=60)
+    finally:
+        _recipe.kill_group(proc)
+    text = log.read_text()
+    assert rc == 130, text[-3000:]
+    assert re.search(r"fomaml interrupted during meta-step \d+\. Last checkpoint: \S+step_0000000[1-9] "
+                     r"\(after meta-step \d+\)\. Rerun the same command to resume", text), text[-3000:]
+    assert "Traceback" not in text
+    assert not (out / ".fmmeta.lock").exists()
