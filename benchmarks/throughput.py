@@ -100,7 +100,7 @@ def main() -> None:
     n_adapter = sum(p.numel() for p in bench.trainable(model))
     n_body = n_total - n_adapter - 2 * args.vocab * args.hidden  # without embedding and LM head
     plan = bench.build_plan(bench.build_episodes(args), args.pack_rows)
-    algo = build_algorithm(AlgorithmConfig(name="fomaml", inner_steps=args.inner_steps, inner_lr=1e-2),
+    algo = build_algorithm("fomaml", AlgorithmConfig(inner_steps=args.inner_steps, inner_lr=1e-2),
                            bench.PAD_ID)
     batches = bench.pass_batches(plan, args.inner_steps, device)
     plain_opt = torch.optim.AdamW(bench.trainable(model), lr=1e-4)

@@ -146,11 +146,10 @@ def resolve_ds_config(
     """
     cfg = load_ds_config(source)
     if not isinstance(cfg, dict):
-        raise DSConfigError(
-            "the DeepSpeed config does not match the recipe (1 problem(s)):\n  - the JSON holds a "
-            f"{type(cfg).__name__}, not an object: a DeepSpeed config is one JSON object such as "
-            '{"zero_optimization": {"stage": 3}}; see ds_configs/zero3.json'
-        )
+        raise DSConfigError([
+            f"the JSON holds a {type(cfg).__name__}, not an object: a DeepSpeed config is one JSON "
+            'object such as {"zero_optimization": {"stage": 3}}; see ds_configs/zero3.json'
+        ])
     problems: list[str] = _zero_problems(cfg.get("zero_optimization", {}))
     for key in owned:
         if key not in OWNED_KEYS:

@@ -119,7 +119,7 @@ def outer_lr_lambda(cfg: OuterOptimConfig) -> Callable[[int], float]:
 
 
 def build_outer_optimizer(
-    params: Iterable[torch.nn.Parameter], cfg: OuterOptimConfig
+    params: Iterable[torch.Tensor], cfg: OuterOptimConfig
 ) -> tuple[torch.optim.AdamW, LambdaLR]:
     """Builds the outer AdamW and its LR schedule: the one place that does.
 

@@ -34,8 +34,8 @@ def _same_theta_models() -> tuple[torch.nn.Module, torch.nn.Module]:
 
 @pytest.mark.parametrize("name", ["fomaml", "reptile", "multitask"])
 def test_bf16_meta_gradient_matches_fp32(name: str, episodes) -> None:
-    cfg = AlgorithmConfig(name=name, inner_steps=3, inner_lr=0.1)
-    algo = build_algorithm(cfg, PAD_ID)
+    cfg = AlgorithmConfig(inner_steps=3, inner_lr=0.1)
+    algo = build_algorithm(name, cfg, PAD_ID)
     rank = make_rank(episodes, 2, 2)
     fp32, bf16 = _same_theta_models()
     ref = algo.rank_gradient(fp32, _params(fp32), algo.prepare(rank))
