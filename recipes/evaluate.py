@@ -30,6 +30,7 @@ from fmmeta.engine.distributed import (
     strip_local_rank,
 )
 from fmmeta.engine.partition import partitioned_build
+from fmmeta.errors import UserInputError
 from fmmeta.evaluation.heldout import evaluate_run
 from fmmeta.models import add_lora, build_model_and_tokenizer
 from fmmeta.recipe_config import RecipeConfig
@@ -72,6 +73,17 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         adapters[name] = Path(path)
     out = args.run if args.run is not None else Path(cfg.output_dir)
+    try:
+        paths = evaluate(cfg, adapters, out)
+    except UserInputError as err:  # found after the config loaded: the input, not a bug
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print("\n".join(f"{name}: {path}" for name, path in paths.items()))
+    return 0
+
+
+def evaluate(cfg: RecipeConfig, adapters: dict[str, Path], out: Path) -> dict[str, Path]:
+    """Builds the model and tasks, and evaluates ``adapters`` into ``out/eval``."""
     if resolve_engine_kind(cfg.engine) != "local":
         init_distributed(default_backend(), cfg.engine.collective_timeout_s)
     precision = {"float32": "fp32", "bfloat16": "bf16"}[cfg.model.dtype]
@@ -81,11 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     model = add_lora(base, cfg.lora, seed=cfg.train.seed)  # the shared initial adapter (B = 0)
     engine = build_engine(cfg.engine, model, cfg.optim, precision=precision)
     try:
-        paths = evaluate_run(cfg, engine, tokenizer, suite, adapters, out)
+        return evaluate_run(cfg, engine, tokenizer, suite, adapters, out)
     finally:
         engine.close()
-    print("\n".join(f"{name}: {path}" for name, path in paths.items()))
-    return 0
 
 
 if __name__ == "__main__":

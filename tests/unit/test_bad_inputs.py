@@ -388,6 +388,20 @@ def test_recipe_late_input_errors_exit_2_with_one_message(
     assert "Raise tasks.max_length (now 8 tokens per example) so the examples fit" in err, err
 
 
+@pytest.mark.timeout(120)
+def test_evaluate_recipe_input_errors_exit_2_with_one_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = importlib.util.spec_from_file_location("fmmeta_recipe_evaluate", REPO / "recipes" / "evaluate.py")
+    assert spec is not None and spec.loader is not None
+    evaluate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(evaluate)
+    smoke = str(REPO / "recipes" / "configs" / "smoke.yaml")
+    assert evaluate.main(["--config", smoke, f"output_dir={tmp_path}", "tasks.max_length=8"]) == 2
+    err = capsys.readouterr().err
+    assert "Raise tasks.max_length (now 8 tokens per example)" in err and "Traceback" not in err, err
+
+
 # ---------------------------------------------------------------------------------------------
 # Security
 # ---------------------------------------------------------------------------------------------
