@@ -99,7 +99,8 @@ def test_refused_resume_leaves_the_folder_byte_identical(tmp_path: Path, local_s
 def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tmp_path: Path) -> None:
     out = tmp_path / "run"
     log = tmp_path / "run.log"
-    proc = _start([*_recipe.SHORT, f"output_dir={out}"], log)
+    # long enough that the run cannot finish between seeing step 2 and the signal, however loaded
+    proc = _start([*_recipe.SHORT, f"output_dir={out}", "train.meta_steps=100000"], log)
     try:
         _wait_for_step(proc, out / "metrics.jsonl", 2, log)  # step 1's checkpoint is complete
         os.killpg(proc.pid, signal.SIGINT)
