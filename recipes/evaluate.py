@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="an adapter folder in peft format to evaluate; repeatable")
     parser.add_argument("overrides", nargs="*", help="section.key=value")
     args = parser.parse_args(strip_local_rank(sys.argv[1:] if argv is None else argv))
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        force=True)
     config_path = args.config
     if args.run is not None:
         config_path = config_path or str(args.run / "config.yaml")
