@@ -330,6 +330,9 @@ class EvalResult:
     _summary: dict[str, dict[str, dict[int, MetricSummary]]] | None = field(
         default=None, repr=False, compare=False
     )
+    _comparisons: dict[tuple[str, ...], list[Comparison]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     def steps_of(self, method: str) -> list[int]:
         """Adaptation steps scored for ``method`` (``[0]`` for methods that do not adapt)."""
@@ -379,7 +382,13 @@ class EvalResult:
         )
 
     def comparisons(self, baselines: Sequence[str] = (MULTITASK, IN_CONTEXT)) -> list[Comparison]:
-        """Every method against each of ``baselines`` that was evaluated, on every family."""
+        """Every method against each of ``baselines`` that was evaluated, on every family.
+
+        Computed once per set of baselines (each is a bootstrap): the report and ``eval.json``
+        both show them."""
+        key = tuple(baselines)
+        if key in self._comparisons:
+            return self._comparisons[key]
         out: list[Comparison] = []
         for baseline in (b for b in baselines if b in self.methods):
             for method in (m for m in self.methods if m != baseline):
@@ -387,6 +396,7 @@ class EvalResult:
                     c = self.compare(method, baseline, fam)
                     if c is not None:
                         out.append(c)
+        self._comparisons[key] = out
         return out
 
     def get(self, method: str, step: int, family: str = OVERALL) -> MetricSummary:
