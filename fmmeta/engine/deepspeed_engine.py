@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from fmmeta.engine.distributed import default_backend, init_distributed
+from fmmeta.engine.distributed import default_backend, init_distributed, release_shm_buffers
 from fmmeta.engine.ds_config import owned_values, resolve_ds_config, zero_stage
 from fmmeta.engine.optim import (
     OuterOptimConfig,
@@ -129,6 +129,7 @@ class DeepSpeedEngine:
         self._ds, self._optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, config=self.ds_config
         )
+        release_shm_buffers()
         self._names = [n for n, _ in named]
         self._params = [p for _, p in named]
         pin_adapter(self._params)

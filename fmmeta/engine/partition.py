@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from fmmeta.config import EngineConfig
+from fmmeta.engine.distributed import release_shm_buffers
 from fmmeta.engine.ds_config import (
     load_ds_config,
     owned_values,
@@ -75,6 +76,7 @@ class PartitionedBuild:
         # zero.Init reads the world size from DeepSpeed's own communication layer, which adopts
         # the process group that is already up.
         deepspeed.init_distributed(dist_backend=dist.get_backend(), verbose=False)
+        release_shm_buffers()
         _return_large_frees_to_the_os()
         self.ds_config = dict(ds_config)
         # transformers holds only a weak reference to it: this attribute keeps ZeRO-3 enabled.

@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from fmmeta.engine.distributed import SHM_DIR
+
 REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("worker.py")
 
@@ -81,4 +83,12 @@ def run_worker(
             f"{launcher} launch failed with rc={proc.returncode}: {' '.join(cmd)}\n"
             f"--- stdout ---\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
         )
+    leaked = leaked_shm_buffers(port)
+    assert not leaked, f"{launcher} launch left DeepSpeed shared-memory segments behind: {leaked}"
     return proc
+
+
+def leaked_shm_buffers(port: int) -> list[str]:
+    """DeepSpeed CPU all-reduce segments of the launch on ``port`` still in ``/dev/shm`` (each is
+    66 MB of memory that outlives the run unless fmmeta unlinks it)."""
+    return sorted(str(p) for p in Path(SHM_DIR).glob(f"deepspeed_allreduce_buffer_*_{port}_*"))
