@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from fmmeta.tasks.task import EpisodeSpec, OnTooLong, Task, TaskSet
+from fmmeta.tasks.task import ClassificationTask, EpisodeSpec, GenerationTask, OnTooLong, Task, TaskSet
 
 logger = logging.getLogger(__name__)
 
@@ -233,7 +233,7 @@ def _translation_task(
 ) -> Task:
     lang_name = _language_name(lang)
     codes = [c for c in english if c in local]
-    return Task.from_texts(
+    return GenerationTask.from_texts(
         f"translate-{lang}",
         [f"Country: {english[c]}\nIn {lang_name}:" for c in codes],
         [f" {local[c]}" for c in codes],
@@ -265,7 +265,7 @@ def _langid_task(
             if seen[n] == 1:
                 prompts.append(f"Name: {n}\nLanguage:")
                 labels.append(k)
-    return Task.from_labeled_texts(
+    return ClassificationTask.from_texts(
         "langid-" + "-".join(group),
         prompts,
         labels,
@@ -282,7 +282,7 @@ def _continent_task(
 ) -> Task:
     classes = sorted(set(CONTINENTS.values()))
     codes = [c for c in local if c in CONTINENTS]
-    return Task.from_labeled_texts(
+    return ClassificationTask.from_texts(
         f"continent-{lang}",
         [f"Country: {local[c]}\nContinent:" for c in codes],
         [classes.index(CONTINENTS[c]) for c in codes],
