@@ -90,14 +90,15 @@ def _task_meta(r: TaskRows, start: int, end: int) -> dict[str, Any]:
     task's ``words``, ``class_names`` and ``pool`` are null, which is how reading tells the kinds
     apart)."""
     s = r.spec
-    is_cls = isinstance(r, ClassificationRows)
-    return {
+    meta: dict[str, Any] = {
         "name": r.name, "domain": r.domain, "start": start, "end": end,
         "spec": {"shots": s.shots, "query": s.query, "ways": s.ways,
                  "remap_labels": s.remap_labels, "label_pool": list(s.label_pool or ()) or None},
-        "words": r.words if is_cls else None, "class_names": r.class_names if is_cls else None,
-        "pool": (r.pool or None) if is_cls else None,
+        "words": None, "class_names": None, "pool": None,
     }  # fmt: skip
+    if isinstance(r, ClassificationRows):
+        meta.update(words=r.words, class_names=r.class_names, pool=r.pool or None)
+    return meta
 
 
 def _write(folder: Path, rows: Sequence[TaskRows], tokenizer: Any, key: str) -> None:

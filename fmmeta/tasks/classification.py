@@ -263,7 +263,7 @@ class ClassificationTask:
                 "(its words were not tokenized at build time); rebuild the task with that pool"
             )
         return ClassificationTask(
-            self.name, prompts=[e.prompt_ids for e in self._examples], labels=self._labels,
+            self.name, prompts=[e.prompt_ids for e in self._examples], labels=self._labels.tolist(),
             class_answers=self._class_answers, class_names=self.class_names, spec=spec,
             pool_answers=self._pool_answers if spec.remap_labels else (), domain=self.domain,
             separator_ids=self.separator_ids,

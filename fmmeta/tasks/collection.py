@@ -115,24 +115,26 @@ def read_source(
         parts = [(default_name, _load(src, files, cache_dir))]
     rows: list[TaskRows] = []
     for task_name, ds in parts:
-        common = {"spec": options.spec, "template": args.get("template"),
-                  "answer_template": src.answer_template, "domain": options.domain}  # fmt: skip
+        spec, domain, template = options.spec, options.domain, args.get("template")
         if builder == "classification":
             rows.append(classification_rows(
                 ds, name=task_name, text_column=args["text_column"],
                 label_column=args["label_column"], verbalizer=src.verbalizer,
-                drop_small_classes=src.drop_small, **common,
+                drop_small_classes=src.drop_small, spec=spec, template=template,
+                answer_template=src.answer_template, domain=domain,
             ))  # fmt: skip
         elif builder == "task_column":
             rows.extend(column_rows(
                 ds, task_column=args["task_column"], input_column=args["input_column"],
                 output_column=args["output_column"], options_column=args.get("options_column"),
-                name_prefix=src.name_prefix, drop_small_tasks=src.drop_small, **common,
+                name_prefix=src.name_prefix, drop_small_tasks=src.drop_small, spec=spec,
+                template=template, answer_template=src.answer_template, domain=domain,
             ))  # fmt: skip
         else:
             rows.append(dataset_rows(
                 ds, name=task_name, input_column=args["input_column"],
-                output_column=args["output_column"], **common,
+                output_column=args["output_column"], spec=spec, template=template,
+                answer_template=src.answer_template, domain=domain,
             ))  # fmt: skip
     rng = np.random.default_rng([seed, index])
     rows = [r.subsample(src.max_examples, rng) for r in rows]

@@ -38,6 +38,50 @@ def assign_splits(
     Returns:
         (task name -> split, problems); problems are prefixed ``split.`` (the section's keys).
     """
+    names = [n for n, _ in tasks]
+    wanted, problems = _wanted(tasks, split)
+    where: dict[str, str] = {}
+    for n, asks in wanted.items():
+        if len(asks) > 1:
+            detail = " and ".join(f"{s} via {why}" for s, why in sorted(asks.items()))
+            problems.append(
+                f"split: task {n!r} is put in two splits ({detail}): a task belongs to one "
+                "split; remove it from one list"
+            )
+        where[n] = next(iter(sorted(asks)))
+    rest = [n for n in names if n not in where]
+    order = np.random.default_rng(seed).permutation(len(rest))
+    shuffled = [rest[i] for i in order]
+    for key, to in (("held_out_fraction", "meta_test"), ("validation_fraction", "meta_val")):
+        share = getattr(split, key)
+        if share is None:
+            share = 0.0 if to in where.values() else AUTO_FRACTION
+        k = max(1, round(share * len(rest))) if share > 0 and rest else 0
+        for n in shuffled[:k]:
+            where[n] = to
+        shuffled = shuffled[k:]
+    for n in shuffled:
+        where[n] = "meta_train"
+    counts = {s: sum(1 for v in where.values() if v == s) for s in SPLITS}
+    fixes = {
+        "meta_train": "hold out fewer tasks or add sources",
+        "meta_val": "name tasks in split.validation / validation_families or set split.validation_fraction",
+        "meta_test": "name tasks in split.held_out / held_out_families or set split.held_out_fraction",
+    }
+    if names and not problems:
+        for s in SPLITS:
+            if counts[s] == 0:
+                problems.append(
+                    f"split leaves {s} empty ({len(names)} tasks: {counts}): {fixes[s]}"
+                )
+    return where, problems
+
+
+def _wanted(
+    tasks: Sequence[tuple[str, str]], split: CollectionSplit
+) -> tuple[dict[str, dict[str, str]], list[str]]:
+    """(task -> {split: the key that asked for it}, problems) for every task named by a list, a
+    file or a family; unknown names and families are problems with the closest match."""
     problems: list[str] = []
     names = [n for n, _ in tasks]
     family = dict(tasks)
@@ -82,41 +126,7 @@ def assign_splits(
                 )
             for n in members:
                 want(n, to, f"{key} ({fam})")
-    where: dict[str, str] = {}
-    for n, asks in wanted.items():
-        if len(asks) > 1:
-            detail = " and ".join(f"{s} via {why}" for s, why in sorted(asks.items()))
-            problems.append(
-                f"split: task {n!r} is put in two splits ({detail}): a task belongs to one "
-                "split; remove it from one list"
-            )
-        where[n] = next(iter(sorted(asks)))
-    rest = [n for n in names if n not in where]
-    order = np.random.default_rng(seed).permutation(len(rest))
-    shuffled = [rest[i] for i in order]
-    for key, to in (("held_out_fraction", "meta_test"), ("validation_fraction", "meta_val")):
-        share = getattr(split, key)
-        if share is None:
-            share = 0.0 if to in where.values() else AUTO_FRACTION
-        k = max(1, round(share * len(rest))) if share > 0 and rest else 0
-        for n in shuffled[:k]:
-            where[n] = to
-        shuffled = shuffled[k:]
-    for n in shuffled:
-        where[n] = "meta_train"
-    counts = {s: sum(1 for v in where.values() if v == s) for s in SPLITS}
-    fixes = {
-        "meta_train": "hold out fewer tasks or add sources",
-        "meta_val": "name tasks in split.validation / validation_families or set split.validation_fraction",
-        "meta_test": "name tasks in split.held_out / held_out_families or set split.held_out_fraction",
-    }
-    if names and not problems:
-        for s in SPLITS:
-            if counts[s] == 0:
-                problems.append(
-                    f"split leaves {s} empty ({len(names)} tasks: {counts}): {fixes[s]}"
-                )
-    return where, problems
+    return wanted, problems
 
 
 __all__ = ["AUTO_FRACTION", "SPLITS", "assign_splits"]

@@ -26,8 +26,8 @@ from fmmeta.checkpoint.manager import CheckpointMismatchError
 from fmmeta.config import ConfigError, ModelConfig, load_config
 from fmmeta.recipe_config import RecipeConfig
 from fmmeta.tasks.builders import (
-    TaskOptions,
     DatasetSpec,
+    TaskOptions,
     classification_tasks,
     tasks_from_column,
     tasks_from_datasets,

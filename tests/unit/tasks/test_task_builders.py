@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 
 from fmmeta.tasks.builders import (
-    TaskOptions,
     DatasetSpec,
+    TaskOptions,
     classification_tasks,
     tasks_from_column,
     tasks_from_datasets,
     tasks_from_examples,
 )
-from fmmeta.tasks.episode import IGNORE_INDEX
 from fmmeta.tasks.data import read_dataset
+from fmmeta.tasks.episode import IGNORE_INDEX
 from fmmeta.tasks.task import EpisodeSpec, split_tasks
 from fmmeta.tasks.testing import tiny_tokenizer
 
@@ -139,12 +139,12 @@ def test_tasks_from_datasets_from_every_kind_of_data(kind: str, tmp_path: Path) 
 
 def test_readme_custom_task_set() -> None:
     # --- the README's "Build your own task set" snippet, verbatim apart from the tokenizer ---
-    from fmmeta.tasks.builders import TaskOptions, tasks_from_examples
+    from fmmeta.tasks import EpisodeSpec, TaskOptions, collate, ensure_pad_token, split_tasks
     from fmmeta.tasks.builders import tasks_from_examples
 
     tokenizer = tiny_tokenizer()  # README: AutoTokenizer.from_pretrained(...)
     ensure_pad_token(tokenizer)
-    spec = EpisodeSpec(shots=4, query=4)
+    options = TaskOptions(spec=EpisodeSpec(shots=4, query=4))
 
     def addition(k):  # a generator function: one task per k
         def gen():
@@ -152,10 +152,15 @@ def test_readme_custom_task_set() -> None:
                 yield f"{a}+{k}=", f" {a + k}"
         return gen
 
-    tasks = [tasks_from_examples(f"add{k}", addition(k), tokenizer, TaskOptions(spec=spec)) for k in range(10)]
+    tasks = [tasks_from_examples(f"add{k}", addition(k), tokenizer, options) for k in range(10)]
     reviews = [("great", "pos"), ("awful", "neg"), ("lovely", "pos"), ("bad", "neg"),
                ("superb", "pos"), ("dull", "neg"), ("fine", "pos"), ("poor", "neg")]
-    tasks.append(tasks_from_examples("sentiment", [{"prompt": f"Review: {w}\nSentiment:", "label": lab} for w, lab in reviews], tokenizer, TaskOptions(spec=EpisodeSpec(shots=2, query=2, ways=2, remap_labels=True, label_pool=("foo", "bar", "baz")))))
+    tasks.append(tasks_from_examples(  # classification; label words remapped in every episode
+        "sentiment",
+        [{"prompt": f"Review: {w}\nSentiment:", "label": lab} for w, lab in reviews],
+        tokenizer,
+        TaskOptions(spec=EpisodeSpec(shots=2, query=2, ways=2, remap_labels=True, label_pool=("foo", "bar", "baz"))),
+    ))
     split = split_tasks(tasks, seed=0, names={"meta_test": ["add9", "sentiment"]})
     rng = np.random.default_rng(0)
     episode = split.meta_test[0].sample_episode(rng)  # 4 support + 4 query, no overlap
