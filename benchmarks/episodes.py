@@ -35,7 +35,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fmmeta.tasks.episode import collate  # noqa: E402
-from fmmeta.tasks.task import EpisodeSpec, Task  # noqa: E402
+from fmmeta.tasks.task import ClassificationTask, EpisodeSpec, Task  # noqa: E402
 
 WORDS = (
     "the of and to in is was for on that with as by at from his her it an were are which this be "
@@ -163,7 +163,7 @@ def main() -> None:
 
     t0 = time.perf_counter()
     tasks = [
-        Task.from_labeled_texts(f"task{i}", p, y, v, tok, spec=spec, max_length=256)
+        ClassificationTask.from_texts(f"task{i}", p, y, v, tok, spec=spec, max_length=256)
         for i, (p, y, v) in enumerate(texts)
     ]
     cold_build_s = time.perf_counter() - t0
@@ -186,7 +186,7 @@ def main() -> None:
     remap_spec = EpisodeSpec(shots=4, query=8, ways=5, remap_labels=True,
                              label_pool=tuple(f"w{i}" for i in range(12)))  # fmt: skip
     remapped = [
-        Task.from_labeled_texts(f"r{i}", p, y, v, tok, spec=remap_spec, max_length=256)
+        ClassificationTask.from_texts(f"r{i}", p, y, v, tok, spec=remap_spec, max_length=256)
         for i, (p, y, v) in enumerate(texts[:50])
     ]
     r_tasks, tasks = tasks, remapped

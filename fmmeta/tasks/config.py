@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fmmeta.errors import UserInputError
-from fmmeta.tasks.collection import CollectionSource, CollectionSplit
+from fmmeta.tasks.collection_config import CollectionSource, CollectionSplit
 from fmmeta.tasks.task import TaskSet
 
 COLLECTION = "collection"

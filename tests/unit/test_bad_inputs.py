@@ -27,6 +27,7 @@ from fmmeta.config import ConfigError, ModelConfig, load_config
 from fmmeta.recipe_config import RecipeConfig
 from fmmeta.tasks.builders import (
     DatasetSpec,
+    TaskOptions,
     classification_tasks,
     tasks_from_column,
     tasks_from_datasets,
@@ -269,54 +270,51 @@ def test_checkpoint_with_a_different_lora_shape(tmp_path: Path) -> None:
 
 def test_dataset_missing_column_lists_existing() -> None:
     with pytest.raises(ValueError, match=r"column\(s\) \['sentence'\] not found; the dataset has columns \['text', 'label'\]"):
-        classification_tasks(datasets.Dataset.from_list(_rows()), TOK, spec=SPEC, text_column="sentence")
+        classification_tasks(datasets.Dataset.from_list(_rows()), TOK, TaskOptions(spec=SPEC), text_column="sentence")
 
 
 def test_dataset_too_few_examples_per_class_for_the_shots() -> None:
     rows = _rows() + [{"text": "Tokio", "label": "ja"}]
     with pytest.raises(ValueError, match=r"'ja' has 1\. .*drop_small_classes=True"):
-        classification_tasks(datasets.Dataset.from_list(rows), TOK, spec=SPEC)
+        classification_tasks(datasets.Dataset.from_list(rows), TOK, TaskOptions(spec=SPEC))
 
 
 def test_dataset_empty_text() -> None:
     rows = _rows()
     rows[2]["text"] = "   "
     with pytest.raises(ValueError, match=r"text\[2\]='   ' is empty.*filter such rows first"):
-        classification_tasks(datasets.Dataset.from_list(rows), TOK, spec=SPEC)
+        classification_tasks(datasets.Dataset.from_list(rows), TOK, TaskOptions(spec=SPEC))
 
 
 def test_dataset_query_answer_fully_truncated() -> None:
     items = [(f"p{i}", " " + "x" * 40) for i in range(4)]
     with pytest.raises(ValueError, match=r"example 0 has an answer of \d+ tokens .*raise max_length to at least"):
-        tasks_from_examples("long", items, TOK, spec=GEN, max_length=16, on_too_long="error")
+        tasks_from_examples("long", items, TOK, TaskOptions(spec=GEN, max_length=16, on_too_long="error"))
     with pytest.raises(ValueError, match=r"task 'long' has no examples \(4 dropped as too long for max_length\)"):
-        tasks_from_examples("long", items, TOK, spec=GEN, max_length=16)  # default: drop
+        tasks_from_examples("long", items, TOK, TaskOptions(spec=GEN, max_length=16))  # default: drop
 
 
 def test_dataset_mixed_label_types() -> None:
     items = [{"prompt": f"p{i}", "label": lab} for i, lab in enumerate([1, "one"] * 6)]
     with pytest.raises(ValueError, match=r"mixes label types \['int', 'str'\]"):
-        tasks_from_examples("t", items, TOK, spec=EpisodeSpec(shots=1, query=1, ways=2))
+        tasks_from_examples("t", items, TOK, TaskOptions(spec=EpisodeSpec(shots=1, query=1, ways=2)))
 
 
 def test_dataset_duplicate_task_names() -> None:
     ds = datasets.Dataset.from_list(_mix())
     with pytest.raises(ValueError, match=r"duplicate task names \{'x': 2\} \(name: count\): give each DatasetSpec a unique name"):
-        tasks_from_datasets([DatasetSpec(name="x", source=ds), DatasetSpec(name="x", source=ds)],
-                            TOK, spec=GEN)  # fmt: skip
+        tasks_from_datasets([DatasetSpec(name="x", data=ds), DatasetSpec(name="x", data=ds)], TOK, TaskOptions(spec=GEN))  # fmt: skip
 
 
 def test_dataset_zero_tasks_after_filtering() -> None:
     rows = [r for r in _mix() if r["input"] != "0+1="][:7]  # add1: 4 rows, add2: 3 rows; need 5
     with pytest.raises(ValueError, match=r"every task was dropped as too small; no tasks remain: add examples"):
-        tasks_from_column(datasets.Dataset.from_list(rows), TOK,
-                          spec=EpisodeSpec(shots=3, query=2), drop_small_tasks=True)  # fmt: skip
+        tasks_from_column(datasets.Dataset.from_list(rows), TOK, TaskOptions(spec=EpisodeSpec(shots=3, query=2)), drop_small_tasks=True)  # fmt: skip
 
 
 def test_dataset_fewer_classes_than_ways() -> None:
     with pytest.raises(ValueError, match=r"3 class\(es\) can supply an episode but ways=5"):
-        classification_tasks(datasets.Dataset.from_list(_rows()), TOK,
-                             spec=EpisodeSpec(shots=1, query=1, ways=5))  # fmt: skip
+        classification_tasks(datasets.Dataset.from_list(_rows()), TOK, TaskOptions(spec=EpisodeSpec(shots=1, query=1, ways=5)))  # fmt: skip
 
 
 def test_unknown_task_suite() -> None:

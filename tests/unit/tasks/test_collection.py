@@ -20,9 +20,9 @@ import yaml
 from fmmeta.config import ConfigError, load_config
 from fmmeta.recipe_config import RecipeConfig
 from fmmeta.tasks import cache as task_cache
-from fmmeta.tasks.builders import classification_tasks, tasks_from_column
+from fmmeta.tasks.builders import TaskOptions, classification_tasks, tasks_from_column
 from fmmeta.tasks.config import build_task_set
-from fmmeta.tasks.task import EpisodeSpec, TaskSet
+from fmmeta.tasks.task import ClassificationTask, EpisodeSpec, GenerationTask, TaskSet
 from fmmeta.tasks.testing import tiny_tokenizer
 
 TOK = tiny_tokenizer()
@@ -130,8 +130,9 @@ def test_every_builder_kind_and_both_layouts_from_yaml(tmp_path: Path) -> None:
     }  # fmt: skip
     tasks = _by_name(suite)
     # MetaICL: a fixed option list makes a classification task over it; options [] a generation one.
-    assert tasks["sentiment"].is_classification and tasks["sentiment"].class_names == ("negative", "positive")
-    assert not tasks["echo"].is_classification
+    assert isinstance(tasks["sentiment"], ClassificationTask)
+    assert tasks["sentiment"].class_names == ("negative", "positive")
+    assert isinstance(tasks["echo"], GenerationTask) and not hasattr(tasks["echo"], "class_names")
     # Super-NaturalInstructions: the task's definition opens each prompt.
     prompt = TOK.decode(tasks["task002_double"].examples[3].prompt_ids)
     assert prompt == "Double the number.\n\nInput: 3\nOutput:"
@@ -157,14 +158,15 @@ def test_yaml_tasks_equal_the_python_builders(tmp_path: Path) -> None:
     yaml_tasks = _by_name(_build(cfg))
     spec = EpisodeSpec(shots=2, query=2)
     python_tasks = {t.name: t for t in [
-        *classification_tasks(topics, TOK, spec=spec, name="topic", max_length=64,
-                              verbalizer={"sport": "S", "music": "M", "science": "X"}),
-        *tasks_from_column(metaicl, TOK, spec=spec, max_length=64),
+        *classification_tasks(topics, TOK, TaskOptions(spec=spec, max_length=64), name="topic", verbalizer={"sport": "S", "music": "M", "science": "X"}),
+        *tasks_from_column(metaicl, TOK, TaskOptions(spec=spec, max_length=64)),
     ]}  # fmt: skip
     assert sorted(yaml_tasks) == sorted(python_tasks)
     for name, t in python_tasks.items():
         assert yaml_tasks[name].examples == t.examples, name
-        assert yaml_tasks[name].class_names == t.class_names
+        assert type(yaml_tasks[name]) is type(t), name
+        if isinstance(t, ClassificationTask):
+            assert yaml_tasks[name].class_names == t.class_names
 
 
 # ---------------------------------------------------------------------------------------- splits

@@ -1,4 +1,4 @@
-"""The four builders from every kind of source, and one test per input error."""
+"""The four builders from every kind of data, and one test per input error."""
 
 from __future__ import annotations
 
@@ -13,13 +13,14 @@ import pytest
 
 from fmmeta.tasks.builders import (
     DatasetSpec,
+    TaskOptions,
     classification_tasks,
     tasks_from_column,
     tasks_from_datasets,
     tasks_from_examples,
 )
+from fmmeta.tasks.data import read_dataset
 from fmmeta.tasks.episode import IGNORE_INDEX
-from fmmeta.tasks.source import load_source
 from fmmeta.tasks.task import EpisodeSpec, split_tasks
 from fmmeta.tasks.testing import tiny_tokenizer
 
@@ -71,12 +72,9 @@ KINDS = ["dataset", "datasetdict", "json", "jsonl", "csv", "parquet"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_classification_tasks_from_every_source(kind: str, tmp_path: Path) -> None:
+def test_classification_tasks_from_every_kind_of_data(kind: str, tmp_path: Path) -> None:
     src, split = _sources(_cls_rows(), tmp_path, kind)
-    (task,) = classification_tasks(
-        src, TOK, spec=SPEC3, name="lang", template="Word: {text}\nLanguage:", split=split,
-        verbalizer={"de": "German", "fr": "French", "es": "Spanish", "it": "Italian"},
-    )  # fmt: skip
+    (task,) = classification_tasks(src, TOK, TaskOptions(spec=SPEC3), name="lang", template="Word: {text}\nLanguage:", split=split, verbalizer={"de": "German", "fr": "French", "es": "Spanish", "it": "Italian"})  # fmt: skip
     assert len(task) == 20 and task.class_names == ("de", "es", "fr", "it")
     truth = {w: lang for lang, ws in LANGS.items() for w in ws}
     words = {"de": " German", "fr": " French", "es": " Spanish", "it": " Italian"}
@@ -102,16 +100,16 @@ def test_classification_classlabel_and_remap() -> None:
     )
     pool = ("alpha", "beta", "gamma", "delta", "omega")
     spec = EpisodeSpec(shots=2, query=2, ways=3, remap_labels=True, label_pool=pool)
-    (task,) = classification_tasks(ds, TOK, spec=spec)
+    (task,) = classification_tasks(ds, TOK, TaskOptions(spec=spec))
     assert task.class_names == tuple(names)
     ep = task.sample_episode(np.random.default_rng(1))
     assert {TOK.decode(c) for c in ep.choices} <= {f" {w}</s>" for w in pool}
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_tasks_from_column_from_every_source(kind: str, tmp_path: Path) -> None:
+def test_tasks_from_column_from_every_kind_of_data(kind: str, tmp_path: Path) -> None:
     src, split = _sources(_mix_rows(), tmp_path, kind)
-    tasks = tasks_from_column(src, TOK, spec=GEN, split=split, template="Sum: {input}")
+    tasks = tasks_from_column(src, TOK, TaskOptions(spec=GEN), split=split, template="Sum: {input}")
     assert [t.name for t in tasks] == ["add1", "add2", "add3"]
     for t in tasks:
         k = int(t.name[-1])
@@ -123,16 +121,13 @@ def test_tasks_from_column_from_every_source(kind: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_tasks_from_datasets_from_every_source(kind: str, tmp_path: Path) -> None:
+def test_tasks_from_datasets_from_every_kind_of_data(kind: str, tmp_path: Path) -> None:
     rows = [{"q": f"capital {i}?", "a": f"city{i}"} for i in range(8)]
     src, split = _sources(rows, tmp_path, kind)
     other = datasets.Dataset.from_list([{"input": f"x{i}", "output": f"y{i}"} for i in range(6)])
-    tasks = tasks_from_datasets(
-        [DatasetSpec(name="capitals", source=src, split=split, input_column="q",
+    tasks = tasks_from_datasets([DatasetSpec(name="capitals", data=src, split=split, input_column="q",
                      output_column="a", template="Q: {q}\nA:", domain="qa"),
-         DatasetSpec(name="copy", source=other, episode=EpisodeSpec(shots=1, query=1))],
-        TOK, spec=GEN,
-    )  # fmt: skip
+         DatasetSpec(name="copy", data=other, episode=EpisodeSpec(shots=1, query=1))], TOK, TaskOptions(spec=GEN))  # fmt: skip
     assert [t.name for t in tasks] == ["capitals", "copy"]
     assert tasks[0].domain == "qa" and tasks[1].domain == "copy"
     ep = tasks[0].sample_episode(np.random.default_rng(0))
@@ -144,12 +139,12 @@ def test_tasks_from_datasets_from_every_source(kind: str, tmp_path: Path) -> Non
 
 def test_readme_custom_task_set() -> None:
     # --- the README's "Build your own task set" snippet, verbatim apart from the tokenizer ---
-    from fmmeta.tasks import EpisodeSpec, collate, ensure_pad_token, split_tasks
+    from fmmeta.tasks import EpisodeSpec, TaskOptions, collate, ensure_pad_token, split_tasks
     from fmmeta.tasks.builders import tasks_from_examples
 
     tokenizer = tiny_tokenizer()  # README: AutoTokenizer.from_pretrained(...)
     ensure_pad_token(tokenizer)
-    spec = EpisodeSpec(shots=4, query=4)
+    options = TaskOptions(spec=EpisodeSpec(shots=4, query=4))
 
     def addition(k):  # a generator function: one task per k
         def gen():
@@ -157,14 +152,14 @@ def test_readme_custom_task_set() -> None:
                 yield f"{a}+{k}=", f" {a + k}"
         return gen
 
-    tasks = [tasks_from_examples(f"add{k}", addition(k), tokenizer, spec=spec) for k in range(10)]
+    tasks = [tasks_from_examples(f"add{k}", addition(k), tokenizer, options) for k in range(10)]
     reviews = [("great", "pos"), ("awful", "neg"), ("lovely", "pos"), ("bad", "neg"),
                ("superb", "pos"), ("dull", "neg"), ("fine", "pos"), ("poor", "neg")]
     tasks.append(tasks_from_examples(  # classification; label words remapped in every episode
         "sentiment",
         [{"prompt": f"Review: {w}\nSentiment:", "label": lab} for w, lab in reviews],
         tokenizer,
-        spec=EpisodeSpec(shots=2, query=2, ways=2, remap_labels=True, label_pool=("foo", "bar", "baz")),
+        TaskOptions(spec=EpisodeSpec(shots=2, query=2, ways=2, remap_labels=True, label_pool=("foo", "bar", "baz"))),
     ))
     split = split_tasks(tasks, seed=0, names={"meta_test": ["add9", "sentiment"]})
     rng = np.random.default_rng(0)
@@ -185,9 +180,8 @@ def test_readme_custom_task_set() -> None:
 
 
 def test_tasks_from_examples_accepts_dicts_and_generators() -> None:
-    t1 = tasks_from_examples("d", [{"prompt": f"p{i}", "answer": f" a{i}"} for i in range(5)],
-                             TOK, spec=GEN)  # fmt: skip
-    t2 = tasks_from_examples("g", lambda: ((f"p{i}", f" a{i}") for i in range(5)), TOK, spec=GEN)
+    t1 = tasks_from_examples("d", [{"prompt": f"p{i}", "answer": f" a{i}"} for i in range(5)], TOK, TaskOptions(spec=GEN))  # fmt: skip
+    t2 = tasks_from_examples("g", lambda: ((f"p{i}", f" a{i}") for i in range(5)), TOK, TaskOptions(spec=GEN))
     assert t1.examples == t2.examples
     assert TOK.decode(t1.examples[3].answer_ids) == " a3</s>"
 
@@ -198,87 +192,83 @@ def test_tasks_from_examples_accepts_dicts_and_generators() -> None:
 def test_error_missing_column_lists_existing() -> None:
     ds = datasets.Dataset.from_list(_cls_rows())
     with pytest.raises(ValueError, match=r"column\(s\) \['sentence'\] not found; the dataset has columns \['text', 'label'\]"):
-        classification_tasks(ds, TOK, spec=SPEC3, text_column="sentence")
+        classification_tasks(ds, TOK, TaskOptions(spec=SPEC3), text_column="sentence")
 
 
 def test_error_missing_template_column() -> None:
     with pytest.raises(ValueError, match=r"column\(s\) \['question'\] not found"):
-        tasks_from_column(datasets.Dataset.from_list(_mix_rows()), TOK, spec=GEN,
-                          template="{question}")  # fmt: skip
+        tasks_from_column(datasets.Dataset.from_list(_mix_rows()), TOK, TaskOptions(spec=GEN), template="{question}")  # fmt: skip
 
 
 def test_error_small_class_named_with_count() -> None:
     rows = _cls_rows() + [{"text": "Tokio", "label": "ja"}]
     with pytest.raises(ValueError, match=r"fewer than shots \+ query = 2 \+ 2 = 4 examples: 'ja' has 1\. .*drop_small_classes=True"):
-        classification_tasks(datasets.Dataset.from_list(rows), TOK, spec=SPEC3)
+        classification_tasks(datasets.Dataset.from_list(rows), TOK, TaskOptions(spec=SPEC3))
 
 
 def test_drop_small_classes_warns_and_drops(caplog: pytest.LogCaptureFixture) -> None:
     rows = _cls_rows() + [{"text": "Tokio", "label": "ja"}]
     with caplog.at_level(logging.WARNING):
-        (task,) = classification_tasks(datasets.Dataset.from_list(rows), TOK, spec=SPEC3,
-                                       drop_small_classes=True)  # fmt: skip
+        (task,) = classification_tasks(datasets.Dataset.from_list(rows), TOK, TaskOptions(spec=SPEC3), drop_small_classes=True)  # fmt: skip
     assert "dropping class(es) too small for an episode: 'ja' has 1" in caplog.text
     assert task.class_names == ("de", "es", "fr", "it") and len(task) == 20
 
 
 def test_error_fewer_classes_than_ways() -> None:
     with pytest.raises(ValueError, match=r"4 class\(es\) can supply an episode but ways=5"):
-        classification_tasks(datasets.Dataset.from_list(_cls_rows()), TOK,
-                             spec=EpisodeSpec(shots=2, query=2, ways=5))  # fmt: skip
+        classification_tasks(datasets.Dataset.from_list(_cls_rows()), TOK, TaskOptions(spec=EpisodeSpec(shots=2, query=2, ways=5)))  # fmt: skip
 
 
 def test_error_empty_text() -> None:
     rows = _cls_rows()
     rows[3]["text"] = "  "
     with pytest.raises(ValueError, match=r"text\[3\]='  ' is empty"):
-        classification_tasks(datasets.Dataset.from_list(rows), TOK, spec=SPEC3)
+        classification_tasks(datasets.Dataset.from_list(rows), TOK, TaskOptions(spec=SPEC3))
 
 
 def test_error_none_text() -> None:
     rows = _mix_rows()
     rows[2]["input"] = None
     with pytest.raises(ValueError, match=r"column 'input' row 2 is None"):
-        tasks_from_column(datasets.Dataset.from_list(rows), TOK, spec=GEN)
+        tasks_from_column(datasets.Dataset.from_list(rows), TOK, TaskOptions(spec=GEN))
 
 
 def test_error_none_answer() -> None:
     with pytest.raises(ValueError, match=r"answer\[1\]=None is empty"):
-        tasks_from_examples("t", [("a", " b"), ("c", None)], TOK, spec=GEN)
+        tasks_from_examples("t", [("a", " b"), ("c", None)], TOK, TaskOptions(spec=GEN))
 
 
 def test_error_mixed_label_types() -> None:
     items = [{"prompt": f"p{i}", "label": lab} for i, lab in enumerate([1, "one", 1, "one"] * 3)]
     with pytest.raises(ValueError, match=r"label mixes label types \['int', 'str'\]"):
-        tasks_from_examples("t", items, TOK, spec=EpisodeSpec(shots=1, query=1, ways=2))
+        tasks_from_examples("t", items, TOK, TaskOptions(spec=EpisodeSpec(shots=1, query=1, ways=2)))
 
 
 def test_error_int_labels_need_verbalizer() -> None:
     rows = [{"text": f"t{i}", "label": i % 3} for i in range(12)]
     with pytest.raises(ValueError, match=r"holds int labels \[0, 1, 2\] without class names: pass verbalizer"):
-        classification_tasks(datasets.Dataset.from_list(rows), TOK, spec=SPEC3)
+        classification_tasks(datasets.Dataset.from_list(rows), TOK, TaskOptions(spec=SPEC3))
 
 
 def test_error_task_with_no_examples() -> None:
     with pytest.raises(ValueError, match=r"tasks_from_examples\(name='empty'\): the task has no examples"):
-        tasks_from_examples("empty", [], TOK, spec=GEN)
+        tasks_from_examples("empty", [], TOK, TaskOptions(spec=GEN))
 
 
 def test_error_task_too_small_in_column_and_drop() -> None:
     rows = _mix_rows()[:-2]  # add3 keeps 4 rows < 5
     with pytest.raises(ValueError, match=r"task 'add3' has 4 examples but an episode needs shots \+ query = 5"):
-        tasks_from_column(datasets.Dataset.from_list(rows), TOK, spec=GEN)
-    tasks = tasks_from_column(datasets.Dataset.from_list(rows), TOK, spec=GEN, drop_small_tasks=True)
+        tasks_from_column(datasets.Dataset.from_list(rows), TOK, TaskOptions(spec=GEN))
+    tasks = tasks_from_column(datasets.Dataset.from_list(rows), TOK, TaskOptions(spec=GEN), drop_small_tasks=True)
     assert [t.name for t in tasks] == ["add1", "add2"]
 
 
 def test_error_duplicate_task_names() -> None:
     ds = datasets.Dataset.from_list(_mix_rows())
     with pytest.raises(ValueError, match=r"duplicate task names \{'x': 2\}"):
-        tasks_from_datasets([DatasetSpec(name="x", source=ds), DatasetSpec(name="x", source=ds)],
-                            TOK, spec=GEN)  # fmt: skip
+        tasks_from_datasets([DatasetSpec(name="x", data=ds), DatasetSpec(name="x", data=ds)], TOK, TaskOptions(spec=GEN))  # fmt: skip
     with pytest.raises(ValueError, match=r"duplicate task names \{'add1': 2\}"):
-        a = tasks_from_column(ds, TOK, spec=GEN)
+        a = tasks_from_column(ds, TOK, TaskOptions(spec=GEN))
         split_tasks(a + a[:1], seed=0)
 
 
@@ -286,41 +276,39 @@ def test_error_answer_longer_than_budget() -> None:
     rows = _mix_rows()
     rows[0]["output"] = "9" * 40
     with pytest.raises(ValueError, match=r"example 0 has an answer of 42 tokens .*max_length=32.*raise max_length to at least 43"):
-        tasks_from_column(datasets.Dataset.from_list(rows), TOK, spec=GEN, max_length=32,
-                          on_too_long="error")  # fmt: skip
+        tasks_from_column(datasets.Dataset.from_list(rows), TOK, TaskOptions(spec=GEN, max_length=32, on_too_long="error"))  # fmt: skip
 
 
 def test_error_label_word_longer_than_budget() -> None:
     with pytest.raises(ValueError, match=r"longest answer word takes 10 tokens .* max_length=8.*at least 11"):
-        classification_tasks(datasets.Dataset.from_list(_cls_rows()), TOK, spec=SPEC3,
-                             verbalizer={k: "verylong" for k in LANGS}, max_length=8)  # fmt: skip
+        classification_tasks(datasets.Dataset.from_list(_cls_rows()), TOK, TaskOptions(spec=SPEC3, max_length=8), verbalizer={k: "verylong" for k in LANGS})  # fmt: skip
 
 
 def test_error_datasetdict_needs_split() -> None:
     dd = datasets.DatasetDict({"train": datasets.Dataset.from_list(_mix_rows()),
                                "test": datasets.Dataset.from_list(_mix_rows())})  # fmt: skip
     with pytest.raises(ValueError, match=r"DatasetDict with splits \['train', 'test'\]: pass split="):
-        tasks_from_column(dd, TOK, spec=GEN)
+        tasks_from_column(dd, TOK, TaskOptions(spec=GEN))
     with pytest.raises(ValueError, match=r"split='dev' is not in the DatasetDict; its splits are \['train', 'test'\]"):
-        tasks_from_column(dd, TOK, spec=GEN, split="dev")
+        tasks_from_column(dd, TOK, TaskOptions(spec=GEN), split="dev")
 
 
-def test_load_source_reads_several_files_as_one_split(tmp_path: Path) -> None:
+def test_read_dataset_reads_several_files_as_one_split(tmp_path: Path) -> None:
     rows = _mix_rows()
     a = _write(rows[:10], tmp_path / "a.jsonl")
     b = _write(rows[10:], tmp_path / "b.jsonl")
-    ds = load_source([a, b])
+    ds = read_dataset([a, b])
     assert ds.to_list() == rows
     with pytest.raises(ValueError, match=r"mix formats \['csv', 'json'\]"):
-        load_source([a, _write(rows, tmp_path / "c.csv")])
+        read_dataset([a, _write(rows, tmp_path / "c.csv")])
 
 
 def test_error_missing_local_file(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"data file\(s\) \[.*nope.jsonl'\] do not exist"):
-        load_source(str(tmp_path / "nope.jsonl"))
+        read_dataset(str(tmp_path / "nope.jsonl"))
 
 
-def test_load_source_names_file_and_line_of_unreadable_data(tmp_path: Path) -> None:
+def test_read_dataset_names_file_and_line_of_unreadable_data(tmp_path: Path) -> None:
     """The loader's own errors (StopIteration, an ArrowInvalid, a UnicodeDecodeError only when a row
     is read) become one message with the file, the line and the fix; good files load as before."""
     cases = {
@@ -333,9 +321,9 @@ def test_load_source_names_file_and_line_of_unreadable_data(tmp_path: Path) -> N
     for name, (data, message) in cases.items():
         (tmp_path / name).write_bytes(data)
         with pytest.raises(ValueError, match=re.escape(f"{name}' {message}")):
-            load_source(str(tmp_path / name))
+            read_dataset(str(tmp_path / name))
     (tmp_path / "good.jsonl").write_bytes(b'{"input": "na\xc3\xafve"}\n\n{"input": "b"}\n')
-    assert load_source(str(tmp_path / "good.jsonl"))["input"] == ["na\u00efve", "b"]
+    assert read_dataset(str(tmp_path / "good.jsonl"))["input"] == ["na\u00efve", "b"]
 
 
 def test_error_hub_dataset_unreachable(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -345,6 +333,6 @@ def test_error_hub_dataset_unreachable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(ValueError, match=r"could not load hub dataset 'no-such-user/no-such-dataset' \(name='cfg', split='train'\)"):
-        load_source("no-such-user/no-such-dataset", name="cfg", split="train")
+        read_dataset("no-such-user/no-such-dataset", name="cfg", split="train")
     with pytest.raises(ValueError, match="is a hub dataset name, so split is required"):
-        load_source("no-such-user/no-such-dataset")
+        read_dataset("no-such-user/no-such-dataset")

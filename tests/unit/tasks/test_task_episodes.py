@@ -8,7 +8,15 @@ import numpy as np
 import pytest
 
 from fmmeta.tasks.episode import IGNORE_INDEX, collate
-from fmmeta.tasks.task import EpisodeSpec, Task, TaskSet, ensure_pad_token, split_tasks
+from fmmeta.tasks.task import (
+    ClassificationTask,
+    EpisodeSpec,
+    GenerationTask,
+    Task,
+    TaskSet,
+    ensure_pad_token,
+    split_tasks,
+)
 from fmmeta.tasks.testing import tiny_tokenizer
 
 TOK = tiny_tokenizer()
@@ -19,7 +27,7 @@ POOL = ("apple", "river", "stone", "cloud", "maple", "tiger")
 def _gen_task(n: int = 20, shots: int = 3, query: int = 4, name: str = "gen") -> Task:
     prompts = [f"Q{i}: what is {i} plus one?" for i in range(n)]
     answers = [f" {i + 1}" for i in range(n)]
-    return Task.from_texts(name, prompts, answers, TOK, spec=EpisodeSpec(shots=shots, query=query))
+    return GenerationTask.from_texts(name, prompts, answers, TOK, spec=EpisodeSpec(shots=shots, query=query))
 
 
 def _cls_task(
@@ -33,7 +41,7 @@ def _cls_task(
     spec = EpisodeSpec(
         shots=2, query=2, ways=ways, remap_labels=remap, label_pool=POOL if remap else None
     )
-    return Task.from_labeled_texts(
+    return ClassificationTask.from_texts(
         "cls", prompts, labels, [f"class{c}" for c in range(n_classes)], TOK, spec=spec
     )
 
@@ -177,7 +185,7 @@ def test_in_context_query_truncates_demonstrations_from_the_left() -> None:
 
 def test_truncation_cuts_prompt_from_left_never_answer() -> None:
     long_prompt = "x" * 50 + " tail:"
-    task = Task.from_texts(
+    task = GenerationTask.from_texts(
         "t", [long_prompt] * 3, [" yes"] * 3, TOK,
         spec=EpisodeSpec(shots=1, query=1), max_length=20,
     )  # fmt: skip
@@ -191,7 +199,7 @@ def test_too_long_answer_dropped_and_counted(caplog: pytest.LogCaptureFixture) -
     prompts = [f"p{i}:" for i in range(5)]
     answers = [" ok", " ok", " " + "z" * 30, " ok", " ok"]
     with caplog.at_level(logging.WARNING):
-        task = Task.from_texts("t", prompts, answers, TOK, spec=EpisodeSpec(shots=2, query=2),
+        task = GenerationTask.from_texts("t", prompts, answers, TOK, spec=EpisodeSpec(shots=2, query=2),
                                max_length=12)  # fmt: skip
     assert len(task) == 4 and task.n_dropped == 1
     assert "dropped 1 of 5 examples" in caplog.text
@@ -199,7 +207,7 @@ def test_too_long_answer_dropped_and_counted(caplog: pytest.LogCaptureFixture) -
 
 def test_too_long_answer_error() -> None:
     with pytest.raises(ValueError, match=r"example 2 has an answer of 32 tokens .* max_length=12"):
-        Task.from_texts(
+        GenerationTask.from_texts(
             "t", [f"p{i}:" for i in range(5)], [" ok", " ok", " " + "z" * 30, " ok", " ok"], TOK,
             spec=EpisodeSpec(shots=2, query=2), max_length=12, on_too_long="error",
         )  # fmt: skip

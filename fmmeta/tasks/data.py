@@ -1,8 +1,8 @@
-"""One entry point for every place a task's rows can come from.
+"""One entry point for every place a task's data can come from.
 
 Builders accept a ``datasets.Dataset``, a ``DatasetDict`` plus a split, a hub dataset name plus
-config and split, or local json/jsonl/csv/parquet files. :func:`load_source` turns each into one
-``datasets.Dataset`` so builders only ever deal with that, and errors about the source itself
+config and split, or local json/jsonl/csv/parquet files. :func:`read_dataset` turns each into one
+``datasets.Dataset`` so builders only ever deal with that, and errors about the data itself
 (a missing split, a file that does not exist, an unreachable hub) surface here with a fix.
 """
 
@@ -19,33 +19,33 @@ import datasets
 
 logger = logging.getLogger(__name__)
 
-Source = Union[datasets.Dataset, datasets.DatasetDict, str, os.PathLike, Sequence[Union[str, os.PathLike]]]
+DatasetLike = Union[datasets.Dataset, datasets.DatasetDict, str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 """What a builder accepts as rows: a Dataset, a DatasetDict, a hub name, or local file path(s)."""
 
-_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
 def _file_format(path: str) -> str | None:
     suffixes = Path(path).suffixes
     # data.jsonl.gz style compression: the format is the suffix before the compression suffix
     for suf in reversed(suffixes[-2:]):
-        if suf.lower() in _FORMATS:
-            return _FORMATS[suf.lower()]
+        if suf.lower() in FORMATS:
+            return FORMATS[suf.lower()]
     return None
 
 
-def load_source(
-    source: Source,
+def read_dataset(
+    data: DatasetLike,
     *,
     split: str | None = None,
     name: str | None = None,
     data_files: str | Sequence[str] | None = None,
     cache_dir: str | os.PathLike | None = None,
 ) -> datasets.Dataset:
-    """Returns the rows of ``source`` as one ``datasets.Dataset``.
+    """Returns the rows of ``data`` as one ``datasets.Dataset``.
 
     Args:
-        source: a ``Dataset`` (returned as is); a ``DatasetDict`` (``split`` picks one, optional
+        data: a ``Dataset`` (returned as is); a ``DatasetDict`` (``split`` picks one, optional
             when it has a single split); a path or list of paths to local ``.json``, ``.jsonl``,
             ``.csv`` or ``.parquet`` files (one format); or a hub dataset name.
         split: the split to use; required for hub names, ignored for local files (their rows form
@@ -59,34 +59,34 @@ def load_source(
             file formats, or a hub dataset that cannot be loaded.
 
     Example:
-        >>> ds = load_source("data/train.jsonl")  # doctest: +SKIP
-        >>> ds = load_source("super_glue", name="boolq", split="train")  # doctest: +SKIP
+        >>> ds = read_dataset("data/train.jsonl")  # doctest: +SKIP
+        >>> ds = read_dataset("super_glue", name="boolq", split="train")  # doctest: +SKIP
     """
-    if isinstance(source, datasets.Dataset):
-        return source
-    if isinstance(source, datasets.DatasetDict):
-        splits = list(source.keys())
+    if isinstance(data, datasets.Dataset):
+        return data
+    if isinstance(data, datasets.DatasetDict):
+        splits = list(data.keys())
         if split is None:
             if len(splits) == 1:
-                return source[splits[0]]
+                return data[splits[0]]
             raise ValueError(
-                f"source is a DatasetDict with splits {splits}: pass split=... to pick one"
+                f"data is a DatasetDict with splits {splits}: pass split=... to pick one"
             )
-        if split not in source:
+        if split not in data:
             raise ValueError(
                 f"split={split!r} is not in the DatasetDict; its splits are {splits}: "
                 "pass one of them"
             )
-        return source[split]
-    if isinstance(source, (str, os.PathLike)):
-        paths = [os.fspath(source)]
-    elif isinstance(source, Sequence) and source and all(
-        isinstance(p, (str, os.PathLike)) for p in source
+        return data[split]
+    if isinstance(data, (str, os.PathLike)):
+        paths = [os.fspath(data)]
+    elif isinstance(data, Sequence) and data and all(
+        isinstance(p, (str, os.PathLike)) for p in data
     ):
-        paths = [os.fspath(p) for p in source]
+        paths = [os.fspath(p) for p in data]
     else:
         raise ValueError(
-            f"source of type {type(source).__name__} is not supported: pass a datasets.Dataset, "
+            f"data of type {type(data).__name__} is not supported: pass a datasets.Dataset, "
             "a DatasetDict (+ split), a hub dataset name (+ name, split) or local "
             ".json/.jsonl/.csv/.parquet file path(s)"
         )
@@ -96,7 +96,7 @@ def load_source(
     hub_name = paths[0]
     if os.path.exists(hub_name):
         raise ValueError(
-            f"source={hub_name!r} is a local path without a supported extension: use .json, "
+            f"data={hub_name!r} is a local path without a supported extension: use .json, "
             ".jsonl, .csv or .parquet files (or load it yourself and pass a Dataset)"
         )
     return _load_hub(hub_name, name=name, split=split, data_files=data_files, cache_dir=cache_dir)
@@ -113,7 +113,7 @@ def _load_files(
     kinds = sorted({f for f in formats.values() if f is not None})
     if len(kinds) > 1:
         raise ValueError(
-            f"files {paths} mix formats {kinds}: load_source reads one format at a time; "
+            f"files {paths} mix formats {kinds}: read_dataset reads one format at a time; "
             "convert them or build one task list per format"
         )
     missing = [p for p in paths if not os.path.isfile(p)]
@@ -152,7 +152,7 @@ def _text_problem(path: str, kind: str) -> str | None:
     """What makes a JSON or CSV file unusable before parsing: no rows, only a CSV header, or a byte
     that is not UTF-8 (``datasets`` loads that without a word and fails later, when a row is read,
     naming neither file nor line). Compressed and parquet files are left to their reader."""
-    if kind not in ("json", "csv") or Path(path).suffix.lower() not in _FORMATS:
+    if kind not in ("json", "csv") or Path(path).suffix.lower() not in FORMATS:
         return None
     rows = 0  # non-blank lines
     with open(path, "rb") as f:
@@ -179,7 +179,7 @@ _JSON_KINDS = {list: "array", str: "string", int: "number", float: "number", boo
 
 def _first_bad_json_line(path: str) -> str | None:
     """A JSON array file parses whole; otherwise every non-blank line must be one JSON object."""
-    if Path(path).suffix.lower() not in _FORMATS:
+    if Path(path).suffix.lower() not in FORMATS:
         return None  # compressed
     text = Path(path).read_text(encoding="utf-8")
     try:
@@ -218,7 +218,7 @@ def _load_hub(
 ) -> datasets.Dataset:
     if split is None:
         raise ValueError(
-            f"source={path!r} is a hub dataset name, so split is required "
+            f"data={path!r} is a hub dataset name, so split is required "
             "(e.g. split='train'); name= picks its configuration"
         )
     try:

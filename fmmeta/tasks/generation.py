@@ -1,0 +1,288 @@
+"""Generation tasks: (prompt, answer) pairs; an episode draws ``shots`` + ``query`` of them.
+
+A :class:`GenerationTask` tokenizes its examples once, when it is built, and keeps only token ids.
+Sampling an episode is then a gather of cached ids driven by a generator the caller owns, so
+episode assembly never waits on a tokenizer and is reproducible from a seed. It has no label
+fields at all: classes, verbalizers and label remapping belong to
+:class:`~fmmeta.tasks.classification.ClassificationTask`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from fmmeta.tasks.episode import Episode, Example
+from fmmeta.tasks.spec import EpisodeSpec
+from fmmeta.tasks.tokens import (
+    OnTooLong,
+    as_ids,
+    check_budget,
+    check_nonempty_ids,
+    check_texts,
+    encode,
+    eos_ids,
+    fit_prompt,
+    log_dropped,
+    too_long_error,
+)
+
+
+def check_task_name(name: Any) -> str:
+    """Returns ``name`` if it is a usable task name (names key samplers, logs and splits)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"Task name={name!r} is invalid: a task needs a non-empty str name")
+    return name
+
+
+def no_examples_error(name: str, n_dropped: int) -> ValueError:
+    """The refusal of a task left with no examples (saying how many ``max_length`` dropped)."""
+    return ValueError(
+        f"task {name!r} has no examples"
+        + (f" ({n_dropped} dropped as too long for max_length)" if n_dropped else "")
+        + ": give it at least shots + query examples, or remove it from the task list"
+    )
+
+
+def example_lengths(examples: Sequence[Example]) -> np.ndarray:
+    """Token count of each example (prompt + answer), as the cost models read them."""
+    return np.fromiter((ex.n_tokens for ex in examples), dtype=np.int64, count=len(examples))
+
+
+class GenerationTask:
+    """A named collection of tokenized (prompt, answer) examples that samples episodes.
+
+    Build one with :meth:`from_texts` or :meth:`from_ids`, or with the builders in
+    :mod:`fmmeta.tasks.builders`; the constructor takes ids already fitted to the budget.
+
+    Args:
+        name: unique task name.
+        prompts: token ids of each example's prompt.
+        answers: token ids of each example's answer (EOS included).
+        spec: episode shape: ``shots`` and ``query`` (``ways`` and remapping are refused).
+        domain: family the task belongs to (for diversity-aware sampling); "" means ``name``.
+        separator_ids: tokens between in-context demonstrations.
+        n_dropped: examples dropped while building because their answer could not fit.
+
+    Raises:
+        ValueError: if the task has no examples or cannot supply one episode of ``spec``.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        prompts: Sequence[Sequence[int]],
+        answers: Sequence[Sequence[int]],
+        spec: EpisodeSpec,
+        domain: str = "",
+        separator_ids: Sequence[int] = (),
+        n_dropped: int = 0,
+    ) -> None:
+        self.name = check_task_name(name)
+        self.domain = domain or name
+        self.spec = spec
+        self.separator_ids = tuple(int(t) for t in separator_ids)
+        self.n_dropped = n_dropped
+        if not prompts:
+            raise no_examples_error(name, n_dropped)
+        if len(answers) != len(prompts):
+            raise ValueError(
+                f"task {name!r}: {len(prompts)} prompts but {len(answers)} answers; "
+                "give one answer per prompt"
+            )
+        if spec.ways is not None or spec.remap_labels:
+            raise ValueError(
+                f"task {name!r} is a generation task but its spec has ways={spec.ways}, "
+                f"remap_labels={spec.remap_labels}: these apply to classification only; "
+                "use EpisodeSpec(shots=..., query=...)"
+            )
+        self._examples = tuple(Example(as_ids(p), as_ids(a)) for p, a in zip(prompts, answers))
+        if len(self._examples) < spec.per_class:
+            raise ValueError(
+                f"task {name!r} has {len(self._examples)} examples but an episode needs "
+                f"shots + query = {spec.shots} + {spec.query} = {spec.per_class} without "
+                "overlap" + (f" ({n_dropped} dropped as too long for max_length)" if n_dropped else "")
+                + ": add examples, lower shots/query, or drop the task"
+            )
+        self._lengths = example_lengths(self._examples)
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_texts(
+        cls,
+        name: str,
+        prompts: Sequence[str],
+        answers: Sequence[str],
+        tokenizer: Any,
+        *,
+        spec: EpisodeSpec,
+        domain: str = "",
+        max_length: int = 256,
+        on_too_long: OnTooLong = "drop",
+        separator: str = "\n\n",
+    ) -> GenerationTask:
+        """Tokenizes a generation task once: (prompt, answer) texts -> cached ids.
+
+        The answer gets the tokenizer's EOS appended so the model learns where to stop. Prompts
+        longer than the budget are cut from the left (the end of a prompt, next to the answer,
+        matters most); the answer is never cut.
+
+        Args:
+            name: unique task name.
+            prompts: prompt texts (non-empty).
+            answers: answer texts, exactly as they follow the prompt (usually with a leading
+                space, e.g. ``" Paris"``).
+            tokenizer: a Hugging Face tokenizer.
+            spec: episode shape.
+            domain: task family for diversity-aware sampling (defaults to ``name``).
+            max_length: token budget of one example (prompt + answer + EOS).
+            on_too_long: ``"drop"`` (count and log) or ``"error"`` for an answer that cannot fit.
+            separator: text between in-context demonstrations.
+
+        Raises:
+            ValueError: on empty text, a task with no examples, or (``on_too_long="error"``) an
+                answer longer than the budget.
+
+        Example:
+            >>> add3 = GenerationTask.from_texts("add3", ["1+3="], [" 4"], tok,
+            ...                                  spec=EpisodeSpec(shots=1, query=1))  # doctest: +SKIP
+        """
+        where = f"task {name!r}"
+        check_budget(max_length, on_too_long)
+        if len(prompts) != len(answers):
+            raise ValueError(
+                f"{where}: {len(prompts)} prompts but {len(answers)} answers; give one per prompt"
+            )
+        check_texts(prompts, key="prompt", where=where)
+        check_texts(answers, key="answer", where=where)
+        eos = list(eos_ids(tokenizer))
+        return cls.from_ids(
+            name,
+            encode(tokenizer, prompts),
+            [a + eos for a in encode(tokenizer, answers)],
+            spec=spec,
+            domain=domain,
+            max_length=max_length,
+            on_too_long=on_too_long,
+            separator_ids=encode(tokenizer, [separator])[0] if separator else (),
+            prompt_texts=prompts,
+        )
+
+    @classmethod
+    def from_ids(
+        cls,
+        name: str,
+        prompt_ids: Sequence[Sequence[int]],
+        answer_ids: Sequence[Sequence[int]],
+        *,
+        spec: EpisodeSpec,
+        domain: str = "",
+        max_length: int = 256,
+        on_too_long: OnTooLong = "drop",
+        separator_ids: Sequence[int] = (),
+        prompt_texts: Sequence[str] | None = None,
+    ) -> GenerationTask:
+        """A generation task from token ids already computed (e.g. read from a disk cache).
+
+        The one place where prompts are fitted to ``max_length`` (cut from the left) and answers
+        that cannot fit are dropped or refused, so cached and freshly tokenized tasks agree.
+
+        Args:
+            name: unique task name.
+            prompt_ids: token ids of each prompt.
+            answer_ids: token ids of each answer, EOS included.
+            spec: episode shape.
+            domain: task family for diversity-aware sampling (defaults to ``name``).
+            max_length: token budget of one example (prompt + answer + EOS).
+            on_too_long: ``"drop"`` (count and log) or ``"error"`` for an answer that cannot fit.
+            separator_ids: tokens between in-context demonstrations.
+            prompt_texts: the prompts as text, only to quote in error messages.
+        """
+        where = f"task {name!r}"
+        check_budget(max_length, on_too_long)
+        if len(prompt_ids) != len(answer_ids):
+            raise ValueError(
+                f"{where}: {len(prompt_ids)} prompts but {len(answer_ids)} answers; give one per prompt"
+            )
+        kept_p: list[Sequence[int]] = []
+        kept_a: list[Sequence[int]] = []
+        dropped = 0
+        for i, (p, a) in enumerate(zip(prompt_ids, answer_ids)):
+            check_nonempty_ids(where, i, p, prompt_texts[i] if prompt_texts is not None else None)
+            fitted = fit_prompt(p, len(a), max_length)
+            if fitted is None:
+                if on_too_long == "error":
+                    raise too_long_error(where, i, len(a), max_length)
+                dropped += 1
+                continue
+            kept_p.append(fitted)
+            kept_a.append(a)
+        log_dropped(where, dropped, len(prompt_ids), max_length)
+        return cls(
+            name, prompts=kept_p, answers=kept_a, spec=spec, domain=domain,
+            separator_ids=separator_ids, n_dropped=dropped,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ access
+
+    def __len__(self) -> int:
+        return len(self._examples)
+
+    def __repr__(self) -> str:
+        return f"GenerationTask({self.name!r}, {len(self)} examples, domain={self.domain!r})"
+
+    @property
+    def examples(self) -> tuple[Example, ...]:
+        """All cached examples."""
+        return self._examples
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Token count of each example (prompt + answer), for cost models."""
+        return self._lengths
+
+    @property
+    def episode_size(self) -> tuple[int, int]:
+        """(support, query) sequences per episode under :attr:`spec`."""
+        return self.spec.shots, self.spec.query
+
+    def with_spec(self, spec: EpisodeSpec) -> GenerationTask:
+        """The same cached ids with another episode shape (e.g. more queries to evaluate).
+
+        Raises:
+            ValueError: if the task cannot supply an episode of ``spec``.
+        """
+        ex = self._examples
+        return GenerationTask(
+            self.name, prompts=[e.prompt_ids for e in ex], answers=[e.answer_ids for e in ex],
+            spec=spec, domain=self.domain, separator_ids=self.separator_ids, n_dropped=self.n_dropped,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ sampling
+
+    def sample_episode(self, rng: np.random.Generator) -> Episode:
+        """Draws one episode: ``shots`` support and ``query`` query examples, without overlap.
+
+        Each call draws fresh examples from ``rng``, so resampling a task gives a new episode
+        (and the same seed the same episode).
+
+        Args:
+            rng: the caller's generator; the only source of randomness.
+        """
+        spec = self.spec
+        idx = rng.choice(len(self._examples), size=spec.per_class, replace=False)
+        ex = self._examples
+        return Episode(
+            task=self.name,
+            support=tuple(ex[i] for i in idx[: spec.shots]),
+            query=tuple(ex[i] for i in idx[spec.shots :]),
+            shots=spec.shots,
+            separator_ids=self.separator_ids,
+        )
+
+
+__all__ = ["GenerationTask", "check_task_name", "example_lengths", "no_examples_error"]
