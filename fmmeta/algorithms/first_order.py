@@ -57,16 +57,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from fmmeta.algorithms.inner_loop import (
-    InnerLoopConfig,
-    InnerOptimizer,
-    PackedBatch,
-    Pass,
-    adapt_tasks,
-    answer_tokens_per_task,
-    run_passes,
-)
+from fmmeta.algorithms.inner_loop import InnerLoopConfig, InnerOptimizer, adapt_tasks
 from fmmeta.algorithms.meta_sgd import MetaSGD
+from fmmeta.algorithms.passes import PackedBatch, Pass, answer_tokens_per_task, run_passes
 from fmmeta.algorithms.protocol import MetaAlgorithm, RankResult, RankWork, prepare_rank
 from fmmeta.algorithms.task_lora import TaskLoRA, stack_adapters
 from fmmeta.config import raise_if_invalid

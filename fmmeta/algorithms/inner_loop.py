@@ -1,47 +1,62 @@
 """The one inner loop: adapt adapters on support sets, used by training and by evaluation.
 
-A loop runs over *passes*: :class:`PackedBatch` micro-batches whose rows may belong to several
-tasks (``rows`` names each row's task). The weights it differentiates are either
+A loop runs over passes (:mod:`fmmeta.algorithms.passes`). The weights it differentiates are
+either
 
 * stacked fast weights ``[T, *shape]`` of ``T`` tasks, routed per row by
   :class:`~fmmeta.algorithms.task_lora.TaskLoRA` (training: many tasks per pass), or
 * the adapter parameters themselves with one task (evaluation: :func:`adapt` updates them in
   place, the caller snapshots and restores theta).
 
-Gradients come from ``torch.autograd.grad`` over those weights only, never from ``.backward()``:
-under DeepSpeed ZeRO-2/3 every ``engine.backward()`` reduce-scatters across ranks, and inner
-loops are rank-local. Losses are *sums* of token NLL over answer tokens, weighted per row by its
-task's scale (``1 / the task's answer tokens``), so each task's gradient is its own mean loss's
-gradient whatever the split into passes or the other tasks sharing them. A ``None`` pass is a
-dummy: one forward+backward on a 2-token sequence with weight 0, which keeps ZeRO-3's per-pass
-collectives in lockstep across ranks without changing any result.
+Each row's answer-loss sum (:mod:`fmmeta.algorithms.answer_loss`) is weighted by its task's scale
+(``1 / the task's answer tokens``), so each task's gradient is its own mean loss's gradient
+whatever the split into passes or the other tasks sharing them.
+
+The loss and pass names that used to live here are re-exported, so imports from this module keep
+working.
 """
 
 from __future__ import annotations
 
-import inspect
-import logging
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from fmmeta.algorithms.answer_loss import (
+    DUMMY_PASS_TOKENS,
+    accepts_logits_to_keep,
+    answer_logits,
+    answer_loss_rows,
+    answer_loss_sum,
+    dummy_batch,
+)
+from fmmeta.algorithms.passes import (
+    PackedBatch,
+    Pass,
+    PassResult,
+    answer_tokens,
+    answer_tokens_per_task,
+    pack_pass,
+    run_passes,
+)
 from fmmeta.algorithms.task_lora import TaskLoRA
 from fmmeta.config import raise_if_invalid
 from fmmeta.engine.optim import clip_grad_norm
-from fmmeta.sampling.plan import PackedPass, TaskSlot
-from fmmeta.tasks.episode import IGNORE_INDEX, Batch, collate
+from fmmeta.tasks.episode import Batch
 
-logger = logging.getLogger(__name__)
+__all__ = [
+    "DUMMY_PASS_TOKENS", "Adaptation", "InnerLoopConfig", "InnerOptimizer", "PackedBatch", "Pass",
+    "PassResult", "accepts_logits_to_keep", "adapt", "adapt_tasks", "answer_logits",
+    "answer_loss_rows", "answer_loss_sum", "answer_tokens", "answer_tokens_per_task", "check_lrs",
+    "clip_per_task", "dummy_batch", "evaluate_loss", "pack_pass", "restore", "run_passes",
+    "snapshot",
+]
 
 _INNER_OPTIMIZERS = ("sgd", "adam")
-DUMMY_PASS_TOKENS = 2
-"""Sequence length of a dummy pass (what it adds to padded-token counts)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,117 +101,6 @@ class InnerLoopConfig:
 
 
 # --------------------------------------------------------------------------------------------
-# Losses
-# --------------------------------------------------------------------------------------------
-
-_LOGITS_TO_KEEP: dict[type, str] = {}
-
-
-def _unwrap(model: nn.Module) -> nn.Module:
-    """The causal LM under framework wrappers (DeepSpeedEngine/DDP: ``.module``) and peft."""
-    inner: Any = model  # wrappers expose the wrapped model under several names
-    for _ in range(4):
-        if hasattr(inner, "get_base_model"):
-            inner = inner.get_base_model()
-        elif isinstance(getattr(inner, "module", None), nn.Module):
-            inner = inner.module
-        else:
-            break
-    return inner
-
-
-def _logits_to_keep_kind(model: nn.Module) -> str:
-    """How the model takes ``logits_to_keep`` (cached per class): ``"mask"`` (a 2D boolean mask,
-    through transformers' ``slice_logits_to_keep``), ``"index"`` (a 1D index tensor) or ``""``."""
-    cls = type(_unwrap(model))
-    if cls not in _LOGITS_TO_KEEP:
-        kind = ""
-        try:
-            if "logits_to_keep" in inspect.signature(cls.forward).parameters:
-                kind = "mask" if "slice_logits_to_keep" in inspect.getsource(cls.forward) else "index"
-        except (TypeError, ValueError, OSError):
-            kind = ""
-        _LOGITS_TO_KEEP[cls] = kind
-    return _LOGITS_TO_KEEP[cls]
-
-
-def accepts_logits_to_keep(model: nn.Module) -> bool:
-    """Whether the underlying causal LM takes ``logits_to_keep`` (cached per class)."""
-    return bool(_logits_to_keep_kind(model))
-
-
-def answer_logits(model: nn.Module, batch: Batch, **model_kwargs: object
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Logits at exactly the positions that predict answer tokens, flattened.
-
-    The LM head is as wide as the vocabulary and prompts are long, so it runs only where it is
-    needed. Models whose forward slices hidden states with transformers' ``slice_logits_to_keep``
-    get a boolean ``[B, T]`` mask: one head row per answer token, whatever the rows' lengths (a
-    packed pass mixes tasks whose answers sit at different positions). Other models that take
-    ``logits_to_keep`` get the index tensor of positions some row needs (an indexed copy is
-    contiguous, so the head runs as one matmul; an int made HF slice a strided view that matmul
-    expanded into a batched matmul reading the whole head once per row); the rest get full logits.
-
-    Returns:
-        ``(logits [M, V], targets [M], rows [M])``: one entry per answer token, its target token
-        and its row, in row-major order.
-    """
-    labels = batch.labels
-    need = torch.zeros_like(labels, dtype=torch.bool)
-    need[:, :-1] = labels[:, 1:] != IGNORE_INDEX  # position p predicts token p + 1
-    kind = _logits_to_keep_kind(model)
-    keep = torch.nonzero(need.any(dim=0)).flatten()
-    if kind == "mask" and bool(need.any()):
-        model_kwargs["logits_to_keep"] = need
-    elif kind and keep.numel():
-        model_kwargs["logits_to_keep"] = keep
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **model_kwargs)
-    logits = out.logits if hasattr(out, "logits") else out[0]
-    rows, cols = torch.nonzero(need, as_tuple=True)
-    targets = labels[rows, cols + 1]
-    if logits.dim() == 2 and logits.shape[0] == rows.numel():  # the mask was honoured
-        return logits, targets, rows
-    if logits.shape[1] == keep.numel() and kind:  # indexed positions: map columns into ``keep``
-        cols = torch.searchsorted(keep, cols)
-    return logits[rows, cols], targets, rows
-
-
-def answer_loss_rows(model: nn.Module, batch: Batch) -> torch.Tensor:
-    """Per-row sum of next-token NLL over the batch's answer tokens, in fp32 (``[B]``).
-
-    Sums (not HF's mean) so that passes can be added and each task divided once by its own
-    answer-token count: the result does not depend on how a set was split or packed.
-
-    Args:
-        model: a causal LM (peft-wrapped or not) returning ``.logits``.
-        batch: a collated micro-batch on the model's device.
-
-    Returns:
-        ``[B]`` fp32 tensor connected to the graph (zeros, still connected, where no answer tokens).
-    """
-    logits, targets, rows = answer_logits(model, batch)
-    n_rows = batch.labels.shape[0]
-    zero = logits.float().sum() * 0.0  # keeps the result connected to the graph
-    if rows.numel() == 0:
-        return zero.expand(n_rows)
-    nll = F.cross_entropy(logits.float(), targets, reduction="none")
-    return torch.zeros(n_rows, device=nll.device).index_add(0, rows, nll) + zero
-
-
-def answer_loss_sum(model: nn.Module, batch: Batch) -> torch.Tensor:
-    """Sum of next-token NLL over all of the batch's answer tokens, in fp32 (0-dim)."""
-    return answer_loss_rows(model, batch).sum()
-
-
-def dummy_batch(device: torch.device | str) -> Batch:
-    """A 2-token sequence with one labelled token: the input of a zero-weight dummy pass."""
-    ids = torch.zeros((1, DUMMY_PASS_TOKENS), dtype=torch.long, device=device)
-    labels = torch.full_like(ids, IGNORE_INDEX)
-    labels[0, 1] = 0
-    return Batch(ids, torch.ones_like(ids), labels, 1, DUMMY_PASS_TOKENS)
-
-
-# --------------------------------------------------------------------------------------------
 # Snapshots
 # --------------------------------------------------------------------------------------------
 
@@ -218,147 +122,10 @@ def restore(params: Sequence[torch.Tensor], saved: Sequence[torch.Tensor]) -> No
             p.copy_(s)
 
 
-# --------------------------------------------------------------------------------------------
-# Passes
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PackedBatch:
-    """One pass: a collated micro-batch and the task (index into the rank's tasks) of each row."""
-
-    batch: Batch
-    rows: torch.Tensor
-
-    @classmethod
-    def one_task(cls, batch: Batch) -> PackedBatch:
-        """Every row belongs to task 0."""
-        return cls(batch, torch.zeros(batch.input_ids.shape[0], dtype=torch.long))
-
-    def to(self, device: torch.device | str) -> PackedBatch:
-        """The pass on ``device``."""
-        return PackedBatch(self.batch.to(device), self.rows.to(device))
-
-
-Pass = PackedBatch | None
-"""A pass of a loop; ``None`` is a dummy pass."""
-
-
-def pack_pass(p: PackedPass, slots: Sequence[TaskSlot], pad_id: int, *, query: bool,
-              pad_to_multiple_of: int | None = None) -> Pass:
-    """Collates a plan's :class:`~fmmeta.sampling.plan.PackedPass` (``None`` for a dummy pass)."""
-    if p.is_dummy:
-        return None
-    examples = p.rows(tuple(slots), query=query)
-    return PackedBatch(collate(examples, pad_id, pad_to_multiple_of), torch.tensor(p.slots, dtype=torch.long))
-
-
-def answer_tokens_per_task(passes: Sequence[Pass], n_tasks: int) -> torch.Tensor:
-    """``[n_tasks]`` answer tokens of each task over ``passes`` (a task's loss normaliser)."""
-    out = torch.zeros(n_tasks, dtype=torch.float64)
-    for p in passes:
-        if p is not None:
-            per_row = (p.batch.labels != IGNORE_INDEX).sum(dim=1).to(torch.float64)
-            out.index_add_(0, p.rows, per_row)
-    return out
-
-
-def answer_tokens(batches: Sequence[Batch | None]) -> int:
-    """Total answer tokens of the real micro-batches (a set's loss normaliser)."""
-    return sum(b.n_answer_tokens for b in batches if b is not None)
-
 
 # --------------------------------------------------------------------------------------------
-# Gradients
+# Clipping and the update rule
 # --------------------------------------------------------------------------------------------
-
-
-def _device_of(weights: Sequence[torch.Tensor]) -> torch.device:
-    if not weights:
-        raise ValueError(
-            "got no adapter parameters: pass engine.adapter_parameters() (the trainable LoRA tensors)"
-        )
-    return weights[0].device
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-@dataclass
-class PassResult:
-    """What a sweep over passes produced.
-
-    Attributes:
-        grads: one gradient per weight (``None`` for a forward-only sweep).
-        task_sums: ``[T]`` unscaled answer-loss sum of each task's rows.
-        seconds: wall seconds of every pass, in order.
-    """
-
-    grads: list[torch.Tensor] | None
-    task_sums: torch.Tensor
-    seconds: list[float]
-
-
-def run_passes(
-    model: nn.Module,
-    weights: Sequence[torch.Tensor],
-    passes: Sequence[Pass],
-    task_scale: torch.Tensor,
-    *,
-    lora: TaskLoRA | None = None,
-    pass_scales: Sequence[float] | None = None,
-    grad: bool = True,
-) -> PassResult:
-    """One sweep: ``grad of sum_p pass_scales[p] * sum_rows task_scale[row task] * row loss``.
-
-    One forward (and one ``torch.autograd.grad``) per pass, so the graph of only one pass is alive
-    at a time.
-
-    Args:
-        model: the causal LM.
-        weights: tensors to differentiate: stacked fast weights (with ``lora``) or the adapter
-            parameters (one task).
-        passes: the passes; ``None`` runs a zero-weight dummy pass.
-        task_scale: ``[T]`` weight of a row's loss by its task (e.g. ``1 / answer tokens``).
-        lora: routes rows to their task's slice of ``weights`` (already :meth:`TaskLoRA.active`).
-        pass_scales: per-pass weight (default 1.0 each).
-        grad: ``False`` runs forward only (no gradient, ``grads`` is ``None``).
-    """
-    device = _device_of(weights)
-    scale = task_scale.to(device=device, dtype=torch.float32)
-    sums = torch.zeros(task_scale.shape[0], dtype=torch.float64)
-    grads: list[torch.Tensor] | None = None
-    seconds: list[float] = []
-    for i, p in enumerate(passes):
-        t0 = time.perf_counter()
-        if p is None:
-            batch, rows, weight = dummy_batch(device), torch.zeros(1, dtype=torch.long, device=device), 0.0
-        else:
-            p = p.to(device)
-            batch, rows, weight = p.batch, p.rows, 1.0 if pass_scales is None else pass_scales[i]
-        if lora is not None:
-            lora.rows = rows
-        with torch.set_grad_enabled(grad):
-            per_row = answer_loss_rows(model, batch)
-            if grad:
-                loss = (per_row * scale.index_select(0, rows)).sum() * weight
-                g = torch.autograd.grad(loss, list(weights), allow_unused=True)
-        if p is not None:
-            sums.index_add_(0, rows.cpu(), per_row.detach().to("cpu", torch.float64))
-        if grad:
-            if grads is None:
-                grads = [torch.zeros_like(w) if gi is None else gi.detach() for w, gi in zip(weights, g)]
-            elif p is not None:
-                for acc, gi in zip(grads, g):
-                    if gi is not None:
-                        acc.add_(gi)
-        _sync(device)
-        seconds.append(time.perf_counter() - t0)
-    if grad and grads is None:  # no passes at all
-        grads = [torch.zeros_like(w) for w in weights]
-    return PassResult(grads, sums, seconds)
 
 
 def _at_least_fp32(g: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,7 @@ from typing import Protocol, Sequence, runtime_checkable
 import torch
 from torch import nn
 
-from fmmeta.algorithms.inner_loop import Pass, answer_tokens_per_task, pack_pass
+from fmmeta.algorithms.passes import Pass, answer_tokens_per_task, pack_pass
 from fmmeta.engine.protocol import Engine
 from fmmeta.sampling.plan import RankPlan
 

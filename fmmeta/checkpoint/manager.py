@@ -10,6 +10,10 @@ complete new checkpoint; never a folder that looks complete but is not.
 Loading verifies every file against the manifest (safetensors itself does not notice a flipped
 byte), names the first bad file, and falls back to the previous good checkpoint.
 
+The format (:mod:`~fmmeta.checkpoint.format`), one rank's writer (:mod:`~fmmeta.checkpoint.writer`)
+and a complete folder (:mod:`~fmmeta.checkpoint.folder`) live in their own modules; their names are
+re-exported here.
+
 Example:
     >>> mgr = CheckpointManager("runs/x/checkpoints", keep_last=2)
     >>> ckpt = mgr.save(12, lambda w: w.save_json("state.json", {"step": 12}))
@@ -19,18 +23,30 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import re
 import shutil
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
-import torch
+from fmmeta.checkpoint.folder import Checkpoint, check_compatible
+from fmmeta.checkpoint.format import (
+    FORMAT_VERSION,
+    MANIFEST,
+    CheckpointError,
+    CheckpointMismatchError,
+    FaultHook,
+    fsync_dir,
+    no_fault,
+    safe_torch_load,
+    sha256_file,
+    step_dirname,
+    write_durably,
+)
+from fmmeta.checkpoint.writer import CheckpointWriter
 
 __all__ = [
     "MANIFEST",
@@ -42,229 +58,12 @@ __all__ = [
     "FaultHook",
     "check_compatible",
     "safe_torch_load",
+    "step_dirname",
 ]
 
 logger = logging.getLogger(__name__)
 
-MANIFEST = "manifest.json"
-"""Written last; its presence (and validity) is what makes a checkpoint complete."""
-FORMAT_VERSION = 1
 _STEP_RE = re.compile(r"^step_(\d{8,})$")
-_CHUNK = 1 << 20
-
-FaultHook = Callable[[str], None]
-"""Called with a label at every file boundary (``"rank0:before:state.json"``); tests raise in it
-to simulate a crash exactly there."""
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is incomplete, corrupt, or cannot be written."""
-
-
-class CheckpointMismatchError(CheckpointError):
-    """A checkpoint was written for a different model or LoRA shape than the one loading it."""
-
-
-def _fsync_dir(path: Path) -> None:
-    """Makes a rename or file creation in ``path`` durable (a no-op where dirs cannot be opened)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def step_dirname(step: int) -> str:
-    """``12 -> "step_00000012"`` (zero-padded so names sort like steps)."""
-    return f"step_{step:08d}"
-
-
-def safe_torch_load(path: str | Path, map_location: str | torch.device = "cpu") -> Any:
-    """``torch.load`` restricted to tensors and plain containers (never arbitrary pickles)."""
-    return torch.load(path, map_location=map_location, weights_only=True)
-
-
-def _no_fault(label: str) -> None:
-    return None
-
-
-@dataclass
-class CheckpointWriter:
-    """What one rank gets while a checkpoint is written: the temp folder and a way to report files.
-
-    Files written through :meth:`save_bytes`, :meth:`save_json` and :meth:`save_tensors` are
-    recorded automatically; files another component wrote into :attr:`directory` (for example
-    ``engine.save_optimizer``) must be reported with :meth:`add_files`.
-    """
-
-    directory: Path
-    """The temporary checkpoint folder, shared by all ranks."""
-    rank: int
-    """This process's rank."""
-    _fault: FaultHook = _no_fault
-    files: list[str] = field(default_factory=list)
-    """Files this rank wrote, relative to :attr:`directory`."""
-
-    def path(self, name: str) -> Path:
-        """Where ``name`` (a relative path, no ``..``) goes inside the checkpoint."""
-        rel = Path(name)
-        if rel.is_absolute() or ".." in rel.parts or name in ("", MANIFEST):
-            raise CheckpointError(
-                f"checkpoint file name {name!r} is invalid: use a relative path inside the "
-                f"checkpoint, without '..', other than {MANIFEST!r}"
-            )
-        return self.directory / rel
-
-    def _label(self, what: str, name: str) -> str:
-        return f"rank{self.rank}:{what}:{name}"
-
-    def save_bytes(self, name: str, data: bytes) -> Path:
-        """Writes ``data`` durably (flush + fsync) and records the file."""
-        path = self.path(name)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._fault(self._label("before", name))
-        half = len(data) // 2
-        with open(path, "wb") as fh:
-            fh.write(data[:half])
-            fh.flush()
-            self._fault(self._label("partial", name))
-            fh.write(data[half:])
-            fh.flush()
-            os.fsync(fh.fileno())
-        self._fault(self._label("after", name))
-        self._record(name)
-        return path
-
-    def save_json(self, name: str, obj: Any) -> Path:
-        """Writes small JSON state (step, sampler state); no pickle."""
-        text = json.dumps(obj, indent=1, sort_keys=True)
-        return self.save_bytes(name, text.encode("utf-8"))
-
-    def save_tensors(
-        self, name: str, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None
-    ) -> Path:
-        """Writes tensors as safetensors (CPU, contiguous copies)."""
-        from safetensors.torch import save
-
-        plain = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
-        return self.save_bytes(name, save(plain, metadata=dict(metadata) if metadata else None))
-
-    def add_files(self, paths: Iterable[str | Path]) -> None:
-        """Reports files written into :attr:`directory` by someone else (e.g. the engine)."""
-        for p in paths:
-            p = Path(p)
-            full = p if p.is_absolute() else self.directory / p
-            try:
-                rel = full.resolve().relative_to(self.directory.resolve())
-            except ValueError as err:
-                raise CheckpointError(
-                    f"file {str(p)!r} is outside the checkpoint folder {str(self.directory)!r}: "
-                    "write it inside writer.directory"
-                ) from err
-            if not full.is_file():
-                raise CheckpointError(f"reported checkpoint file {str(full)!r} does not exist")
-            self._record(rel.as_posix())
-        self._fault(f"rank{self.rank}:after:add_files")
-
-    def _record(self, name: str) -> None:
-        if name not in self.files:
-            self.files.append(name)
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """A complete (manifest-verified) checkpoint folder."""
-
-    path: Path
-    """The ``step_XXXXXXXX`` folder."""
-    step: int
-    """The meta-step it was taken after."""
-    manifest: Mapping[str, Any]
-    """The parsed ``manifest.json``."""
-
-    @property
-    def meta(self) -> Mapping[str, Any]:
-        """What the writer recorded about the run (model id, LoRA shapes, ...)."""
-        return self.manifest.get("meta", {})
-
-    def file(self, name: str) -> Path:
-        """The path of a file listed in the manifest."""
-        if name not in self.manifest["files"]:
-            raise CheckpointError(
-                f"checkpoint {str(self.path)!r} has no file {name!r}; it holds: "
-                + ", ".join(sorted(self.manifest["files"]))
-            )
-        return self.path / name
-
-    def load_json(self, name: str) -> Any:
-        """Reads a JSON file written with :meth:`CheckpointWriter.save_json`."""
-        return json.loads(self.file(name).read_text(encoding="utf-8"))
-
-    def load_tensors(self, name: str, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-        """Reads a safetensors file written with :meth:`CheckpointWriter.save_tensors`."""
-        from safetensors.torch import load_file
-
-        return load_file(self.file(name), device=str(device))
-
-    def check_compatible(self, *, model_id: str, lora_shapes: Mapping[str, Sequence[int]]) -> None:
-        """Raises :class:`CheckpointMismatchError` unless written for this model and LoRA shape."""
-        check_compatible(self, model_id=model_id, lora_shapes=lora_shapes)
-
-
-def check_compatible(
-    ckpt: Checkpoint, *, model_id: str, lora_shapes: Mapping[str, Sequence[int]]
-) -> None:
-    """Refuses a checkpoint from a different model or LoRA shape, listing every difference.
-
-    Why: loading LoRA tensors of another rank or model fails deep inside a ``copy_`` with a bare
-    size mismatch, or worse, succeeds for a same-shaped but different model.
-    """
-    meta = ckpt.meta
-    problems: list[str] = []
-    saved_id = meta.get("model_id")
-    if saved_id is not None and saved_id != model_id:
-        problems.append(f"it was written for model {saved_id!r}, this run uses {model_id!r}")
-    saved_shapes = meta.get("lora_shapes")
-    if saved_shapes is not None:
-        want = {k: list(v) for k, v in lora_shapes.items()}
-        have = {k: list(v) for k, v in saved_shapes.items()}
-        missing = sorted(set(want) - set(have))
-        extra = sorted(set(have) - set(want))
-        if missing:
-            problems.append(
-                f"{len(missing)} adapter tensors of this run are not in it (first: {missing[0]!r})"
-            )
-        if extra:
-            problems.append(
-                f"it holds {len(extra)} adapter tensors this run lacks (first: {extra[0]!r})"
-            )
-        for k in sorted(set(want) & set(have)):
-            if want[k] != have[k]:
-                problems.append(
-                    f"adapter tensor {k!r} has shape {have[k]} there, {want[k]} here "
-                    "(different lora.r or model size?)"
-                )
-                break
-    if problems:
-        raise CheckpointMismatchError(
-            f"checkpoint {str(ckpt.path)!r} does not match this run: "
-            + "; ".join(problems)
-            + ". Resume with the same model and lora settings, or start fresh with "
-            "train.resume=never (or another output_dir)."
-        )
 
 
 class CheckpointManager:
@@ -311,7 +110,7 @@ class CheckpointManager:
         self.rank = rank
         self.world_size = world_size
         self._barrier = barrier or (lambda: None)
-        self._fault: FaultHook = fault_hook or _no_fault
+        self._fault: FaultHook = fault_hook or no_fault
 
     # ------------------------------------------------------------------ writing
 
@@ -376,7 +175,7 @@ class CheckpointManager:
             rel = path.relative_to(tmp).as_posix()
             if rel == MANIFEST:
                 continue
-            files[rel] = {"sha256": _sha256(path), "size": path.stat().st_size}
+            files[rel] = {"sha256": sha256_file(path), "size": path.stat().st_size}
         manifest = {
             "format": FORMAT_VERSION,
             "step": step,
@@ -388,7 +187,7 @@ class CheckpointManager:
         }
         data = json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8")
         self._write_manifest(tmp, data)
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         self._fault("rank0:before:rename")
         aside = self.root / f".old_{step_dirname(step)}"
         if final.exists():  # re-saving a step (e.g. after resume): keep the old one until replaced
@@ -396,24 +195,14 @@ class CheckpointManager:
                 shutil.rmtree(aside)
             os.replace(final, aside)
         os.replace(tmp, final)
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
         self._fault("rank0:after:rename")
         if aside.exists():
             shutil.rmtree(aside)
         logger.info("checkpoint %s complete (%d files)", final, len(files))
 
     def _write_manifest(self, tmp: Path, data: bytes) -> None:
-        path = tmp / MANIFEST
-        self._fault(f"rank0:before:{MANIFEST}")
-        half = len(data) // 2
-        with open(path, "wb") as fh:
-            fh.write(data[:half])
-            fh.flush()
-            self._fault(f"rank0:partial:{MANIFEST}")
-            fh.write(data[half:])
-            fh.flush()
-            os.fsync(fh.fileno())
-        self._fault(f"rank0:after:{MANIFEST}")
+        write_durably(tmp / MANIFEST, data, lambda label: self._fault(f"rank0:{label}"), MANIFEST)
 
     def _prune(self) -> None:
         """Deletes checkpoints beyond the newest ``keep_last`` complete ones, and stale temp dirs."""
@@ -471,7 +260,7 @@ class CheckpointManager:
                     "(truncated or overwritten)"
                 )
                 continue
-            if _sha256(fp) != entry["sha256"]:
+            if sha256_file(fp) != entry["sha256"]:
                 problems.append(
                     f"{path.name}/{name} is corrupt: its SHA-256 does not match the manifest"
                 )

@@ -17,7 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from fmmeta.checkpoint.manager import Checkpoint, CheckpointError, CheckpointWriter
+from fmmeta.checkpoint.folder import Checkpoint
+from fmmeta.checkpoint.format import CheckpointError
+from fmmeta.checkpoint.writer import CheckpointWriter
 
 __all__ = ["capture_rng_state", "load_rng_state", "restore_rng_state", "save_rng_state"]
 

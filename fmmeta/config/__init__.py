@@ -21,7 +21,8 @@ as ``bool``, ``int``, ``float``, ``str``, ``Path``, ``Literal[...]``, ``X | None
 A value that a run derives from other keys is not a field: a key a user can set must do what it
 says (``tests/unit/config/test_schema.py`` walks the whole recipe schema to check it).
 
-The package has one module per job: ``loader`` (YAML, overrides, types, validation),
+The package has one module per job: ``reading`` (the YAML file and the overrides), ``schema``
+(the schema's types and defaults), ``loader`` (types checked, sections built and validated),
 ``describe`` (the ``--help`` text), ``errors`` and ``sections`` (the sections no other layer owns:
 :class:`ModelConfig`, :class:`LoraConfig`, :class:`TrainConfig`, :class:`EngineConfig`; the recipe
 assembles the top-level schema from them and from the sampler, algorithm and optimizer sections).
@@ -38,7 +39,8 @@ Example:
 
 from fmmeta.config.describe import describe_config, field_docs
 from fmmeta.config.errors import ConfigError, raise_if_invalid
-from fmmeta.config.loader import build_config, load_config, parse_overrides, save_resolved, to_dict
+from fmmeta.config.loader import build_config, load_config, save_resolved, to_dict
+from fmmeta.config.reading import parse_overrides
 from fmmeta.config.sections import (
     EMBEDDED_MODEL,
     EngineConfig,

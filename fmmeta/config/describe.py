@@ -8,7 +8,7 @@ import inspect
 import textwrap
 from typing import Any
 
-from fmmeta.config.loader import _dataclass_in, _default_of, _hints, _list_item_dataclass, _type_name
+from fmmeta.config.schema import dataclass_in, default_of, hints, list_item_dataclass, type_name
 
 __all__ = ["describe_config", "field_docs"]
 
@@ -50,23 +50,23 @@ def describe_config(config: Any, prefix: str = "") -> str:
     """
     cls = config if isinstance(config, type) else type(config)
     instance = None if isinstance(config, type) else config
-    hints = _hints(cls)
+    field_types = hints(cls)
     docs = field_docs(cls)
     lines: list[str] = []
     for f in dataclasses.fields(cls):
         dotted = f"{prefix}{f.name}"
         doc = docs.get(f.name, "")
-        value = _default_of(f, instance)
-        sub = _dataclass_in(hints[f.name])
+        value = default_of(f, instance)
+        sub = dataclass_in(field_types[f.name])
         if sub is not None:
             lines.append(f"{dotted}: {doc or (sub.__doc__ or '').strip().splitlines()[0]}")
             lines.append(describe_config(value if isinstance(value, sub) else sub, dotted + "."))
             continue
-        item = _list_item_dataclass(hints[f.name])
+        item = list_item_dataclass(field_types[f.name])
         if item is not None:  # a list of sections (tasks.collection): describe one item's keys
             lines.append(f"{dotted}: a list, each item: {doc}")
             lines.append(describe_config(item, dotted + "[]."))
             continue
         shown = "<required>" if value is dataclasses.MISSING else repr(value)
-        lines.append(f"  {dotted} ({_type_name(hints[f.name])}, default {shown}): {doc}")
+        lines.append(f"  {dotted} ({type_name(field_types[f.name])}, default {shown}): {doc}")
     return "\n".join(lines)

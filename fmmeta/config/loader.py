@@ -1,6 +1,8 @@
 """Loading a config: defaults, then a YAML file, then overrides; every problem reported at once.
 
-See the package docstring (:mod:`fmmeta.config`) for the rules every section follows.
+See the package docstring (:mod:`fmmeta.config`) for the rules every section follows. Reading the
+user's input is :mod:`fmmeta.config.reading`; questions about the schema's types and defaults are
+:mod:`fmmeta.config.schema`; this module checks the input against the schema and builds it.
 """
 
 from __future__ import annotations
@@ -9,107 +11,20 @@ import dataclasses
 import difflib
 import math
 import os
-import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar, Union
+from typing import Any, Literal, TypeVar
 
 import yaml
 
 from fmmeta.config.errors import ConfigError
+from fmmeta.config.reading import merge, parse_overrides, read_config_file
+from fmmeta.config.schema import all_keys, default_of, hints, is_union, type_name
 
 __all__ = ["build_config", "load_config", "parse_overrides", "save_resolved", "to_dict"]
 
 T = TypeVar("T")
-
-
-def parse_overrides(overrides: Sequence[str], problems: list[str]) -> dict[str, Any]:
-    """Turns ``["a.b=1", "c=x"]`` into a nested dict; values are parsed with ``yaml.safe_load``.
-
-    Malformed overrides are appended to ``problems`` (not raised) so they are reported together
-    with every other problem.
-    """
-    tree: dict[str, Any] = {}
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        key = key.strip()
-        if not sep or not key or any(not part for part in key.split(".")):
-            problems.append(
-                f"override {item!r} is malformed: write section.key=value "
-                "(e.g. train.meta_steps=10 or output_dir=runs/x)"
-            )
-            continue
-        try:
-            value = yaml.safe_load(raw)
-        except yaml.YAMLError as err:
-            problems.append(f"override {item!r}: the value is not valid YAML ({err})")
-            continue
-        parts = key.split(".")
-        node = tree
-        for depth, part in enumerate(parts[:-1]):
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                problems.append(
-                    f"override {item!r} conflicts with an earlier override that set "
-                    f"{'.'.join(parts[: depth + 1])} to a value"
-                )
-                break
-            node = child
-        else:
-            node[parts[-1]] = value
-    return tree
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """A safe YAML loader that records every key written twice in one mapping.
-
-    Why: PyYAML keeps the last of two equal keys without a word, so a file that sets
-    ``meta_steps`` twice (or ``sampler:`` twice, dropping the first block) runs with whichever
-    came last. ``duplicates`` collects them so they are reported with every other problem.
-    """
-
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        self.duplicates: list[str] = []
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue  # "<<: *anchor" merges a mapping; its keys may be overridden
-            key = self.construct_object(key_node, deep=True)
-            line = key_node.start_mark.line + 1
-            if isinstance(key, typing.Hashable) and key in seen:
-                self.duplicates.append(f"key {key!r} on line {line} repeats line {seen[key]}")
-            elif isinstance(key, typing.Hashable):
-                seen[key] = line
-        return super().construct_mapping(node, deep=deep)
-
-
-def _load_yaml(path: Path, problems: list[str]) -> Any:
-    """Parses a YAML file; each key written twice in one mapping becomes a problem."""
-    loader = _UniqueKeyLoader(path.read_text(encoding="utf-8"))
-    try:
-        data = loader.get_single_data()
-    finally:
-        loader.dispose()
-    problems.extend(
-        f"config file {str(path)!r}: {dup}: a key may appear once per section; delete one"
-        for dup in loader.duplicates
-    )
-    return data
-
-
-def _merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
-    """Recursive dict merge: ``update`` wins; nested mappings merge key by key."""
-    out = dict(base)
-    for key, value in update.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = _merge(dict(out[key]), value)
-        else:
-            out[key] = value
-    return out
 
 
 def load_config(
@@ -137,28 +52,9 @@ def load_config(
         3
     """
     problems: list[str] = []
-    data: dict[str, Any] = {}
-    if yaml_path is not None:
-        path = Path(yaml_path)
-        try:
-            loaded = _load_yaml(path, problems)
-        except FileNotFoundError:
-            problems.append(f"config file {str(path)!r} does not exist: check the --config path")
-            loaded = None
-        except yaml.YAMLError as err:
-            problems.append(f"config file {str(path)!r} is not valid YAML: {err}")
-            loaded = None
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            problems.append(
-                f"config file {str(path)!r} must hold a mapping of sections, got "
-                f"{type(loaded).__name__}"
-            )
-            loaded = {}
-        data = loaded
-    data = _merge(data, parse_overrides(overrides, problems))
-    cfg = _build(schema_cls, data, "", problems, _all_keys(schema_cls))
+    data = read_config_file(Path(yaml_path), problems) if yaml_path is not None else {}
+    data = merge(data, parse_overrides(overrides, problems))
+    cfg = _build(schema_cls, data, "", problems, all_keys(schema_cls))
     if problems:
         raise ConfigError(problems)
     return typing.cast(T, cfg)
@@ -171,174 +67,155 @@ def build_config(schema_cls: type[T], data: Mapping[str, Any]) -> T:
         ConfigError: listing every problem, as :func:`load_config`.
     """
     problems: list[str] = []
-    cfg = _build(schema_cls, dict(data), "", problems, _all_keys(schema_cls))
+    cfg = _build(schema_cls, dict(data), "", problems, all_keys(schema_cls))
     if problems:
         raise ConfigError(problems)
     return typing.cast(T, cfg)
 
 
 class _Invalid(Exception):
-    """Internal: a value does not match its declared type."""
+    """Internal: a value does not match its declared type (the message names the key; empty
+    when the problems are already recorded)."""
 
 
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+# --------------------------------------------------------------------------------------------
+# Values: one converter per kind of type
+# --------------------------------------------------------------------------------------------
 
 
-def _all_keys(cls: type, prefix: str = "") -> list[str]:
-    """Every dotted key of a schema (for suggestions across sections)."""
-    keys: list[str] = []
-    hints = _hints(cls)
-    for f in dataclasses.fields(cls):
-        dotted = f"{prefix}{f.name}"
-        keys.append(dotted)
-        sub = _dataclass_in(hints.get(f.name))
-        if sub is not None:
-            keys.extend(_all_keys(sub, dotted + "."))
-    return keys
-
-
-def _dataclass_in(tp: Any) -> type | None:
-    """The dataclass type in ``tp`` (``X`` or ``X | None``), if any."""
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        return tp
-    if _is_union(tp):
-        for arg in typing.get_args(tp):
-            if isinstance(arg, type) and dataclasses.is_dataclass(arg):
-                return arg
-    return None
-
-
-def _list_item_dataclass(tp: Any) -> type | None:
-    """The dataclass ``X`` of a ``list[X]`` field, if any."""
-    args = typing.get_args(tp)
-    if typing.get_origin(tp) is list and len(args) == 1 and dataclasses.is_dataclass(args[0]):
-        return typing.cast(type, args[0])
-    return None
-
-
-def _is_union(tp: Any) -> bool:
-    return typing.get_origin(tp) in (Union, types.UnionType)
-
-
-def _type_name(tp: Any) -> str:
-    if tp is type(None):
-        return "null"
-    if isinstance(tp, type):
-        return tp.__name__
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
-    if _is_union(tp):
-        return " | ".join(_type_name(a) for a in typing.get_args(tp))
-    return str(tp).replace("typing.", "")
-
-
-def _coerce(value: Any, tp: Any, key: str, problems: list[str], all_keys: list[str]) -> Any:
+def _coerce(value: Any, tp: Any, key: str, problems: list[str], keys: list[str]) -> Any:
     """Converts ``value`` to ``tp`` or raises :class:`_Invalid` with a message naming the key."""
     if tp is Any:
         return value
     origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if _is_union(tp):
-        if value is None and type(None) in args:
-            return None
-        options = [a for a in args if a is not type(None)]
-        for arg in options:
-            try:
-                return _coerce(value, arg, key, problems, all_keys)
-            except _Invalid as err:
-                if len(options) == 1 and typing.get_origin(arg) is Literal:
-                    raise _Invalid(f"{err} (or null)") from None  # names the allowed values
-        raise _Invalid(f"{key}={value!r} has the wrong type: expected {_type_name(tp)}")
+    if is_union(tp):
+        return _coerce_union(value, tp, key, problems, keys)
     if origin is Literal:
-        for allowed in args:
-            if type(value) is type(allowed) and value == allowed:
-                return value
-        close = (
-            difflib.get_close_matches(value, [a for a in args if isinstance(a, str)], n=1)
-            if isinstance(value, str)
-            else []
-        )
-        raise _Invalid(
-            f"{key}={value!r} is invalid: allowed values are "
-            + ", ".join(repr(a) for a in args)
-            + (f"; did you mean {close[0]!r}?" if close else "")
-        )
+        return _coerce_literal(value, typing.get_args(tp), key)
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, Mapping):
-            raise _Invalid(
-                f"{key}={value!r} has the wrong type: expected a mapping (section {tp.__name__})"
-            )
-        section = _build(tp, dict(value), key, problems, all_keys)
-        if section is None:
-            raise _Invalid("")  # its problems are already recorded
-        return section
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise _Invalid(f"{key}={value!r} has the wrong type: expected bool (true or false)")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise _Invalid(f"{key}={value!r} has the wrong type: expected int")
-    if tp is float:
-        number: float | None = None
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            number = float(value)
-        elif isinstance(value, str):
-            # PyYAML follows YAML 1.1, where "1e-3" (no dot) is a string: accept it as a float.
-            try:
-                number = float(value)
-            except ValueError:
-                pass
-        if number is None:
-            raise _Invalid(f"{key}={value!r} has the wrong type: expected float")
-        if not math.isfinite(number):
-            # No setting means "unbounded" by inf, and a nan fails every range check silently
-            # (nan > 0 is False, so is nan <= 0): refuse both here, for every float key.
-            raise _Invalid(f"{key}={value!r} is invalid: must be a finite number (not inf or nan)")
-        return number
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise _Invalid(f"{key}={value!r} has the wrong type: expected str")
-    if tp is Path:
-        if isinstance(value, (str, Path)):
-            return Path(value)
-        raise _Invalid(f"{key}={value!r} has the wrong type: expected a path (str)")
+            raise _Invalid(f"{key}={value!r} has the wrong type: expected a mapping (section {tp.__name__})")
+        return _section(tp, value, key, problems, keys, None)
+    if tp in _SCALARS:
+        return _SCALARS[tp](value, key)
     if origin in (tuple, list):
-        if not isinstance(value, (list, tuple)):
-            raise _Invalid(f"{key}={value!r} has the wrong type: expected a list ({_type_name(tp)})")
-        if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
-            if len(value) != len(args):
-                raise _Invalid(
-                    f"{key}={value!r} has the wrong length: expected {len(args)} items "
-                    f"({_type_name(tp)})"
-                )
-            items = [
-                _coerce(v, a, f"{key}[{i}]", problems, all_keys)
-                for i, (v, a) in enumerate(zip(value, args))
-            ]
-        else:
-            item_tp = args[0] if args else Any
-            items = [_coerce(v, item_tp, f"{key}[{i}]", problems, all_keys) for i, v in enumerate(value)]
-        return tuple(items) if origin is tuple else items
+        return _coerce_sequence(value, tp, key, problems, keys)
     if origin is dict:
-        if not isinstance(value, Mapping):
-            raise _Invalid(f"{key}={value!r} has the wrong type: expected a mapping")
-        ktp, vtp = args if args else (Any, Any)
-        return {
-            _coerce(k, ktp, f"{key}.<key>", problems, all_keys): _coerce(
-                v, vtp, f"{key}.{k}", problems, all_keys
-            )
-            for k, v in value.items()
-        }
-    if isinstance(tp, type):
-        if isinstance(value, tp):
-            return value
+        return _coerce_mapping(value, tp, key, problems, keys)
+    if isinstance(tp, type) and not isinstance(value, tp):
         raise _Invalid(f"{key}={value!r} has the wrong type: expected {tp.__name__}")
     return value
+
+
+def _coerce_union(value: Any, tp: Any, key: str, problems: list[str], keys: list[str]) -> Any:
+    """The first member type ``value`` converts to (``None`` where the union allows it)."""
+    args = typing.get_args(tp)
+    if value is None and type(None) in args:
+        return None
+    options = [a for a in args if a is not type(None)]
+    for arg in options:
+        try:
+            return _coerce(value, arg, key, problems, keys)
+        except _Invalid as err:
+            if len(options) == 1 and typing.get_origin(arg) is Literal:
+                raise _Invalid(f"{err} (or null)") from None  # names the allowed values
+    raise _Invalid(f"{key}={value!r} has the wrong type: expected {type_name(tp)}")
+
+
+def _coerce_literal(value: Any, allowed: tuple[Any, ...], key: str) -> Any:
+    """``value`` if it is one of ``allowed`` (same type too: ``1`` is not ``True``)."""
+    for option in allowed:
+        if type(value) is type(option) and value == option:
+            return value
+    strings = [a for a in allowed if isinstance(a, str)]
+    close = difflib.get_close_matches(value, strings, n=1) if isinstance(value, str) else []
+    raise _Invalid(
+        f"{key}={value!r} is invalid: allowed values are "
+        + ", ".join(repr(a) for a in allowed)
+        + (f"; did you mean {close[0]!r}?" if close else "")
+    )
+
+
+def _coerce_bool(value: Any, key: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise _Invalid(f"{key}={value!r} has the wrong type: expected bool (true or false)")
+
+
+def _coerce_int(value: Any, key: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise _Invalid(f"{key}={value!r} has the wrong type: expected int")
+
+
+def _coerce_float(value: Any, key: str) -> float:
+    """A finite float; ints and YAML 1.1's dotless ``1e-3`` (a string there) are accepted."""
+    number: float | None = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    elif isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            pass
+    if number is None:
+        raise _Invalid(f"{key}={value!r} has the wrong type: expected float")
+    if not math.isfinite(number):
+        # No setting means "unbounded" by inf, and a nan fails every range check silently
+        # (nan > 0 is False, so is nan <= 0): refuse both here, for every float key.
+        raise _Invalid(f"{key}={value!r} is invalid: must be a finite number (not inf or nan)")
+    return number
+
+
+def _coerce_str(value: Any, key: str) -> str:
+    if isinstance(value, str):
+        return value
+    raise _Invalid(f"{key}={value!r} has the wrong type: expected str")
+
+
+def _coerce_path(value: Any, key: str) -> Path:
+    if isinstance(value, (str, Path)):
+        return Path(value)
+    raise _Invalid(f"{key}={value!r} has the wrong type: expected a path (str)")
+
+
+_SCALARS: dict[Any, Callable[[Any, str], Any]] = {
+    bool: _coerce_bool, int: _coerce_int, float: _coerce_float, str: _coerce_str, Path: _coerce_path,
+}
+
+
+def _coerce_sequence(value: Any, tp: Any, key: str, problems: list[str], keys: list[str]) -> Any:
+    """A ``list[X]``, ``tuple[X, ...]`` or fixed-length ``tuple[X, Y]``, item by item."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if not isinstance(value, (list, tuple)):
+        raise _Invalid(f"{key}={value!r} has the wrong type: expected a list ({type_name(tp)})")
+    if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
+        if len(value) != len(args):
+            raise _Invalid(
+                f"{key}={value!r} has the wrong length: expected {len(args)} items ({type_name(tp)})"
+            )
+        item_types = list(args)
+    else:
+        item_types = [args[0] if args else Any] * len(value)
+    items = [_coerce(v, a, f"{key}[{i}]", problems, keys) for i, (v, a) in enumerate(zip(value, item_types))]
+    return tuple(items) if origin is tuple else items
+
+
+def _coerce_mapping(value: Any, tp: Any, key: str, problems: list[str], keys: list[str]) -> dict[Any, Any]:
+    """A ``dict[K, V]``, key by key and value by value."""
+    if not isinstance(value, Mapping):
+        raise _Invalid(f"{key}={value!r} has the wrong type: expected a mapping")
+    args = typing.get_args(tp)
+    ktp, vtp = args if args else (Any, Any)
+    return {
+        _coerce(k, ktp, f"{key}.<key>", problems, keys): _coerce(v, vtp, f"{key}.{k}", problems, keys)
+        for k, v in value.items()
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Sections
+# --------------------------------------------------------------------------------------------
 
 
 def _prefix(path: str, problem: str) -> str:
@@ -346,85 +223,68 @@ def _prefix(path: str, problem: str) -> str:
     return f"{path}.{problem}" if path else problem
 
 
-def _default_of(f: dataclasses.Field[Any], base: Any) -> Any:
-    """A field's default: from the enclosing default instance if any, else the field's own."""
-    if base is not None:
-        return getattr(base, f.name)
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    if f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    return dataclasses.MISSING
+def _unknown_key_problem(key: Any, path: str, fields: Sequence[str], keys: list[str]) -> str:
+    """The problem for a key the section does not have, with the likeliest intended key."""
+    dotted = f"{path}.{key}" if path else key
+    if not isinstance(key, str):
+        return f"{dotted!s}: keys must be strings"
+    # The same key name in another section is the likeliest intent (model.r -> lora.r).
+    elsewhere = [k for k in keys if k.rsplit(".", 1)[-1] == key and k != dotted]
+    close = difflib.get_close_matches(key, list(fields), n=1)
+    suggestion: str | None = None
+    if elsewhere:
+        suggestion = elsewhere[0]
+    elif close:
+        suggestion = f"{path}.{close[0]}" if path else close[0]
+    else:
+        # Maybe it belongs to another section (train.lr -> outer_optim.lr); never suggest this
+        # section itself or one of its parents.
+        parents = {".".join(dotted.split(".")[:i]) for i in range(1, dotted.count(".") + 1)}
+        near = difflib.get_close_matches(dotted, [k for k in keys if k not in parents], n=1)
+        suggestion = near[0] if near else None
+    hint = f"; did you mean {suggestion!r}?" if suggestion else ""
+    return f"unknown key {dotted!r}{hint} (valid keys{' in ' + path if path else ''}: {', '.join(fields)})"
 
 
-def _build(
-    cls: type,
-    data: dict[str, Any],
-    path: str,
-    problems: list[str],
-    all_keys: list[str],
-    base: Any = None,
-) -> Any:
+def _section(cls: type, value: Mapping[str, Any], path: str, problems: list[str], keys: list[str],
+             base: Any) -> Any:
+    """A nested section built from ``value``; :class:`_Invalid` (already recorded) if it cannot be."""
+    section = _build(cls, dict(value), path, problems, keys, base)
+    if section is None:
+        raise _Invalid("")  # its problems are already recorded
+    return section
+
+
+def _field_value(f: dataclasses.Field[Any], tp: Any, value: Any, path: str, problems: list[str],
+                 keys: list[str], base: Any) -> Any:
+    """The value a user gave for field ``f``, converted; :class:`_Invalid` if it is refused."""
+    dotted = f"{path}.{f.name}" if path else f.name
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp) and isinstance(value, Mapping):
+        # Keys apply on top of the section's own default, which may differ from its class
+        # defaults (a schema whose model section defaults to tiny=True).
+        sub_base = default_of(f, base)
+        return _section(tp, value, dotted, problems, keys,
+                        sub_base if dataclasses.is_dataclass(sub_base) else None)
+    return _coerce(value, tp, dotted, problems, keys)
+
+
+def _build(cls: type, data: dict[str, Any], path: str, problems: list[str], keys: list[str],
+           base: Any = None) -> Any:
     """Builds one section, appending every problem; returns None if it cannot be built.
 
     ``base`` is the section's default instance (from the parent's ``default_factory``); absent
     keys take its values.
     """
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    hints = _hints(cls)
-    for key in data:
-        if key not in fields:
-            dotted = f"{path}.{key}" if path else key
-            if not isinstance(key, str):
-                problems.append(f"{dotted!s}: keys must be strings")
-                continue
-            # The same key name in another section is the likeliest intent (model.r -> lora.r).
-            elsewhere = [k for k in all_keys if k.rsplit(".", 1)[-1] == key and k != dotted]
-            close = difflib.get_close_matches(key, list(fields), n=1)
-            if elsewhere:
-                suggestion: str | None = elsewhere[0]
-            elif close:
-                suggestion = f"{path}.{close[0]}" if path else close[0]
-            else:
-                suggestion = None
-            if suggestion is None:
-                # Maybe it belongs to another section (train.lr -> outer_optim.lr); never
-                # suggest this section itself or one of its parents.
-                parents = {".".join(dotted.split(".")[:i]) for i in range(1, dotted.count(".") + 1)}
-                candidates = [k for k in all_keys if k not in parents]
-                near = difflib.get_close_matches(dotted, candidates, n=1)
-                suggestion = near[0] if near else None
-            hint = f"; did you mean {suggestion!r}?" if suggestion else ""
-            valid = ", ".join(fields)
-            problems.append(
-                f"unknown key {dotted!r}{hint} (valid keys{' in ' + path if path else ''}: {valid})"
-            )
+    field_types = hints(cls)
+    problems.extend(_unknown_key_problem(k, path, list(fields), keys) for k in data if k not in fields)
     kwargs: dict[str, Any] = {}
     complete = True
     refused: set[str] = set()
     for name, f in fields.items():
-        dotted = f"{path}.{name}" if path else name
         if name in data:
-            value = data[name]
-            sub = hints[name]
             try:
-                if (
-                    isinstance(sub, type)
-                    and dataclasses.is_dataclass(sub)
-                    and isinstance(value, Mapping)
-                ):
-                    # Keys apply on top of the section's own default, which may differ from its
-                    # class defaults (a schema whose model section defaults to tiny=True).
-                    sub_base = _default_of(f, base)
-                    section = _build(
-                        sub, dict(value), dotted, problems, all_keys,
-                        sub_base if dataclasses.is_dataclass(sub_base) else None,
-                    )
-                    if section is None:
-                        raise _Invalid("")  # its problems are already recorded
-                    kwargs[name] = section
-                else:
-                    kwargs[name] = _coerce(value, sub, dotted, problems, all_keys)
+                kwargs[name] = _field_value(f, field_types[name], data[name], path, problems, keys, base)
                 continue
             except _Invalid as err:
                 refused.add(name)
@@ -432,26 +292,31 @@ def _build(
                     problems.append(str(err))
         # Absent or invalid: fall back to the default so the rest of this section is still
         # validated (every problem is reported in one go).
-        default = _default_of(f, base)
+        default = default_of(f, base)
         if default is not dataclasses.MISSING:
             kwargs[name] = default
         else:
             if name not in data:
-                problems.append(
-                    f"{dotted} is required but missing: set it in the YAML or as {dotted}=VALUE"
-                )
+                dotted = f"{path}.{name}" if path else name
+                problems.append(f"{dotted} is required but missing: set it in the YAML or as {dotted}=VALUE")
             complete = False
     if not complete:
         return None
     obj = cls(**kwargs)
     validate = getattr(obj, "validate", None)
     if callable(validate):
-        # A problem about a field whose value was already refused is about its fallback
-        # default, not about what the user wrote: leave it out.
+        # A problem about a field whose value was already refused is about its fallback default,
+        # not about what the user wrote: leave it out. Every problem starts with its field's name
+        # (the contract of validate(), see the package docstring), so that name tells which.
         problems.extend(
             _prefix(path, p) for p in validate() if p.split("=")[0].split(" ")[0] not in refused
         )
     return obj
+
+
+# --------------------------------------------------------------------------------------------
+# Writing a config back
+# --------------------------------------------------------------------------------------------
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

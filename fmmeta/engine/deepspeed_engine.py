@@ -41,6 +41,7 @@ from fmmeta.engine.ds_config import owned_values, resolve_ds_config, zero_stage
 from fmmeta.engine.optim import (
     OuterOptimConfig,
     build_outer_optimizer,
+    check_outer_step,
     optimizer_file,
     read_optimizer_state,
 )
@@ -167,22 +168,11 @@ class DeepSpeedEngine:
 
         Every rank must call it once per meta-step (it is a collective).
         """
-        if n_real_tasks < 1:
-            raise ValueError(f"outer_step(n_real_tasks={n_real_tasks}) is invalid: must be >= 1")
-        if len(grad_sum) != len(self._params):
-            raise ValueError(
-                f"outer_step got {len(grad_sum)} gradients for {len(self._params)} adapter "
-                "parameters: pass one tensor per adapter_parameters() entry, in that order"
-            )
-        check_resident(self._params)
+        check_resident(self._params)  # first: a partitioned tensor's shape is not its real one
+        check_outer_step(grad_sum, self._params, n_real_tasks)
         scale = self.world_size / n_real_tasks
         surrogate = torch.zeros((), device=self._params[0].device, dtype=torch.float32)
         for p, g in zip(self._params, grad_sum):
-            if tuple(g.shape) != tuple(p.shape):
-                raise ValueError(
-                    f"outer_step gradient shape {tuple(g.shape)} does not match adapter parameter "
-                    f"shape {tuple(p.shape)}: gradients must follow adapter_parameters() order"
-                )
             g_scaled = (g.detach().to(device=p.device, dtype=torch.float32) * scale).to(p.dtype)
             surrogate = surrogate + (p * g_scaled).sum().float()
         lr = float(self._optimizer.param_groups[0]["lr"])

@@ -150,16 +150,36 @@ def resolve_ds_config(
             f"the JSON holds a {type(cfg).__name__}, not an object: a DeepSpeed config is one JSON "
             'object such as {"zero_optimization": {"stage": 3}}; see ds_configs/zero3.json'
         ])
-    problems: list[str] = _zero_problems(cfg.get("zero_optimization", {}))
     for key in owned:
         if key not in OWNED_KEYS:
             raise ValueError(
                 f"owned key {key!r} is unknown: allowed are {OWNED_KEYS} "
                 "(other DeepSpeed settings belong in the JSON file)"
             )
-    for block, why in _REJECTED_BLOCKS.items():
-        if block in cfg:
-            problems.append(f"{block}: present in the DeepSpeed JSON but not supported: {why}")
+    problems: list[str] = _zero_problems(cfg.get("zero_optimization", {}))
+    problems.extend(
+        f"{block}: present in the DeepSpeed JSON but not supported: {why}"
+        for block, why in _REJECTED_BLOCKS.items() if block in cfg
+    )
+    problems.extend(_fill_owned(cfg, owned))
+    problems.extend(_accumulation_and_precision_problems(cfg, owned))
+    zero = cfg.get("zero_optimization")
+    if isinstance(zero, dict):
+        _resolve_zero_autos(zero, zero_stage(cfg), max_adapter_numel)
+    problems.extend(
+        f"{key}: is \"auto\" but fmmeta does not own it; fix: give it an explicit value "
+        "or remove it to take DeepSpeed's default"
+        for key in sorted(_find_auto(cfg))
+    )
+    if problems:
+        raise DSConfigError(problems)
+    return cfg
+
+
+def _fill_owned(cfg: dict[str, Any], owned: Mapping[str, Any]) -> list[str]:
+    """Writes our value into every owned key that is ``"auto"`` or absent (creating the blocks it
+    needs); every explicit value that disagrees with ours is a problem naming its fix."""
+    problems: list[str] = []
     for key, ours in owned.items():
         parts = key.split(".")
         node: dict[str, Any] = cfg
@@ -189,6 +209,13 @@ def resolve_ds_config(
                     f"fix: set \"{key}\" to \"auto\" in the JSON (the recipe value then wins) "
                     "or change the recipe config to match"
                 )
+    return problems
+
+
+def _accumulation_and_precision_problems(cfg: dict[str, Any], owned: Mapping[str, Any]) -> list[str]:
+    """Accumulation other than 1 (when not owned) and two precisions at once; an ``"auto"``
+    accumulation becomes 1."""
+    problems: list[str] = []
     gas = cfg.get("gradient_accumulation_steps", 1)
     if gas not in (1, AUTO) and "gradient_accumulation_steps" not in owned:
         problems.append(
@@ -199,38 +226,34 @@ def resolve_ds_config(
         cfg["gradient_accumulation_steps"] = 1
     if cfg.get("bf16", {}).get("enabled") is True and cfg.get("fp16", {}).get("enabled") is True:
         problems.append("bf16.enabled and fp16.enabled are both true: enable at most one precision")
-    zero = cfg.get("zero_optimization")
-    if isinstance(zero, dict):
-        for key in _ZERO_AUTO_TO_DEFAULT:
-            if zero.get(key) == AUTO:
-                del zero[key]
-        for key, value in ZERO3_LEAN_GATHER.items():
-            if zero.get(key) == AUTO:
-                zero[key] = value
-        if zero_stage(cfg) == 3 and max_adapter_numel is not None:
-            threshold = zero.get("stage3_param_persistence_threshold", AUTO)
-            if threshold == AUTO or int(threshold) < max_adapter_numel:
-                new = max(int(max_adapter_numel), 1)
-                if threshold != AUTO:
-                    logger.warning(
-                        "zero_optimization.stage3_param_persistence_threshold=%s is below the largest "
-                        "adapter tensor (%d elements): raised to %d so LoRA stays resident on every rank",
-                        threshold, max_adapter_numel, new,
-                    )
-                else:
-                    logger.info("zero_optimization.stage3_param_persistence_threshold=auto -> %d", new)
-                zero["stage3_param_persistence_threshold"] = new
-        elif zero.get("stage3_param_persistence_threshold") == AUTO:
-            del zero["stage3_param_persistence_threshold"]
-    leftover = sorted(_find_auto(cfg))
-    for key in leftover:
-        problems.append(
-            f"{key}: is \"auto\" but fmmeta does not own it; fix: give it an explicit value "
-            "or remove it to take DeepSpeed's default"
-        )
-    if problems:
-        raise DSConfigError(problems)
-    return cfg
+    return problems
+
+
+def _resolve_zero_autos(zero: dict[str, Any], stage: int, max_adapter_numel: int | None) -> None:
+    """What ``"auto"`` means in ``zero_optimization``: DeepSpeed's default for bucket sizes, lean
+    gather limits, and under ZeRO-3 a persistence threshold that keeps every adapter tensor
+    resident (raised, with a warning, if the JSON's is smaller)."""
+    for key in _ZERO_AUTO_TO_DEFAULT:
+        if zero.get(key) == AUTO:
+            del zero[key]
+    for key, value in ZERO3_LEAN_GATHER.items():
+        if zero.get(key) == AUTO:
+            zero[key] = value
+    if stage == 3 and max_adapter_numel is not None:
+        threshold = zero.get("stage3_param_persistence_threshold", AUTO)
+        if threshold == AUTO or int(threshold) < max_adapter_numel:
+            new = max(int(max_adapter_numel), 1)
+            if threshold != AUTO:
+                logger.warning(
+                    "zero_optimization.stage3_param_persistence_threshold=%s is below the largest "
+                    "adapter tensor (%d elements): raised to %d so LoRA stays resident on every rank",
+                    threshold, max_adapter_numel, new,
+                )
+            else:
+                logger.info("zero_optimization.stage3_param_persistence_threshold=auto -> %d", new)
+            zero["stage3_param_persistence_threshold"] = new
+    elif zero.get("stage3_param_persistence_threshold") == AUTO:
+        del zero["stage3_param_persistence_threshold"]
 
 
 def _zero_problems(zero: Any) -> list[str]:

@@ -19,14 +19,13 @@ from torch import nn
 from fmmeta.engine.optim import (
     OuterOptimConfig,
     build_outer_optimizer,
+    check_outer_step,
     clip_grad_norm,
     optimizer_file,
     read_optimizer_state,
 )
 
 logger = logging.getLogger(__name__)
-
-"""File name (per rank) that :meth:`LocalEngine.save_optimizer` writes."""
 
 
 def trainable_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
@@ -84,20 +83,9 @@ class LocalEngine:
 
     def outer_step(self, grad_sum: Sequence[torch.Tensor], n_real_tasks: int) -> dict[str, float]:
         """Averages ``grad_sum`` over ``n_real_tasks``, clips, and steps AdamW and the schedule."""
-        if n_real_tasks < 1:
-            raise ValueError(f"outer_step(n_real_tasks={n_real_tasks}) is invalid: must be >= 1")
-        if len(grad_sum) != len(self._params):
-            raise ValueError(
-                f"outer_step got {len(grad_sum)} gradients for {len(self._params)} adapter "
-                "parameters: pass one tensor per adapter_parameters() entry, in that order"
-            )
+        check_outer_step(grad_sum, self._params, n_real_tasks)
         grads = []
         for p, g in zip(self._params, grad_sum):
-            if g.shape != p.shape:
-                raise ValueError(
-                    f"outer_step gradient shape {tuple(g.shape)} does not match adapter parameter "
-                    f"shape {tuple(p.shape)}: gradients must follow adapter_parameters() order"
-                )
             grads.append(g.detach().to(device=p.device, dtype=torch.float32) / n_real_tasks)
         norm = clip_grad_norm(grads, self.cfg.grad_clip)
         lr = float(self.optimizer.param_groups[0]["lr"])

@@ -152,6 +152,24 @@ def build_outer_optimizer(
     return optimizer, scheduler
 
 
+def check_outer_step(grad_sum: Sequence[torch.Tensor], params: Sequence[torch.Tensor], n_real_tasks: int) -> None:
+    """Refuses what every engine's ``outer_step`` would otherwise misuse silently: no real tasks,
+    or gradients that are not one per adapter tensor, in ``adapter_parameters()`` order."""
+    if n_real_tasks < 1:
+        raise ValueError(f"outer_step(n_real_tasks={n_real_tasks}) is invalid: must be >= 1")
+    if len(grad_sum) != len(params):
+        raise ValueError(
+            f"outer_step got {len(grad_sum)} gradients for {len(params)} adapter "
+            "parameters: pass one tensor per adapter_parameters() entry, in that order"
+        )
+    for p, g in zip(params, grad_sum):
+        if tuple(g.shape) != tuple(p.shape):
+            raise ValueError(
+                f"outer_step gradient shape {tuple(g.shape)} does not match adapter parameter "
+                f"shape {tuple(p.shape)}: gradients must follow adapter_parameters() order"
+            )
+
+
 def clip_grad_norm(grads: Sequence[torch.Tensor], max_norm: float) -> float:
     """Scales ``grads`` in place so their global L2 norm is at most ``max_norm``.
 

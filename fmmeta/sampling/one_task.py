@@ -100,6 +100,25 @@ def chunk_sets(
     """
     flat, counts = set_lengths(sets)
     n_sets = len(sets)
+    k_all = _chunk_counts(counts, micro_batch_size, n_chunks)
+    k = np.minimum(k_all, counts)
+    if int(counts.sum()):
+        real_cost, every = _choose_chunks(flat, counts, k, micro_batch_size, cost_model)
+    else:
+        real_cost, every = np.zeros(n_sets), ()
+    n_dummy = k_all - k
+    ends = np.cumsum(k).tolist()
+    begins = [0] + ends[:-1]
+    pad_of = [((),) * d for d in range(int(n_dummy.max()) + 1 if n_sets else 1)]
+    pads = map(pad_of.__getitem__, n_dummy.tolist())
+    # C-level map chains, no bytecode loop; slicing a tuple yields a tuple (no list in between).
+    chunks = list(map(operator.add, map(every.__getitem__, map(slice, begins, ends)), pads))
+    return _Chunking(chunks, k_all, real_cost, n_dummy)
+
+
+def _chunk_counts(counts: np.ndarray, micro_batch_size: int, n_chunks: int | Sequence[int] | None) -> np.ndarray:
+    """``K`` of every set (see :func:`chunk_sets`), refused where a set needs more chunks."""
+    n_sets = counts.size
     need = -(-counts // micro_batch_size)
     if n_chunks is None:
         k_all = np.full(n_sets, max(1, int(need.max()) if n_sets else 1), dtype=np.int64)
@@ -111,61 +130,59 @@ def chunk_sets(
             f"n_chunks={int(k_all[bad])} is too small for set {bad}: it needs {int(need[bad])} "
             f"chunks of {micro_batch_size}"
         )
-    total = int(counts.sum())
+    return k_all
+
+
+def _choose_chunks(flat: np.ndarray, counts: np.ndarray, k: np.ndarray, micro_batch_size: int,
+                   cost_model: CostModel) -> tuple[np.ndarray, tuple[tuple[int, ...], ...]]:
+    """Cuts every set (``counts[i]`` lengths of ``flat``, at least one) into ``k[i]`` real chunks,
+    by whichever of the two candidates the cost model prices lower for that set.
+
+    Returns:
+        ``(real_cost, every)``: each set's cost of its real chunks, and every real chunk's indices
+        into its set, set after set.
+    """
+    n_sets = counts.size
     starts = np.cumsum(counts) - counts
-    k = np.minimum(k_all, counts)
     kk = np.maximum(k, 1)
     q = counts // kk
     rem = counts % kk
-    if total:
-        seg = np.repeat(np.arange(n_sets), counts)
-        top = int(flat.max()) + 1
-        # One int64 key (set, then longest first); the stable sort keeps ties in episode order.
-        order = np.argsort(seg * top + (top - 1 - flat), kind="stable")
-        sorted_len = flat[order]
-        a, b, c = cost_model.coefficients
-        # Both candidates are described per chunk (its set, its index j in the set, its start in
-        # the set and its size), in closed form: ~19k chunks instead of ~32k labelled positions.
-        cset = np.repeat(np.arange(n_sets), k)
-        j = np.arange(cset.size) - (np.cumsum(k) - k)[cset]
-        n_c, k_c, q_c = counts[cset], k[cset], q[cset]
-        off = starts[cset]
-        # Candidate A: sizes as equal as possible, the larger groups at the short end.
-        n_small = k_c - rem[cset]  # chunks of size q come first
-        start_a = j * q_c + np.maximum(j - n_small, 0)
-        size_a = q_c + (j >= n_small)
-        # Candidate B: full groups at the short end, singletons at the long end, which isolates
-        # the long right tail of a length distribution (a lone 400-token outlier pads no one).
-        spare = max(micro_batch_size - 1, 1)
-        full = (n_c - k_c) // spare  # groups of micro_batch_size
-        part = 1 + (n_c - k_c) - full * spare  # size of the one partial group
-        e = k_c - 1 - j  # chunk index counted from the short end
-        past = e - full
-        start_b = n_c - micro_batch_size * np.minimum(e + 1, full) - np.where(past >= 0, part + past, 0)
-        size_b = np.where(past < 0, micro_batch_size, np.where(past == 0, part, 1))
+    seg = np.repeat(np.arange(n_sets), counts)
+    top = int(flat.max()) + 1
+    # One int64 key (set, then longest first); the stable sort keeps ties in episode order.
+    order = np.argsort(seg * top + (top - 1 - flat), kind="stable")
+    sorted_len = flat[order]
+    a, b, c = cost_model.coefficients
+    # Both candidates are described per chunk (its set, its index j in the set, its start in
+    # the set and its size), in closed form: ~19k chunks instead of ~32k labelled positions.
+    cset = np.repeat(np.arange(n_sets), k)
+    j = np.arange(cset.size) - (np.cumsum(k) - k)[cset]
+    n_c, k_c, q_c = counts[cset], k[cset], q[cset]
+    off = starts[cset]
+    # Candidate A: sizes as equal as possible, the larger groups at the short end.
+    n_small = k_c - rem[cset]  # chunks of size q come first
+    start_a = j * q_c + np.maximum(j - n_small, 0)
+    size_a = q_c + (j >= n_small)
+    # Candidate B: full groups at the short end, singletons at the long end, which isolates
+    # the long right tail of a length distribution (a lone 400-token outlier pads no one).
+    spare = max(micro_batch_size - 1, 1)
+    full = (n_c - k_c) // spare  # groups of micro_batch_size
+    part = 1 + (n_c - k_c) - full * spare  # size of the one partial group
+    e = k_c - 1 - j  # chunk index counted from the short end
+    past = e - full
+    start_b = n_c - micro_batch_size * np.minimum(e + 1, full) - np.where(past >= 0, part + past, 0)
+    size_b = np.where(past < 0, micro_batch_size, np.where(past == 0, part, 1))
 
-        def priced(start: np.ndarray, size: np.ndarray) -> np.ndarray:
-            """Every set's cost for the chunks ``(start, size)``."""
-            widths = sorted_len[off + start].astype(np.float64)
-            chunk_cost = a + b * size * widths + c * size * widths * widths
-            return np.bincount(cset, weights=chunk_cost, minlength=n_sets)
+    def priced(start: np.ndarray, size: np.ndarray) -> np.ndarray:
+        """Every set's cost for the chunks ``(start, size)``."""
+        widths = sorted_len[off + start].astype(np.float64)
+        chunk_cost = a + b * size * widths + c * size * widths * widths
+        return np.bincount(cset, weights=chunk_cost, minlength=n_sets)
 
-        cost_a, cost_b = priced(start_a, size_a), priced(start_b, size_b)
-        use_b = cost_b < cost_a
-        real_cost = np.where(use_b, cost_b, cost_a)
-        bounds = off + np.where(use_b[cset], start_b, start_a)
-        every = _chunk_tuples(order - starts[seg], bounds)
-    else:
-        real_cost = np.zeros(n_sets)
-        every = ()
-    n_dummy = k_all - k
-    ends = np.cumsum(k).tolist()
-    begins = [0] + ends[:-1]
-    pad_of = [((),) * d for d in range(int(n_dummy.max()) + 1 if n_sets else 1)]
-    pads = map(pad_of.__getitem__, n_dummy.tolist())
-    # C-level map chains, no bytecode loop; slicing a tuple yields a tuple (no list in between).
-    chunks = list(map(operator.add, map(every.__getitem__, map(slice, begins, ends)), pads))
-    return _Chunking(chunks, k_all, real_cost, n_dummy)
+    cost_a, cost_b = priced(start_a, size_a), priced(start_b, size_b)
+    use_b = cost_b < cost_a
+    bounds = off + np.where(use_b[cset], start_b, start_a)
+    return np.where(use_b, cost_b, cost_a), _chunk_tuples(order - starts[seg], bounds)
 
 
 def assign_balanced(

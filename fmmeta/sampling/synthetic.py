@@ -85,20 +85,28 @@ def lognormal_pool(
     rng = np.random.default_rng(seed)
     tasks = []
     for t in range(n_tasks):
-        med = median_length * float(np.exp(rng.normal(0.0, task_sigma)))
-        lens = np.clip(np.round(med * np.exp(rng.normal(0.0, seq_sigma, examples_per_task))), 4, max_length)
+        lengths = _draw_lengths(rng, median_length, task_sigma, seq_sigma, examples_per_task, max_length)
         ways = ways_choices[int(rng.integers(len(ways_choices)))]
         shots = shots_choices[int(rng.integers(len(shots_choices)))]
-        tasks.append(
-            SyntheticTask(
-                name=f"task{t:04d}",
-                domain=f"domain{int(rng.integers(n_domains))}",
-                lengths=tuple(int(x) for x in lens),
-                shots=shots,
-                ways=ways,
-            )
-        )
+        tasks.append(_with_domain(rng, f"task{t:04d}", lengths, shots, ways, n_domains))
     return tasks
+
+
+def _draw_lengths(rng: np.random.Generator, median: float, task_sigma: float, seq_sigma: float, n: int,
+                  max_length: int) -> tuple[int, ...]:
+    """A task's ``n`` sequence lengths: its own median lognormal around ``median``
+    (``task_sigma``), each sequence lognormal around that (``seq_sigma``), clipped to
+    ``[4, max_length]``."""
+    med = median * float(np.exp(rng.normal(0.0, task_sigma)))
+    lens = np.clip(np.round(med * np.exp(rng.normal(0.0, seq_sigma, n))), 4, max_length)
+    return tuple(int(x) for x in lens)
+
+
+def _with_domain(rng: np.random.Generator, name: str, lengths: tuple[int, ...], shots: int, ways: int | None,
+                 n_domains: int) -> SyntheticTask:
+    """The task, in one of ``n_domains`` domains drawn at random (the last draw for a task)."""
+    return SyntheticTask(name=name, domain=f"domain{int(rng.integers(n_domains))}", lengths=lengths,
+                         shots=shots, ways=ways)
 
 
 def bimodal_pool(
@@ -143,20 +151,12 @@ def bimodal_pool(
     tasks = []
     for t in range(n_tasks):
         long = bool(is_long[t])
-        med = (long_length if long else short_length) * float(np.exp(rng.normal(0.0, task_sigma)))
-        lens = np.clip(np.round(med * np.exp(rng.normal(0.0, seq_sigma, examples_per_task))), 4, max_length)
+        median = long_length if long else short_length
+        lengths = _draw_lengths(rng, median, task_sigma, seq_sigma, examples_per_task, max_length)
         if long:
             shots, ways = long_shots[int(rng.integers(len(long_shots)))], None
         else:
             shots = short_shots[int(rng.integers(len(short_shots)))]
             ways = short_ways[int(rng.integers(len(short_ways)))]
-        tasks.append(
-            SyntheticTask(
-                name=f"{'gen' if long else 'cls'}{t:04d}",
-                domain=f"domain{int(rng.integers(n_domains))}",
-                lengths=tuple(int(x) for x in lens),
-                shots=shots,
-                ways=ways,
-            )
-        )
+        tasks.append(_with_domain(rng, f"{'gen' if long else 'cls'}{t:04d}", lengths, shots, ways, n_domains))
     return tasks

@@ -181,14 +181,14 @@ def test_config_errors_name_the_key(kwargs, key) -> None:
 def test_answer_logits_paths_agree(tiny_peft, episodes, monkeypatch, kind: str) -> None:
     """The boolean-mask head (one row per answer token), the index-tensor head and full logits give
     the same per-row losses on a batch whose answers sit at different positions."""
-    from fmmeta.algorithms import inner_loop
+    from fmmeta.algorithms import answer_loss
 
     batch = collate(list(episodes[0].support) + list(episodes[1].query), PAD_ID)
-    cls = type(inner_loop._unwrap(tiny_peft))
-    assert inner_loop._logits_to_keep_kind(tiny_peft) == "mask"
+    cls = type(answer_loss._unwrap(tiny_peft))
+    assert answer_loss._logits_to_keep_kind(tiny_peft) == "mask"
     with torch.no_grad():
         masked = answer_loss_rows(tiny_peft, batch)
-        monkeypatch.setitem(inner_loop._LOGITS_TO_KEEP, cls, kind)
+        monkeypatch.setitem(answer_loss._LOGITS_TO_KEEP, cls, kind)
         other = answer_loss_rows(tiny_peft, batch)
     torch.testing.assert_close(masked, other, rtol=1e-5, atol=1e-6)
     hf = tiny_peft(input_ids=batch.input_ids, attention_mask=batch.attention_mask, labels=batch.labels).loss

@@ -1,0 +1,128 @@
+"""The loss on answer tokens: what every pass of every loop (inner, outer, evaluation) computes.
+
+Losses are *sums* of next-token NLL over answer tokens (not transformers' mean), per row, in fp32:
+passes can then be added and each task divided once by its own answer-token count, so a task's
+loss does not depend on how its examples were split into passes or packed with other tasks'.
+The LM head runs only at the positions that predict answer tokens (:func:`answer_logits`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fmmeta.tasks.episode import IGNORE_INDEX, Batch
+
+DUMMY_PASS_TOKENS = 2
+"""Sequence length of a dummy pass (what it adds to padded-token counts)."""
+
+
+_LOGITS_TO_KEEP: dict[type, str] = {}
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    """The causal LM under framework wrappers (DeepSpeedEngine/DDP: ``.module``) and peft."""
+    inner: Any = model  # wrappers expose the wrapped model under several names
+    for _ in range(4):
+        if hasattr(inner, "get_base_model"):
+            inner = inner.get_base_model()
+        elif isinstance(getattr(inner, "module", None), nn.Module):
+            inner = inner.module
+        else:
+            break
+    return inner
+
+
+def _logits_to_keep_kind(model: nn.Module) -> str:
+    """How the model takes ``logits_to_keep`` (cached per class): ``"mask"`` (a 2D boolean mask,
+    through transformers' ``slice_logits_to_keep``), ``"index"`` (a 1D index tensor) or ``""``."""
+    cls = type(_unwrap(model))
+    if cls not in _LOGITS_TO_KEEP:
+        kind = ""
+        try:
+            if "logits_to_keep" in inspect.signature(cls.forward).parameters:
+                kind = "mask" if "slice_logits_to_keep" in inspect.getsource(cls.forward) else "index"
+        except (TypeError, ValueError, OSError):
+            kind = ""
+        _LOGITS_TO_KEEP[cls] = kind
+    return _LOGITS_TO_KEEP[cls]
+
+
+def accepts_logits_to_keep(model: nn.Module) -> bool:
+    """Whether the underlying causal LM takes ``logits_to_keep`` (cached per class)."""
+    return bool(_logits_to_keep_kind(model))
+
+
+def answer_logits(model: nn.Module, batch: Batch, **model_kwargs: object
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Logits at exactly the positions that predict answer tokens, flattened.
+
+    The LM head is as wide as the vocabulary and prompts are long, so it runs only where it is
+    needed. Models whose forward slices hidden states with transformers' ``slice_logits_to_keep``
+    get a boolean ``[B, T]`` mask: one head row per answer token, whatever the rows' lengths (a
+    packed pass mixes tasks whose answers sit at different positions). Other models that take
+    ``logits_to_keep`` get the index tensor of positions some row needs (an indexed copy is
+    contiguous, so the head runs as one matmul; an int made HF slice a strided view that matmul
+    expanded into a batched matmul reading the whole head once per row); the rest get full logits.
+
+    Returns:
+        ``(logits [M, V], targets [M], rows [M])``: one entry per answer token, its target token
+        and its row, in row-major order.
+    """
+    labels = batch.labels
+    need = torch.zeros_like(labels, dtype=torch.bool)
+    need[:, :-1] = labels[:, 1:] != IGNORE_INDEX  # position p predicts token p + 1
+    kind = _logits_to_keep_kind(model)
+    keep = torch.nonzero(need.any(dim=0)).flatten()
+    if kind == "mask" and bool(need.any()):
+        model_kwargs["logits_to_keep"] = need
+    elif kind and keep.numel():
+        model_kwargs["logits_to_keep"] = keep
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **model_kwargs)
+    logits = out.logits if hasattr(out, "logits") else out[0]
+    rows, cols = torch.nonzero(need, as_tuple=True)
+    targets = labels[rows, cols + 1]
+    if logits.dim() == 2 and logits.shape[0] == rows.numel():  # the mask was honoured
+        return logits, targets, rows
+    if logits.shape[1] == keep.numel() and kind:  # indexed positions: map columns into ``keep``
+        cols = torch.searchsorted(keep, cols)
+    return logits[rows, cols], targets, rows
+
+
+def answer_loss_rows(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """Per-row sum of next-token NLL over the batch's answer tokens, in fp32 (``[B]``).
+
+    Sums (not HF's mean) so that passes can be added and each task divided once by its own
+    answer-token count: the result does not depend on how a set was split or packed.
+
+    Args:
+        model: a causal LM (peft-wrapped or not) returning ``.logits``.
+        batch: a collated micro-batch on the model's device.
+
+    Returns:
+        ``[B]`` fp32 tensor connected to the graph (zeros, still connected, where no answer tokens).
+    """
+    logits, targets, rows = answer_logits(model, batch)
+    n_rows = batch.labels.shape[0]
+    zero = logits.float().sum() * 0.0  # keeps the result connected to the graph
+    if rows.numel() == 0:
+        return zero.expand(n_rows)
+    nll = F.cross_entropy(logits.float(), targets, reduction="none")
+    return torch.zeros(n_rows, device=nll.device).index_add(0, rows, nll) + zero
+
+
+def answer_loss_sum(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """Sum of next-token NLL over all of the batch's answer tokens, in fp32 (0-dim)."""
+    return answer_loss_rows(model, batch).sum()
+
+
+def dummy_batch(device: torch.device | str) -> Batch:
+    """A 2-token sequence with one labelled token: the input of a zero-weight dummy pass."""
+    ids = torch.zeros((1, DUMMY_PASS_TOKENS), dtype=torch.long, device=device)
+    labels = torch.full_like(ids, IGNORE_INDEX)
+    labels[0, 1] = 0
+    return Batch(ids, torch.ones_like(ids), labels, 1, DUMMY_PASS_TOKENS)

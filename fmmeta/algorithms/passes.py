@@ -1,0 +1,160 @@
+"""Passes and the sweep over them: one forward (and one ``torch.autograd.grad``) per pass.
+
+A pass is a :class:`PackedBatch`: a collated micro-batch whose rows may belong to several tasks
+(``rows`` names each row's task), or ``None`` for a dummy pass, one forward+backward on a 2-token
+sequence with weight 0 that keeps ZeRO-3's per-pass collectives in lockstep across ranks without
+changing any result. :func:`run_passes` is the sweep the inner loop, the outer (query) gradient
+and evaluation's forward-only losses all run.
+
+Gradients come from ``torch.autograd.grad`` over the given weights only, never from
+``.backward()``: under DeepSpeed ZeRO-2/3 every ``engine.backward()`` reduce-scatters across ranks,
+and inner loops are rank-local (docs/design.md, "No `no_sync` under ZeRO-2/3").
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from fmmeta.algorithms.answer_loss import answer_loss_rows, dummy_batch
+from fmmeta.algorithms.task_lora import TaskLoRA
+from fmmeta.sampling.plan import PackedPass, TaskSlot
+from fmmeta.tasks.episode import IGNORE_INDEX, Batch, collate
+
+
+@dataclass(frozen=True)
+class PackedBatch:
+    """One pass: a collated micro-batch and the task (index into the rank's tasks) of each row."""
+
+    batch: Batch
+    rows: torch.Tensor
+
+    @classmethod
+    def one_task(cls, batch: Batch) -> PackedBatch:
+        """Every row belongs to task 0."""
+        return cls(batch, torch.zeros(batch.input_ids.shape[0], dtype=torch.long))
+
+    def to(self, device: torch.device | str) -> PackedBatch:
+        """The pass on ``device``."""
+        return PackedBatch(self.batch.to(device), self.rows.to(device))
+
+
+Pass = PackedBatch | None
+"""A pass of a loop; ``None`` is a dummy pass."""
+
+
+def pack_pass(p: PackedPass, slots: Sequence[TaskSlot], pad_id: int, *, query: bool,
+              pad_to_multiple_of: int | None = None) -> Pass:
+    """Collates a plan's :class:`~fmmeta.sampling.plan.PackedPass` (``None`` for a dummy pass)."""
+    if p.is_dummy:
+        return None
+    examples = p.rows(tuple(slots), query=query)
+    return PackedBatch(collate(examples, pad_id, pad_to_multiple_of), torch.tensor(p.slots, dtype=torch.long))
+
+
+def answer_tokens_per_task(passes: Sequence[Pass], n_tasks: int) -> torch.Tensor:
+    """``[n_tasks]`` answer tokens of each task over ``passes`` (a task's loss normaliser)."""
+    out = torch.zeros(n_tasks, dtype=torch.float64)
+    for p in passes:
+        if p is not None:
+            per_row = (p.batch.labels != IGNORE_INDEX).sum(dim=1).to(torch.float64)
+            out.index_add_(0, p.rows, per_row)
+    return out
+
+
+def answer_tokens(batches: Sequence[Batch | None]) -> int:
+    """Total answer tokens of the real micro-batches (a set's loss normaliser)."""
+    return sum(b.n_answer_tokens for b in batches if b is not None)
+
+
+
+def _device_of(weights: Sequence[torch.Tensor]) -> torch.device:
+    if not weights:
+        raise ValueError(
+            "got no adapter parameters: pass engine.adapter_parameters() (the trainable LoRA tensors)"
+        )
+    return weights[0].device
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class PassResult:
+    """What a sweep over passes produced.
+
+    Attributes:
+        grads: one gradient per weight (``None`` for a forward-only sweep).
+        task_sums: ``[T]`` unscaled answer-loss sum of each task's rows.
+        seconds: wall seconds of every pass, in order.
+    """
+
+    grads: list[torch.Tensor] | None
+    task_sums: torch.Tensor
+    seconds: list[float]
+
+
+def run_passes(
+    model: nn.Module,
+    weights: Sequence[torch.Tensor],
+    passes: Sequence[Pass],
+    task_scale: torch.Tensor,
+    *,
+    lora: TaskLoRA | None = None,
+    pass_scales: Sequence[float] | None = None,
+    grad: bool = True,
+) -> PassResult:
+    """One sweep: ``grad of sum_p pass_scales[p] * sum_rows task_scale[row task] * row loss``.
+
+    One forward (and one ``torch.autograd.grad``) per pass, so the graph of only one pass is alive
+    at a time.
+
+    Args:
+        model: the causal LM.
+        weights: tensors to differentiate: stacked fast weights (with ``lora``) or the adapter
+            parameters (one task).
+        passes: the passes; ``None`` runs a zero-weight dummy pass.
+        task_scale: ``[T]`` weight of a row's loss by its task (e.g. ``1 / answer tokens``).
+        lora: routes rows to their task's slice of ``weights`` (already :meth:`TaskLoRA.active`).
+        pass_scales: per-pass weight (default 1.0 each).
+        grad: ``False`` runs forward only (no gradient, ``grads`` is ``None``).
+    """
+    device = _device_of(weights)
+    scale = task_scale.to(device=device, dtype=torch.float32)
+    sums = torch.zeros(task_scale.shape[0], dtype=torch.float64)
+    grads: list[torch.Tensor] | None = None
+    seconds: list[float] = []
+    for i, p in enumerate(passes):
+        t0 = time.perf_counter()
+        if p is None:
+            batch, rows, weight = dummy_batch(device), torch.zeros(1, dtype=torch.long, device=device), 0.0
+        else:
+            p = p.to(device)
+            batch, rows, weight = p.batch, p.rows, 1.0 if pass_scales is None else pass_scales[i]
+        if lora is not None:
+            lora.rows = rows
+        with torch.set_grad_enabled(grad):
+            per_row = answer_loss_rows(model, batch)
+            if grad:
+                loss = (per_row * scale.index_select(0, rows)).sum() * weight
+                g = torch.autograd.grad(loss, list(weights), allow_unused=True)
+        if p is not None:
+            sums.index_add_(0, rows.cpu(), per_row.detach().to("cpu", torch.float64))
+        if grad:
+            if grads is None:
+                grads = [torch.zeros_like(w) if gi is None else gi.detach() for w, gi in zip(weights, g)]
+            elif p is not None:
+                for acc, gi in zip(grads, g):
+                    if gi is not None:
+                        acc.add_(gi)
+        _sync(device)
+        seconds.append(time.perf_counter() - t0)
+    if grad and grads is None:  # no passes at all
+        grads = [torch.zeros_like(w) for w in weights]
+    return PassResult(grads, sums, seconds)
