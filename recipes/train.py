@@ -24,8 +24,8 @@ import argparse
 import contextlib
 import json
 import logging
-import math
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -35,6 +35,7 @@ import torch
 from tqdm import tqdm
 
 from fmmeta.algorithms.first_order import build_algorithm
+from fmmeta.algorithms.gather import gather_step
 from fmmeta.algorithms.meta_sgd import MetaSGD, save_inner_lrs
 from fmmeta.algorithms.meta_step import meta_step
 from fmmeta.algorithms.protocol import MetaAlgorithm
@@ -65,9 +66,10 @@ from fmmeta.models import (
     model_id,
 )
 from fmmeta.recipe_config import RecipeConfig
-from fmmeta.sampling import CostAwareSampler, Prefetcher, observation_from_dict
+from fmmeta.sampling import CostAwareSampler, Prefetcher
 from fmmeta.strict_json import dumps_strict
 from fmmeta.tasks.config import build_task_set
+from fmmeta.telemetry import RankWatch, save_telemetry
 
 logger = logging.getLogger("fmmeta.train")
 
@@ -115,38 +117,20 @@ def banner(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.Modul
     )
 
 
-def step_record(method: str, gathered: list[tuple[list[dict], dict]], item_wait: float) -> dict:
-    """One meta-step's metrics over all ranks (what metrics.jsonl and the log line show)."""
-    summaries = [s for _, s in gathered]
-    n = sum(s["n_real_tasks"] for s in summaries)
-
-    def mean(key: str) -> float:
-        vals = [(s[key], s["n_real_tasks"]) for s in summaries if not math.isnan(s[key])]
-        w = sum(k for _, k in vals)
-        return sum(v * k for v, k in vals) / w if w else math.nan
-
-    tokens = sum(s["n_tokens"] for s in summaries)
-    padded = sum(s["n_padded_tokens"] for s in summaries)
-    seconds = max(s["seconds"] for s in summaries)
-    first = summaries[0]
-    return {
-        "method": method,
-        "step": first["step"],
-        "outer_loss": mean("outer_loss"),
-        "query_loss_before": mean("query_loss_before"),
-        "query_loss_after": mean("query_loss_after"),
-        "tasks": n,
-        "tokens": tokens,
-        "tokens_per_s": tokens / seconds if seconds > 0 else math.nan,
-        "padding_efficiency": tokens / padded if padded else math.nan,
-        "step_s": seconds,
-        "data_wait_s": item_wait,
-        "grad_norm": first["outer"].get("grad_norm", math.nan),
-        "lr": first["outer"].get("lr", math.nan),
-        "skipped": first["outer"].get("skipped", 0.0),
-        # metasgd: its learned inner step sizes after this step (identical on every rank)
-        **{k: v for k, v in first["outer"].items() if k.startswith("inner_lr_")},
-    }
+def step_line(method: str, record: dict, meta_steps: int) -> str:
+    """The console line of one meta-step; ``meta-step k (k+1/N)`` numbers steps as checkpoints
+    (``step_0000000k``, written after meta-step k) and messages do."""
+    return (
+        f"{method} meta-step {record['step']} ({record['step'] + 1}/{meta_steps})"
+        f" | outer {record['outer_loss']:.3f}"
+        f" | query {record['query_loss_before']:.3f} -> {record['query_loss_after']:.3f}"
+        f" | {record['tokens']} tok, {record['tokens_per_s']:.0f} tok/s"
+        f" | pad eff {record['padding_efficiency']:.3f}"
+        f" | data wait {record['data_wait_fraction']:.1%}"
+        f" | lr {record['lr']:.3g} | grad norm {record['grad_norm']:.3g}"
+        + (f" | inner lr {record['inner_lr_mean']:.4g}" if "inner_lr_mean" in record else "")
+        + (" | SKIPPED (non-finite)" if record["skipped"] else "")
+    )
 
 
 class MetricsLog:
@@ -259,18 +243,24 @@ def fresh_engine(cfg: RecipeConfig, model: torch.nn.Module, initial: list[torch.
 
 
 def train_method(cfg: RecipeConfig, method: str, model: torch.nn.Module, initial: list[torch.Tensor],
-                 pad_id: int, suite: Any, out: Path) -> Path:
+                 pad_id: int, suite: Any, out: Path, hosts: list[str]) -> Path:
     """Meta-trains one adapter from the shared initial adapter; returns its peft folder."""
     method_dir = out / method
     engine = NonFiniteGuard(fresh_engine(cfg, model, initial), cfg.train.nonfinite)
+    watch = RankWatch(method, hosts, window=cfg.train.slow_rank_window,
+                      margin=cfg.train.slow_rank_margin, rank=engine.rank)
     try:
-        return _train(cfg, method, engine, model, pad_id, suite, out, method_dir)
+        adapter_dir = _train(cfg, method, engine, model, pad_id, suite, out, method_dir, watch)
     finally:
         engine.close()
+    watch.log_summary()
+    if engine.rank == 0:
+        save_telemetry(out / "telemetry.json", method, watch.summary())
+    return adapter_dir
 
 
 def _train(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.Module, pad_id: int,
-           suite: Any, out: Path, method_dir: Path) -> Path:
+           suite: Any, out: Path, method_dir: Path, watch: RankWatch) -> Path:
     banner(cfg, method, engine, model)
     algorithm = build_algorithm(method, cfg.algorithm, pad_id)
     sampler = CostAwareSampler(
@@ -294,7 +284,7 @@ def _train(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.Modul
         for step in range(start, cfg.train.meta_steps):
             item = prefetcher.get()
             try:
-                stats = meta_step(engine, algorithm, item.plan, item.prepared)
+                stats = meta_step(engine, algorithm, item.plan, item.prepared, data_wait_s=item.wait_seconds)
             except NonFiniteError as err:  # raised on every rank together (train.nonfinite=stop)
                 last = ckpts.latest()
                 raise NonFiniteError(
@@ -302,27 +292,14 @@ def _train(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.Modul
                     f"{last.path if last else 'none (no checkpoint written yet)'}; after the fix, "
                     "rerun with the same output_dir to resume from it"
                 ) from err
-            summary = {k: getattr(stats, k) for k in (
-                "step", "outer_loss", "query_loss_before", "query_loss_after", "n_real_tasks",
-                "n_tokens", "n_padded_tokens", "seconds", "outer")}
-            mine = [o.to_dict() for o in stats.observations]
-            gathered = engine.all_gather_object((mine, summary))
-            prefetcher.observe([observation_from_dict(o) for obs, _ in gathered for o in obs])
-            record = step_record(method, gathered, item.wait_seconds)
-            record["data_wait_fraction"] = prefetcher.wait_fraction
+            gathered = gather_step(engine, stats)  # every rank's step: one all_gather
+            prefetcher.observe(gathered.observations)
+            record = {"method": method, **gathered.record(), "data_wait_fraction": prefetcher.wait_fraction}
             metrics.write(record)
+            watch.observe(gathered)
             bar.update(1)
             if engine.rank == 0 and (step % cfg.train.log_every == 0 or step + 1 == cfg.train.meta_steps):
-                bar.write(
-                    f"{method} meta-step {step} ({step + 1}/{cfg.train.meta_steps})"
-                    f" | outer {record['outer_loss']:.3f}"
-                    f" | query {record['query_loss_before']:.3f} -> {record['query_loss_after']:.3f}"
-                    f" | {record['tokens']} tok, {record['tokens_per_s']:.0f} tok/s"
-                    f" | pad eff {record['padding_efficiency']:.3f}"
-                    f" | data wait {record['data_wait_fraction']:.1%}"
-                    + (f" | inner lr {record['inner_lr_mean']:.4g}" if "inner_lr_mean" in record else "")
-                    + (" | SKIPPED (non-finite)" if record["skipped"] else "")
-                )
+                bar.write(step_line(method, record, cfg.train.meta_steps))
             if (every and (step + 1) % every == 0) or step + 1 == cfg.train.meta_steps:
                 save_checkpoint(ckpts, step, cfg, method, engine, prefetcher, model, algorithm)
     bar.close()
@@ -376,6 +353,7 @@ def run(args: argparse.Namespace) -> int:
     if refused is not None:
         raise UserInputError(refused)
     out = Path(cfg.output_dir).expanduser()
+    hosts = [socket.gethostname()]
     try:
         if kind != "local":  # every rank writes into the checkpoint folders: one folder for all
             try:
@@ -384,13 +362,14 @@ def run(args: argparse.Namespace) -> int:
             except SharedFolderError as err:  # raised on every rank together
                 logger.error("%s", err)
                 return 2
-        return train_and_evaluate(cfg, out)
+            hosts = all_gather_object(hosts[0])  # once: the slow-rank warning names the host
+        return train_and_evaluate(cfg, out, hosts)
     finally:
         if lock is not None:
             lock.release()
 
 
-def train_and_evaluate(cfg: RecipeConfig, out: Path) -> int:
+def train_and_evaluate(cfg: RecipeConfig, out: Path, hosts: list[str]) -> int:
     torch.manual_seed(cfg.train.seed)
     t0 = time.perf_counter()
     # Under ZeRO-3 the base is partitioned as it is built; `partitioned` stays alive all run.
@@ -404,7 +383,7 @@ def train_and_evaluate(cfg: RecipeConfig, out: Path) -> int:
         len(suite.meta_train), len(suite.meta_val), len(suite.meta_test), time.perf_counter() - t0,
     )
     try:
-        adapters = {m: train_method(cfg, m, model, initial, tokenizer.pad_token_id, suite, out)
+        adapters = {m: train_method(cfg, m, model, initial, tokenizer.pad_token_id, suite, out, hosts)
                     for m in cfg.methods}
     except NonFiniteError as err:
         logger.error("stopped: %s", err)

@@ -4,14 +4,23 @@ The rank's tasks share every pass (each row through its own task's fast weights)
 follows the pass's token budget and the rank's adapters, not the tasks' activations. The engine
 is touched exactly once, by ``engine.outer_step(grad_sum, plan.n_real_tasks)``, which averages
 over every rank's tasks; an algorithm with state of its own (:class:`OuterUpdate`, Meta-SGD's step
-sizes) updates it right after, the same way on every rank. Every rank runs the same number of passes (the plan guarantees it), so
-ZeRO-3's per-pass collectives stay in lockstep.
+sizes) updates it right after, the same way on every rank. Every rank runs the same number of
+passes (the plan guarantees it), so ZeRO-3's per-pass collectives stay in lockstep.
+
+Each step also measures what it cost this rank (:class:`StepStats`' ``compute_seconds``,
+``collective_seconds``, ``peak_memory_mb``), so a rank that makes the others wait can be named:
+the first collective after the rank's own work is the outer step's all-reduce, so a fast rank's
+wait for a slow one lands there, outside its compute time. Under ZeRO-3 the base weights are
+also all-gathered inside every forward: a rank slowed *inside* its passes holds the others up
+there, and that wait counts as their compute (it happens inside DeepSpeed's hooks, which the
+library does not reach into).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -32,6 +41,7 @@ class StepStats:
 
     Attributes:
         step: the plan's meta-step.
+        rank: the rank that ran it.
         outer_loss: mean over this rank's tasks of the loss the meta-gradient follows
             (the query loss after adaptation; for multi-task, the query loss at theta).
         query_loss_before: mean over this rank's tasks (``nan`` if not measured or none).
@@ -41,6 +51,17 @@ class StepStats:
         n_padded_tokens: tokens processed including padding and dummy passes.
         n_passes: forward passes on this rank (equal on every rank by construction).
         seconds: wall time of the whole meta-step on this rank, outer step included.
+        compute_seconds: wall time of this rank's own work: collating its passes (when not
+            prefetched), its inner loops and query passes.
+        collective_seconds: wall time from the end of that work to the end of the outer update:
+            the outer step's all-reduces (non-finite check, meta-gradient, Meta-SGD's step
+            sizes), where this rank waits for the slowest one, plus the optimizer's step on the
+            adapter (small next to it).
+        data_wait_seconds: how long this rank waited for this step's work before ``meta_step``
+            (the caller measures it, e.g. ``Prefetcher.get``'s ``wait_seconds``).
+        peak_memory_mb: on CUDA the peak of allocated memory during this meta-step
+            (``torch.cuda.max_memory_allocated``, reset at its start); on CPU the process's peak
+            resident set size so far (``ru_maxrss``, never reset). :func:`peak_memory_kind` names it.
         outer: what ``engine.outer_step`` returned (``grad_norm``, ``lr``, ...), plus the stats
             of the algorithm's own outer update, if it has one (``inner_lr_mean``, ...).
         tasks: one observation per task of this rank, in slot order (for the sampler).
@@ -48,6 +69,7 @@ class StepStats:
     """
 
     step: int
+    rank: int
     outer_loss: float
     query_loss_before: float
     query_loss_after: float
@@ -56,6 +78,10 @@ class StepStats:
     n_padded_tokens: int
     n_passes: int
     seconds: float
+    compute_seconds: float = math.nan
+    collective_seconds: float = math.nan
+    data_wait_seconds: float = 0.0
+    peak_memory_mb: float = math.nan
     outer: dict[str, float] = field(default_factory=dict)
     tasks: tuple[TaskObservation, ...] = ()
     passes: tuple[PassObservation, ...] = ()
@@ -64,6 +90,35 @@ class StepStats:
     def observations(self) -> tuple[TaskObservation | PassObservation, ...]:
         """Everything the sampler learns from this rank's step."""
         return self.tasks + self.passes
+
+
+def peak_memory_kind(device: torch.device) -> str:
+    """What :attr:`StepStats.peak_memory_mb` measures on ``device``: ``"cuda_max_allocated_step"``
+    (peak allocated during the step) or ``"max_rss_process"`` (the process's peak RSS so far)."""
+    return "cuda_max_allocated_step" if device.type == "cuda" else "max_rss_process"
+
+
+def _reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _peak_memory_mb(device: torch.device) -> float:
+    """See :attr:`StepStats.peak_memory_mb`; ``nan`` where neither measure exists."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    try:
+        import resource
+    except ImportError:  # not on Windows
+        return math.nan
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, else KiB
+
+
+def _synchronize(device: torch.device) -> None:
+    """Waits for queued CUDA work, so host timers measure the work and not its launch."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _mean(values: torch.Tensor) -> float:
@@ -88,7 +143,8 @@ def _pass_observations(
 
 
 def meta_step(
-    engine: Engine, algorithm: MetaAlgorithm, plan: MetaBatchPlan, work: RankWork | None = None
+    engine: Engine, algorithm: MetaAlgorithm, plan: MetaBatchPlan, work: RankWork | None = None,
+    *, data_wait_s: float = 0.0,
 ) -> StepStats:
     """Runs this rank's share of ``plan`` and applies one outer update.
 
@@ -98,6 +154,7 @@ def meta_step(
         plan: the meta-batch plan; identical on every rank.
         work: this rank's passes already collated (``algorithm.prepare(plan.for_rank(rank))``,
             e.g. by the prefetcher's thread); collated here when ``None``.
+        data_wait_s: how long the caller waited for ``work`` (recorded, not measured here).
 
     Returns:
         This rank's :class:`StepStats`.
@@ -118,17 +175,20 @@ def meta_step(
             f"plan for step {plan.step} has {len(plan.ranks)} ranks but the engine has "
             f"world_size={engine.world_size}: build the plan with the engine's world size"
         )
+    _reset_peak_memory(engine.device)
     start = time.perf_counter()
     mine = plan.for_rank(engine.rank)
     if work is None:
         work = algorithm.prepare(mine)
     result: RankResult = algorithm.rank_gradient(engine.model, engine.adapter_parameters(), work)
+    _synchronize(engine.device)
+    computed = time.perf_counter()
     outer = dict(engine.outer_step(result.grads, plan.n_real_tasks))
     if isinstance(algorithm, OuterUpdate):  # e.g. Meta-SGD's step sizes, on every rank alike
         outer.update(algorithm.outer_update(engine, result, plan.n_real_tasks,
                                             skipped=bool(outer.get("skipped", 0.0))))
-    if engine.device.type == "cuda":
-        torch.cuda.synchronize(engine.device)
+    _synchronize(engine.device)
+    updated = time.perf_counter()
     s_real, s_pad = _tokens(work.support, result.support_repeats)
     q_real, q_pad = _tokens(work.query, result.query_repeats)
     after = result.query_loss_after
@@ -142,6 +202,7 @@ def meta_step(
     )
     return StepStats(
         step=plan.step,
+        rank=engine.rank,
         outer_loss=_mean(after),
         query_loss_before=_mean(result.query_loss_before),
         query_loss_after=_mean(after),
@@ -150,6 +211,10 @@ def meta_step(
         n_padded_tokens=s_pad + q_pad,
         n_passes=result.support_repeats * len(work.support) + result.query_repeats * len(work.query),
         seconds=time.perf_counter() - start,
+        compute_seconds=computed - start,
+        collective_seconds=updated - computed,
+        data_wait_seconds=data_wait_s,
+        peak_memory_mb=_peak_memory_mb(engine.device),
         outer=dict(outer),
         tasks=tasks,
         passes=passes,

@@ -197,6 +197,10 @@ class TrainConfig:
     """Keys allowed to differ from the checkpoint's on resume (e.g. [optim.outer_lr]); others are refused."""
     nonfinite: Literal["skip", "stop"] = "stop"
     """On a non-finite loss: "skip" the meta-step on all ranks, or "stop" (last good checkpoint kept)."""
+    slow_rank_window: int = 10
+    """Meta-steps in a row one rank must be the slowest before the slow-rank warning (>= 2)."""
+    slow_rank_margin: float = 0.25
+    """How much more compute time that rank must take than the others' mean (> 0; 0.25 = 25%)."""
 
     def validate(self) -> list[str]:
         """Range checks; a resume path must exist."""
@@ -216,6 +220,16 @@ class TrainConfig:
             problems.append(
                 f"keep_last={self.keep_last} is invalid: must be >= 2 so a corrupt newest "
                 "checkpoint can fall back to the previous one"
+            )
+        if self.slow_rank_window < 2:
+            problems.append(
+                f"slow_rank_window={self.slow_rank_window} is invalid: must be >= 2 (meta-steps "
+                "in a row the same rank must be the slowest)"
+            )
+        if not self.slow_rank_margin > 0:
+            problems.append(
+                f"slow_rank_margin={self.slow_rank_margin} is invalid: must be > 0 (0.25 = the "
+                "slow rank takes 25% more compute time than the others)"
             )
         if self.resume not in ("auto", "never") and not os.path.isdir(
             os.path.expanduser(self.resume)

@@ -1,10 +1,11 @@
 """What the sampler consumes (task sources) and what the trainer feeds back (observations).
 
 The sampler never imports the task layer: anything with a ``name``, a ``domain`` and a
-``sample_episode(rng)`` method is a task. Observations flow the other way: after a meta-step the
-trainer gathers every rank's observations (a :class:`TaskObservation` per task, a
-:class:`PassObservation` per pass) and hands the same list to every rank's sampler, so every rank's sampler state stays identical (plans are computed
-independently on every rank and must agree).
+``sample_episode(rng)`` method is a task. Observations flow the other way: ``meta_step`` makes a
+:class:`TaskObservation` per task and a :class:`PassObservation` per pass, and
+``fmmeta.algorithms.gather_step`` hands every rank's, as these objects, to every rank's sampler,
+so every rank's sampler state stays identical (plans are computed independently on every rank and
+must agree). ``to_dict``/:func:`observation_from_dict` exist for checkpoints only.
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@ and writes each one's final adapter tensors and outer-step stats to ``--out``.
 
 Each launch costs seconds of imports, so one launch runs every configuration it is given:
 ``--configs local:all,ds0:all,ds3:one:gc,...`` where a configuration is
-``engine:layout[:gc][:uneven][:save][:reptile|:multitask|:metasgd]`` (engine: local, ds0, ds1, ds2,
-ds3, ds3off, acc; layout: a key of ``_common.LAYOUTS``; FOMAML unless an algorithm is named).
-For metasgd the learned inner lrs are written too (``inner_lrs`` in the JSON).
+``engine:layout[:gc][:uneven][:save][:gather][:reptile|:multitask|:metasgd]`` (engine: local, ds0,
+ds1, ds2, ds3, ds3off, acc; layout: a key of ``_common.LAYOUTS``; FOMAML unless an algorithm is
+named). For metasgd the learned inner lrs are written too (``inner_lrs`` in the JSON); with
+``gather`` every rank writes what ``gather_step`` gave it each step (``<tag>.gathered.<rank>.json``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def main() -> None:
     from safetensors.torch import save_file
 
     from fmmeta.algorithms.first_order import AlgorithmConfig, build_algorithm
+    from fmmeta.algorithms.gather import gather_step
     from fmmeta.algorithms.meta_step import meta_step
     from fmmeta.engine.optim import OuterOptimConfig
     from fmmeta.models.build import enable_activation_checkpointing
@@ -102,6 +104,7 @@ def main() -> None:
         norms = []
         passes = 0
         shapes_ok = True
+        gathered = []
         for step in range(STEPS):
             if "exit_early" in flags and step == 1 and rank == world - 1:
                 # a rank that leaves with rc 0 while the others still need it
@@ -119,10 +122,17 @@ def main() -> None:
                 engine.load_optimizer(out / f"{tag}_ckpt" / "optim")
             plan = build_plan(step, plan_world, n_tasks, micro)
             stats = meta_step(engine, algo, plan)
+            if "gather" in flags:
+                g = gather_step(engine, stats)
+                gathered.append({"observations": [o.to_dict() for o in g.observations],
+                                 "n_real_tasks": g.n_real_tasks, "n_tokens": g.n_tokens,
+                                 "record": g.record(), "mine": [o.to_dict() for o in stats.observations]})
             norms.append(stats.outer["grad_norm"])
             passes += stats.n_passes
             shapes_ok &= all(p.numel() > 0 for p in engine.adapter_parameters())
         params = engine.adapter_parameters()
+        if gathered:
+            (out / f"{tag}.gathered.{rank}.json").write_text(json.dumps(gathered))
         if "save" in flags:
             engine.save_adapter(out / f"{tag}_adapter")
         if rank == 0:

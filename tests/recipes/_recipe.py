@@ -25,9 +25,10 @@ SMOKE = REPO / "recipes" / "configs" / "smoke.yaml"
 
 SHORT = [
     "methods=[fomaml]", "eval.enabled=false", "train.meta_steps=8", "train.checkpoint_every=2",
-    "engine.collective_timeout_s=60",
+    "engine.collective_timeout_s=60", "train.slow_rank_window=4",
 ]
-"""The shared short run: one method, 8 meta-steps, a checkpoint after steps 1, 3, 5 and 7 (0-based)."""
+"""The shared short run: one method, 8 meta-steps, a checkpoint after steps 1, 3, 5 and 7 (0-based);
+a slow-rank window short enough to be judged twice in it (the warning must not fire there)."""
 
 DROPOUT = ["lora.dropout=0.1", "sampler.fit_cost=false"]
 """Makes the losses depend on the torch RNG stream (one process only: ranks draw different masks).
@@ -44,10 +45,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def command(launcher: str, args: list[str], *, nprocs: int = 1) -> list[str]:
-    """The command line a user types, with a free port for the multi-process launchers."""
+def command(launcher: str, args: list[str], *, nprocs: int = 1, script_path: Path = TRAIN) -> list[str]:
+    """The command line a user types, with a free port for the multi-process launchers
+    (``script_path``: the recipe, or a test's wrapper around it)."""
     bindir = Path(sys.executable).parent
-    script = [str(TRAIN), "--config", str(SMOKE), *args]
+    script = [str(script_path), "--config", str(SMOKE), *args]
     if launcher == "python":
         return [sys.executable, *script]
     port = str(_free_port())
@@ -74,10 +76,10 @@ def environment() -> dict[str, str]:
 
 
 def run(launcher: str, args: list[str], *, nprocs: int = 1, timeout_s: float = 180.0,
-        check: bool = True) -> subprocess.CompletedProcess[str]:
+        check: bool = True, script_path: Path = TRAIN) -> subprocess.CompletedProcess[str]:
     """Runs the recipe to the end; output is stdout and stderr together. With ``check`` a non-zero
     exit or a run past ``timeout_s`` (a hang) raises ``AssertionError`` with the output tail."""
-    cmd = command(launcher, args, nprocs=nprocs)
+    cmd = command(launcher, args, nprocs=nprocs, script_path=script_path)
     proc = subprocess.Popen(cmd, cwd=REPO, env=environment(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
