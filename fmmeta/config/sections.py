@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
+from fmmeta.tracking.select import report_to_problems
+
 __all__ = [
     "EMBEDDED_MODEL",
     "EngineConfig",
@@ -197,6 +199,8 @@ class TrainConfig:
     """Keys allowed to differ from the checkpoint's on resume (e.g. [optim.outer_lr]); others are refused."""
     nonfinite: Literal["skip", "stop"] = "stop"
     """On a non-finite loss: "skip" the meta-step on all ranks, or "stop" (last good checkpoint kept)."""
+    report_to: str | tuple[str, ...] = "none"
+    """Experiment trackers fed the metrics.jsonl records and the evaluation: "none", "tensorboard", "wandb" or a list (rank 0; files under output_dir; `pip install fmmeta[tracking]`)."""
 
     def validate(self) -> list[str]:
         """Range checks; a resume path must exist."""
@@ -224,6 +228,7 @@ class TrainConfig:
                 f"resume={self.resume!r} is invalid: use 'auto', 'never' or an existing "
                 "checkpoint folder (step_XXXXXXXX)"
             )
+        problems.extend(report_to_problems(self.report_to))
         return problems
 
 
