@@ -21,13 +21,36 @@ LIBRARY_LOGGERS: tuple[str, ...] = (
 """Loggers silenced below ERROR on ranks > 0 (``py.warnings`` is where ``warnings`` land)."""
 
 
-def show_library_warnings_once(rank: int) -> None:
-    """Routes ``warnings`` into logging and keeps library warnings to rank 0.
+class _FirstTimeOnly(logging.Filter):
+    """Passes each distinct warning text once.
 
-    Call it where logging is set up, on every rank. Rank 0 keeps Python's default filter, which
-    shows each warning once per place in the code, not once per call.
+    Why not Python's own "default" filter: it forgets what it showed whenever the filters change,
+    and every ``warnings.catch_warnings()`` block (torch and DeepSpeed run them around collectives)
+    changes them, so a deprecated collective warned again on every meta-step.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if text in self.seen:
+            return False
+        self.seen.add(text)
+        return True
+
+
+def show_library_warnings_once(rank: int) -> None:
+    """Routes ``warnings`` into logging and keeps library warnings to rank 0, each shown once.
+
+    Call it where logging is set up, on every rank (again after ``logging.basicConfig(force=True)``
+    is harmless: the filter is installed once).
     """
     logging.captureWarnings(True)
+    py_warnings = logging.getLogger("py.warnings")
+    if not any(isinstance(f, _FirstTimeOnly) for f in py_warnings.filters):
+        py_warnings.addFilter(_FirstTimeOnly())
     if rank == 0:
         return
     # A library may reset the filters to "always" inside its own code; the logger level below

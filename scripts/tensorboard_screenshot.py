@@ -46,13 +46,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def screenshot(logdir: Path, png: Path, browser: str, wait_s: float, size: str) -> None:
-    """Serves ``logdir`` with TensorBoard on localhost and saves its scalars page as ``png``."""
+def screenshot(logdir: Path, png: Path, browser: str, wait_s: float, size: str, tag_filter: str) -> None:
+    """Serves ``logdir`` with TensorBoard on localhost and saves its scalars page (the charts
+    whose tag matches the regex ``tag_filter``) as ``png``."""
     port = _free_port()
     server = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir),
                                "--host", "127.0.0.1", "--port", str(port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}/?darkMode=false#timeseries"
+    url = f"http://127.0.0.1:{port}/?darkMode=false&tagFilter={tag_filter}#timeseries"
     try:
         for _ in range(120):
             try:
@@ -78,11 +79,12 @@ def main() -> int:
     parser.add_argument("--browser", default=shutil.which("chromium") or "chromium")
     parser.add_argument("--wait-s", type=float, default=20.0, help="page time before the shot")
     parser.add_argument("--size", default="1600,1200", help="window width,height in pixels")
+    parser.add_argument("--tag-filter", default="loss", help="regex of the chart tags shown")
     args = parser.parse_args()
     methods = write_events(args.metrics, args.out)
     print(f"wrote {', '.join(methods)} to {args.out / 'tensorboard'}")
     if args.png is not None:
-        screenshot(args.out / "tensorboard", args.png, args.browser, args.wait_s, args.size)
+        screenshot(args.out / "tensorboard", args.png, args.browser, args.wait_s, args.size, args.tag_filter)
         print(f"saved {args.png}")
     return 0
 

@@ -19,6 +19,8 @@ rank = int(sys.argv[1])
 train.setup_logging(rank)
 for _ in range(3):  # the same place warns on every call, as a library does in a loop
     warnings.warn("old_api is deprecated", FutureWarning)
+    with warnings.catch_warnings():  # resets Python's memory of what it showed (torch does this)
+        pass
 logging.getLogger("transformers.modeling_utils").warning("a library logger warning")
 logging.getLogger("fmmeta.train").warning("rank %d has something to say", rank)
 logging.getLogger("torch.distributed").error("a library error")
