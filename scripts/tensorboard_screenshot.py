@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -53,7 +54,7 @@ def screenshot(logdir: Path, png: Path, browser: str, wait_s: float, size: str, 
     server = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir),
                                "--host", "127.0.0.1", "--port", str(port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}/?darkMode=false&tagFilter={tag_filter}#timeseries"
+    url = f"http://127.0.0.1:{port}/?darkMode=false&tagFilter={urllib.parse.quote(tag_filter)}#timeseries"
     try:
         for _ in range(120):
             try:
@@ -80,11 +81,19 @@ def main() -> int:
     parser.add_argument("--wait-s", type=float, default=20.0, help="page time before the shot")
     parser.add_argument("--size", default="1600,1200", help="window width,height in pixels")
     parser.add_argument("--tag-filter", default="loss", help="regex of the chart tags shown")
+    # On a loaded machine headless Chromium may shoot before the lower charts are drawn.
+    parser.add_argument("--keep-height", type=int, help="crop the PNG to its top N pixels")
     args = parser.parse_args()
     methods = write_events(args.metrics, args.out)
     print(f"wrote {', '.join(methods)} to {args.out / 'tensorboard'}")
     if args.png is not None:
         screenshot(args.out / "tensorboard", args.png, args.browser, args.wait_s, args.size, args.tag_filter)
+        if args.keep_height:
+            from PIL import Image
+
+            with Image.open(args.png) as img:
+                cropped = img.crop((0, 0, img.width, min(img.height, args.keep_height)))
+            cropped.save(args.png)
         print(f"saved {args.png}")
     return 0
 
