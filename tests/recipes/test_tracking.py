@@ -3,6 +3,8 @@ evaluation's report and plots, written by rank 0 only; library warnings show onc
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -42,3 +44,17 @@ def test_tensorboard_gets_every_metrics_line_and_the_evaluation(tmp_path: Path) 
     assert set(evaluation.Tags()["images"]) == {"eval/adaptation_curves", "eval/training_curves"}
     report = evaluation.Tensors("eval/report/text_summary")[0].tensor_proto.string_val[0].decode()
     assert report == (out / "eval" / "eval.md").read_text()
+
+
+@pytest.mark.timeout(420)
+def test_two_ranks_one_writer_and_each_library_warning_once(tmp_path: Path) -> None:
+    """Under deepspeed with 2 ranks only rank 0 writes events, and a library warning (torch's
+    deprecated collectives warn on every meta-step of every rank) is printed once in all."""
+    out = tmp_path / "run"
+    args = [*_recipe.SHORT, "train.meta_steps=2", "train.report_to=tensorboard", f"output_dir={out}"]
+    log = _recipe.run("deepspeed", args, nprocs=2, timeout_s=360).stdout
+    (events,) = (out / "tensorboard" / "fomaml").glob("events.out.tfevents.*")
+    assert [e.step for e in _events(events.parent).Scalars("train/outer_loss")] == [0, 1]
+    warned = Counter(m.group(0) for m in re.finditer(r"\w+Warning: .*", log))
+    assert all(n == 1 for n in warned.values()), warned.most_common(3)
+    assert "[rank1] WARNING py.warnings" not in log
