@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import os
 import socket
@@ -43,7 +42,7 @@ from fmmeta.checkpoint import CheckpointManager, CheckpointMismatchError, load_r
 from fmmeta.checkpoint.resume import RESUME_FACTS, find_resume_checkpoint, resume_facts
 from fmmeta.checkpoint.run_folder import claim_output_dir
 from fmmeta.checkpoint.shared_folder import SharedFolderError, check_shared_folder
-from fmmeta.config import ConfigError, describe_config, load_config
+from fmmeta.config import ConfigError, describe_config, load_config, to_dict
 from fmmeta.engine.build import build_engine, resolve_engine_kind
 from fmmeta.engine.distributed import (
     all_gather_object,
@@ -58,6 +57,7 @@ from fmmeta.engine.protocol import Engine
 from fmmeta.engine.zero import scatter_adapter
 from fmmeta.errors import UserInputError
 from fmmeta.evaluation.heldout import evaluate_run
+from fmmeta.library_warnings import show_library_warnings_once
 from fmmeta.models import (
     add_lora,
     build_model_and_tokenizer,
@@ -67,9 +67,9 @@ from fmmeta.models import (
 )
 from fmmeta.recipe_config import RecipeConfig
 from fmmeta.sampling import CostAwareSampler, Prefetcher
-from fmmeta.strict_json import dumps_strict
 from fmmeta.tasks.config import build_task_set
 from fmmeta.telemetry import RankWatch, save_telemetry
+from fmmeta.tracking import MetricsLog, open_trackers, report_evaluation
 
 logger = logging.getLogger("fmmeta.train")
 
@@ -93,13 +93,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def setup_logging(rank: int) -> None:
-    """Rank 0 logs at INFO; other ranks only warnings and errors, each line naming its rank."""
+    """Rank 0 logs at INFO; other ranks only warnings and errors, each line naming its rank;
+    library warnings are shown once per run (rank 0), not once per rank."""
     logging.basicConfig(
         level=logging.INFO if rank == 0 else logging.WARNING,
         format=f"%(asctime)s [rank{rank}] %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
         force=True,
     )
+    show_library_warnings_once(rank)
 
 
 def banner(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.Module) -> None:
@@ -131,28 +133,6 @@ def step_line(method: str, record: dict, meta_steps: int) -> str:
         + (f" | inner lr {record['inner_lr_mean']:.4g}" if "inner_lr_mean" in record else "")
         + (" | SKIPPED (non-finite)" if record["skipped"] else "")
     )
-
-
-class MetricsLog:
-    """``metrics.jsonl`` on rank 0; on resume, lines after the checkpoint's step are dropped so
-    the file reads as if the run had never stopped."""
-
-    def __init__(self, path: Path, *, rank: int, method: str, keep_until: int) -> None:
-        self.path, self.rank = path, rank
-        if rank != 0 or not path.exists():
-            return
-        kept = [
-            line for line in path.read_text().splitlines()
-            if line.strip() and (
-                json.loads(line)["method"] != method or json.loads(line)["step"] <= keep_until
-            )
-        ]
-        path.write_text("".join(line + "\n" for line in kept))
-
-    def write(self, record: dict) -> None:
-        if self.rank == 0:
-            with self.path.open("a") as fh:
-                fh.write(dumps_strict(record) + "\n")
 
 
 def restore(method_dir: Path, cfg: RecipeConfig, engine: Engine, prefetcher: Prefetcher,
@@ -275,12 +255,14 @@ def _train(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.Modul
         world_size=engine.world_size, barrier=engine.barrier,
     )
     start = restore(method_dir, cfg, engine, prefetcher, model, algorithm)
-    metrics = MetricsLog(out / "metrics.jsonl", rank=engine.rank, method=method, keep_until=start - 1)
+    metrics = MetricsLog(out / "metrics.jsonl", rank=engine.rank, method=method, keep_until=start - 1,
+                         trackers=open_trackers(cfg.train.report_to, out, run=method, first_step=start,
+                                                rank=engine.rank, config=to_dict(cfg)))
     every = cfg.train.checkpoint_every
     bar = tqdm(total=cfg.train.meta_steps, initial=start, desc=method, dynamic_ncols=True,
                file=sys.stderr, disable=engine.rank != 0 or not sys.stderr.isatty())
     step = start
-    with prefetcher, interrupt_note(method, ckpts, lambda: step):
+    with prefetcher, metrics, interrupt_note(method, ckpts, lambda: step):
         for step in range(start, cfg.train.meta_steps):
             item = prefetcher.get()
             try:
@@ -391,7 +373,8 @@ def train_and_evaluate(cfg: RecipeConfig, out: Path, hosts: list[str]) -> int:
     if cfg.eval.enabled:
         engine = fresh_engine(cfg, model, initial)  # "base" is evaluated at the initial adapter
         try:
-            evaluate_run(cfg, engine, tokenizer, suite, adapters, out)
+            paths = evaluate_run(cfg, engine, tokenizer, suite, adapters, out)
+            report_evaluation(cfg.train.report_to, out, paths, rank=engine.rank, config=to_dict(cfg))
         finally:
             engine.close()
     logger.info("done in %.1fs; everything is in %s", time.perf_counter() - t0, out)

@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
+from fmmeta.tracking.select import report_to_problems
+
 __all__ = [
     "EMBEDDED_MODEL",
     "EngineConfig",
@@ -201,6 +203,8 @@ class TrainConfig:
     """Meta-steps in a row one rank must be the slowest before the slow-rank warning (>= 2)."""
     slow_rank_margin: float = 0.25
     """How much more compute time that rank must take than the others' mean (> 0; 0.25 = 25%)."""
+    report_to: str | tuple[str, ...] = "none"
+    """Experiment trackers fed the metrics.jsonl records and the evaluation: "none", "tensorboard", "wandb" or a list (rank 0; files under output_dir; `pip install fmmeta[tracking]`)."""
 
     def validate(self) -> list[str]:
         """Range checks; a resume path must exist."""
@@ -238,6 +242,7 @@ class TrainConfig:
                 f"resume={self.resume!r} is invalid: use 'auto', 'never' or an existing "
                 "checkpoint folder (step_XXXXXXXX)"
             )
+        problems.extend(report_to_problems(self.report_to))
         return problems
 
 

@@ -104,6 +104,8 @@ CONFIG_CASES = {
                    ["algorithm.inner_lr='nan' is invalid: must be a finite number (not inf or nan)"]),
     "nan_in_a_list": (["eval.lr_grid=[0.1, .nan]"], ["eval.lr_grid[1]=nan is invalid: must be a finite number"]),
     "negative_seed": (["train.seed=-1"], ["train.seed=-1 is invalid: must be >= 0"]),
+    "unknown_tracker": (["train.report_to=tensorbord"],
+                        ["train.report_to='tensorbord' is invalid", "did you mean 'tensorboard'?"]),
 }
 
 
@@ -231,6 +233,14 @@ def test_gguf_without_the_gguf_package(monkeypatch: pytest.MonkeyPatch, tmp_path
                         lambda name, *a: None if name == "gguf" else real(name, *a))  # fmt: skip
     msg = _problems(["model.tiny=false", "model.tokenizer=auto", f"model.name_or_path={gguf}"])
     assert "is a GGUF model but the gguf package is not installed: run `pip install gguf`" in msg
+
+
+def test_tracker_without_its_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "wandb" else real(name, *a))  # fmt: skip
+    msg = _problems(["train.report_to=[tensorboard,wandb]"])
+    assert "needs the 'wandb' package, which is not installed: run `pip install fmmeta[tracking]`" in msg
 
 
 def test_resume_folder_that_does_not_exist(tmp_path: Path) -> None:

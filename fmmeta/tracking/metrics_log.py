@@ -1,0 +1,61 @@
+"""``metrics.jsonl`` and the trackers: one record per method and meta-step, written in one place."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Mapping, Sequence
+
+from fmmeta.strict_json import dumps_strict
+from fmmeta.tracking.protocol import Tracker
+from fmmeta.tracking.records import step_scalars
+
+
+class MetricsLog:
+    """``metrics.jsonl`` on rank 0, and the same records to every tracker of the method's run.
+
+    On resume, lines of this method after the checkpoint's step are dropped so the file reads as
+    if the run had never stopped (the trackers hide those steps the same way). Use it as a context
+    manager: leaving it closes the trackers' runs, marking them failed on an exception.
+
+    Example:
+        >>> with MetricsLog(out / "metrics.jsonl", rank=0, method="fomaml", keep_until=-1) as log:
+        ...     log.write({"method": "fomaml", "step": 0, "outer_loss": 2.5})
+    """
+
+    def __init__(self, path: Path, *, rank: int, method: str, keep_until: int,
+                 trackers: Sequence[Tracker] = ()) -> None:
+        self.path, self.rank, self.trackers = path, rank, list(trackers)
+        if rank != 0 or not path.exists():
+            return
+        kept = [
+            line for line in path.read_text().splitlines()
+            if line.strip() and (
+                json.loads(line)["method"] != method or json.loads(line)["step"] <= keep_until
+            )
+        ]
+        path.write_text("".join(line + "\n" for line in kept))
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        """Appends ``record`` (one meta-step over all ranks) to the file and logs it to every tracker."""
+        if self.rank != 0:
+            return
+        with self.path.open("a") as fh:
+            fh.write(dumps_strict(dict(record)) + "\n")
+        scalars = step_scalars(record)
+        for tracker in self.trackers:
+            tracker.log_step(int(record["step"]), scalars)
+
+    def close(self, failed: bool = False) -> None:
+        """Ends every tracker's run (each once)."""
+        trackers, self.trackers = self.trackers, []
+        for tracker in trackers:
+            tracker.close(failed=failed)
+
+    def __enter__(self) -> MetricsLog:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close(failed=kind is not None)
