@@ -15,8 +15,9 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fmmeta.evaluation.evaluate import IN_CONTEXT, MULTITASK, Comparison, EvalResult
 from fmmeta.evaluation.intervals import N_BOOTSTRAP, Interval
+from fmmeta.evaluation.methods import IN_CONTEXT, MULTITASK
+from fmmeta.evaluation.result import Comparison, EvalResult
 from fmmeta.strict_json import dumps_strict
 
 if TYPE_CHECKING:
