@@ -51,8 +51,10 @@ def test_wheel_in_a_fresh_venv_runs_fmmeta_train(tmp_path: Path) -> None:
 
     helptext = _sh([str(venv / "bin" / "fmmeta"), "train", "--help"], cwd, env)
     assert helptext.startswith("usage: fmmeta train") and "train.meta_steps" in helptext
-    # The README's smoke command, by repository path, from a folder without the repository.
+    # The README's smoke command, by repository path, from a folder without the repository (one
+    # process, local engine: the DeepSpeed JSON would make it a DeepSpeed run, whose first start
+    # compiles an extension; the JSON's shipped copy is found above).
     out = _sh([str(venv / "bin" / "fmmeta"), "train", "--config", "recipes/configs/smoke.yaml",
                "methods=[fomaml]", "train.meta_steps=1", "train.checkpoint_every=0", "eval.enabled=false",
-               "engine.deepspeed_config=ds_configs/zero3.json", "output_dir=run"], cwd, env)
+               "output_dir=run"], cwd, env)
     assert "done in" in out and (cwd / "run" / "fomaml" / "adapter" / "adapter_model.safetensors").is_file()
