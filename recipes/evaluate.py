@@ -4,89 +4,177 @@
     python recipes/evaluate.py --run runs/default                 # every adapter of a finished run
     python recipes/evaluate.py --config recipes/configs/smoke.yaml --adapter mine=path/to/adapter
     python recipes/evaluate.py --config recipes/configs/smoke.yaml   # base model + in-context only
+    fmmeta evaluate --run runs/default --import my_pkg.tasks       # installed; a suite registered in Python
+
+Every call writes a new report folder, ``eval-YYYYmmdd-HHMMSS`` (``-2``, ``-3`` ... if that name is
+taken), inside the run folder (``--run``) or ``output_dir``: a report is never rewritten, so the one
+training wrote (``<run>/eval``) and every earlier re-evaluation stay as they were.
 
 Honest by construction (see fmmeta.evaluation): the adaptation lr of each method is chosen on
 meta-validation tasks, never on the held-out ones; every method adapts with the same inner loop
 for 0..``eval.max_steps`` steps; scores are reported over ``eval.seeds`` episode draws, mean and
 worst case. ``recipes/train.py`` runs the same evaluation at the end of a run.
 
-Under a launcher (``deepspeed``, ``torchrun``, ``accelerate launch``) every rank loads the model the
-way training does (partitioned under ZeRO-3) and evaluates its share of the episodes; the report is
-the one a single process writes.
+Under a launcher (``deepspeed``, ``torchrun``, ``accelerate launch``; or ``-m fmmeta.recipes.evaluate``)
+every rank loads the model the way training does (partitioned under ZeRO-3) and evaluates its share
+of the episodes; the report is the one a single process writes.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+import time
 from pathlib import Path
 
 from fmmeta.config import ConfigError, describe_config, load_config
 from fmmeta.engine.build import build_engine, resolve_engine_kind
 from fmmeta.engine.distributed import (
+    broadcast_from_rank0,
     default_backend,
     init_distributed,
     strip_local_rank,
 )
 from fmmeta.engine.partition import partitioned_build
 from fmmeta.errors import UserInputError
-from fmmeta.evaluation.heldout import evaluate_run
+from fmmeta.evaluation.run import evaluate_run
 from fmmeta.models import add_lora, build_model_and_tokenizer
+from fmmeta.recipe_args import IMPORT_HELP, import_modules
 from fmmeta.recipe_config import RecipeConfig
+from fmmeta.shipped import shipped_path, with_shipped_paths
 from fmmeta.tasks.config import build_task_set
 
 logger = logging.getLogger("fmmeta.evaluate")
 
+ADAPTER_FILE = "adapter_model.safetensors"
 
-def main(argv: list[str] | None = None) -> int:
+
+def parse_args(argv: list[str], prog: str | None = None) -> argparse.Namespace:
+    """``--run`` or ``--config``, ``--adapter`` folders, ``--import`` modules and overrides."""
     parser = argparse.ArgumentParser(
-        description="Evaluate adapters on held-out tasks (base model and in-context included).",
+        prog=prog,
+        description="Evaluate adapters on held-out tasks (base model and in-context included). "
+        "Each call writes a NEW report folder eval-YYYYmmdd-HHMMSS inside the run folder (--run) or "
+        "output_dir; no earlier report is ever overwritten.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="overrides (section.key=value):\n" + describe_config(RecipeConfig()),
     )
     parser.add_argument("--run", type=Path, help="a finished run's output_dir (its config.yaml "
-                        "and every <method>/adapter in it are used)")
+                        "and every <method>/adapter in it are used; the report goes inside it)")
     parser.add_argument("--config", help="YAML config (when not using --run)")
     parser.add_argument("--adapter", action="append", default=[], metavar="NAME=PATH",
                         help="an adapter folder in peft format to evaluate; repeatable")
+    parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                        help=IMPORT_HELP)
     parser.add_argument("overrides", nargs="*", help="section.key=value")
-    args = parser.parse_args(strip_local_rank(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(strip_local_rank(argv))
+    args.config = None if args.config is None else shipped_path(args.config)
+    args.overrides = with_shipped_paths(args.overrides)
+    return args
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """Exit codes: 0 done, 2 bad input (arguments, config, run folder, adapters)."""
+    args = parse_args(sys.argv[1:] if argv is None else argv, prog)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         force=True)
-    config_path = args.config
-    if args.run is not None:
-        config_path = config_path or str(args.run / "config.yaml")
     try:
+        import_modules(args.imports)
+        config_path = args.config or (run_config(args.run) if args.run is not None else None)
         cfg = load_config(RecipeConfig, config_path, args.overrides)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    adapters: dict[str, Path] = {}
-    if args.run is not None:
-        adapters = {m: args.run / m / "adapter" for m in cfg.methods
-                    if (args.run / m / "adapter").is_dir()}
-    for spec in args.adapter:
-        name, sep, path = spec.partition("=")
-        if not sep or not name or not Path(path).is_dir():
-            print(f"error: --adapter {spec!r} is invalid: use NAME=FOLDER with an existing "
-                  "peft adapter folder", file=sys.stderr)
-            return 2
-        adapters[name] = Path(path)
-    out = args.run if args.run is not None else Path(cfg.output_dir)
-    try:
+        adapters = run_adapters(args.run, cfg.methods) if args.run is not None else {}
+        adapters.update(named_adapters(args.adapter))
+        out = args.run if args.run is not None else Path(cfg.output_dir).expanduser()
         paths = evaluate(cfg, adapters, out)
-    except UserInputError as err:  # found after the config loaded: the input, not a bug
+    except (ConfigError, UserInputError) as err:  # the input, not a bug
         print(f"error: {err}", file=sys.stderr)
         return 2
     print("\n".join(f"{name}: {path}" for name, path in paths.items()))
     return 0
 
 
+def run_config(run: Path) -> str:
+    """The run folder's ``config.yaml``; refuses a folder that is not a run."""
+    if not run.is_dir():
+        raise UserInputError(f"--run {str(run)!r} is not a folder: give the output_dir of a run")
+    config = run / "config.yaml"
+    if not config.is_file():
+        raise UserInputError(f"--run {str(run)!r} has no config.yaml: not a run folder written by "
+                             "recipes/train.py (use --config and --adapter NAME=PATH instead)")
+    return str(config)
+
+
+def run_adapters(run: Path, methods: tuple[str, ...]) -> dict[str, Path]:
+    """Every ``<method>/adapter`` of the run; refuses a run without any, warns about missing ones."""
+    found = {m: run / m / "adapter" for m in methods if (run / m / "adapter" / ADAPTER_FILE).is_file()}
+    missing = [m for m in methods if m not in found]
+    if not found:
+        raise UserInputError(
+            f"--run {str(run)!r} has no trained adapter ({', '.join(f'{m}/adapter/{ADAPTER_FILE}' for m in methods)} "
+            "all missing): the run did not finish a method; rerun training to resume it, or "
+            "evaluate the base model with --config"
+        )
+    if missing:
+        logger.warning("--run %s: no adapter for %s (unfinished?); evaluating %s", run,
+                       ", ".join(missing), ", ".join(found))
+    return found
+
+
+def named_adapters(specs: list[str]) -> dict[str, Path]:
+    """``--adapter NAME=PATH`` arguments; each PATH must hold a peft adapter."""
+    adapters: dict[str, Path] = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not (Path(path) / ADAPTER_FILE).is_file():
+            raise UserInputError(f"--adapter {spec!r} is invalid: use NAME=FOLDER with a peft "
+                                 f"adapter folder (holding {ADAPTER_FILE})")
+        adapters[name] = Path(path)
+    return adapters
+
+
+def new_report_dir(out: Path) -> Path:
+    """Creates and returns ``out/eval-YYYYmmdd-HHMMSS`` (``-2``, ``-3`` ... when taken); never an
+    existing folder, so no report is overwritten."""
+    stem = out / time.strftime("eval-%Y%m%d-%H%M%S")
+    for n in range(1, 1000):
+        folder = stem if n == 1 else stem.with_name(f"{stem.name}-{n}")
+        try:
+            folder.mkdir(parents=True)
+            return folder
+        except FileExistsError:
+            continue
+        except OSError as err:
+            raise UserInputError(f"cannot create the report folder {str(folder)!r} ({err.strerror}): "
+                                 "choose a run folder or output_dir you can write to") from None
+    raise UserInputError(f"{str(out)!r} has 999 reports from this second: remove some")
+
+
 def evaluate(cfg: RecipeConfig, adapters: dict[str, Path], out: Path) -> dict[str, Path]:
-    """Builds the model and tasks, and evaluates ``adapters`` into ``out/eval``."""
+    """Builds the model and tasks, and evaluates ``adapters`` into a new report folder in ``out``."""
+    rank = 0
     if resolve_engine_kind(cfg.engine) != "local":
-        init_distributed(default_backend(), cfg.engine.collective_timeout_s)
+        rank, _, _ = init_distributed(default_backend(), cfg.engine.collective_timeout_s)
+    # Rank 0 claims the folder before minutes of model loading (only rank 0 writes into it); every
+    # rank learns the outcome, so a refusal stops all of them together.
+    claimed = ""
+    if rank == 0:
+        try:
+            claimed = "ok:" + str(new_report_dir(out))
+        except UserInputError as err:
+            claimed = "error:" + str(err)
+    outcome, _, report = broadcast_from_rank0(claimed).partition(":")
+    if outcome == "error":
+        raise UserInputError(report)
+    try:
+        return _evaluate(cfg, adapters, out, Path(report))
+    finally:
+        if rank == 0 and not any(Path(report).iterdir()):
+            os.rmdir(report)  # evaluation failed before writing: leave no empty report behind
+
+
+def _evaluate(cfg: RecipeConfig, adapters: dict[str, Path], out: Path, report: Path) -> dict[str, Path]:
     precision = {"float32": "fp32", "bfloat16": "bf16"}[cfg.model.dtype]
     partitioned = partitioned_build(cfg.engine, cfg.optim, precision=precision)
     base, tokenizer = build_model_and_tokenizer(cfg.model, partitioned=partitioned)
@@ -94,10 +182,17 @@ def evaluate(cfg: RecipeConfig, adapters: dict[str, Path], out: Path) -> dict[st
     model = add_lora(base, cfg.lora, seed=cfg.train.seed)  # the shared initial adapter (B = 0)
     engine = build_engine(cfg.engine, model, cfg.optim, precision=precision)
     try:
-        return evaluate_run(cfg, engine, tokenizer, suite, adapters, out)
+        return evaluate_run(cfg, engine, tokenizer, suite, adapters, out, report_dir=report)
     finally:
         engine.close()
 
 
+def cli(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """What every entry point runs: ``python recipes/evaluate.py``,
+    ``python -m fmmeta.recipes.evaluate`` (and launchers' ``-m``) and ``fmmeta evaluate``."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return main(argv, prog)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

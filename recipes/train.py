@@ -9,6 +9,8 @@ every method on held-out tasks. Any launcher works, with the same arguments:
     deepspeed --num_gpus 2 recipes/train.py --config recipes/configs/smoke.yaml
     torchrun --nproc_per_node 2 recipes/train.py --config recipes/configs/smoke.yaml
     accelerate launch --config_file recipes/accelerate_zero3.yaml recipes/train.py ...
+    fmmeta train --config recipes/configs/smoke.yaml                 # installed: the same recipe
+    torchrun --nproc_per_node 2 -m fmmeta.recipes.train ...          # (deepspeed --module, accelerate launch -m)
 
 The story, top to bottom: load and validate the whole config (before any model is touched), build
 the model (under ZeRO-3 already partitioned, so no rank holds it whole) and the task suite, add the
@@ -56,7 +58,7 @@ from fmmeta.engine.partition import partitioned_build
 from fmmeta.engine.protocol import Engine
 from fmmeta.engine.zero import scatter_adapter
 from fmmeta.errors import UserInputError
-from fmmeta.evaluation.heldout import evaluate_run
+from fmmeta.evaluation.run import evaluate_run
 from fmmeta.library_warnings import show_library_warnings_once
 from fmmeta.models import (
     add_lora,
@@ -65,8 +67,10 @@ from fmmeta.models import (
     lora_shapes,
     model_id,
 )
+from fmmeta.recipe_args import IMPORT_HELP, import_modules
 from fmmeta.recipe_config import RecipeConfig
 from fmmeta.sampling import CostAwareSampler, Prefetcher
+from fmmeta.shipped import shipped_path, with_shipped_paths
 from fmmeta.tasks.config import build_task_set
 from fmmeta.telemetry import RankWatch, save_telemetry
 from fmmeta.tracking import MetricsLog, open_trackers, report_evaluation
@@ -76,9 +80,15 @@ logger = logging.getLogger("fmmeta.train")
 PRECISION = {"float32": "fp32", "bfloat16": "bf16"}
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    """Parses ``--config`` and ``section.key=value`` overrides; ignores the launcher's --local_rank."""
+def parse_args(argv: list[str], prog: str | None = None) -> argparse.Namespace:
+    """Parses ``--config`` and ``section.key=value`` overrides; ignores the launcher's --local_rank.
+
+    A ``--config`` path or ``engine.deepspeed_config`` that does not exist here but names a file
+    fmmeta ships (``recipes/configs/smoke.yaml``, ``ds_configs/zero3.json``) means that file, so
+    an installed package runs the README's commands from any folder (:mod:`fmmeta.shipped`).
+    """
     parser = argparse.ArgumentParser(
+        prog=prog,
         description="Meta-train LoRA adapters with FOMAML / Reptile (and the multi-task baseline) "
         "on a task suite, then evaluate them on held-out tasks.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -88,8 +98,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--config", help="YAML file holding only what differs from the defaults")
     parser.add_argument("--debug", action="store_true",
                         help="show the traceback of input errors too (they exit with code 2)")
+    parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                        help=IMPORT_HELP)
     parser.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.meta_steps=10")
-    return parser.parse_args(strip_local_rank(argv))
+    args = parser.parse_args(strip_local_rank(argv))
+    args.config = None if args.config is None else shipped_path(args.config)
+    args.overrides = with_shipped_paths(args.overrides)
+    return args
 
 
 def setup_logging(rank: int) -> None:
@@ -293,11 +308,12 @@ def _train(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.Modul
     return adapter_dir
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Exit codes: 0 done, 2 bad input (config, data, run folder, resume), 3 non-finite loss
     (``train.nonfinite=stop``), 130 interrupted; anything else is a bug and keeps its traceback."""
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    args = parse_args(sys.argv[1:] if argv is None else argv, prog)
     try:
+        import_modules(args.imports)
         return run(args)
     except (ConfigError, UserInputError, CheckpointMismatchError) as err:
         if args.debug:
@@ -381,11 +397,17 @@ def train_and_evaluate(cfg: RecipeConfig, out: Path, hosts: list[str]) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def cli(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """What every entry point runs: ``python recipes/train.py``, ``python -m fmmeta.recipes.train``
+    (so ``torchrun -m``, ``deepspeed --module``, ``accelerate launch -m``) and ``fmmeta train``."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
-        sys.exit(main())
+        return main(argv, prog)
     except Exception:
         # Under a launcher every rank's traceback lands in one interleaved log: name the rank.
         logger.exception("rank %s failed", os.environ.get("RANK", "0"))
-        sys.exit(1)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

@@ -2,33 +2,35 @@
 
 * :func:`score_query` (``scoring``): mean loss per answer token and accuracy (verbalizer ranking
   for classification, exact match for generation).
-* :func:`evaluate_held_out` / :func:`evaluate_methods` / :func:`select_inner_lr` (``evaluate``):
+* :func:`evaluate_held_out` / :func:`evaluate_methods` / :func:`select_inner_lr` (``held_out``):
   every method adapted on each held-out episode's support for 0..k steps with the project's one
-  inner loop, adaptation lr chosen per method on validation tasks only, mean and worst case over seeds,
-  paired differences between methods on the same episodes.
+  inner loop, adaptation lr chosen per method on validation tasks only.
+* :class:`EvalMethod` (``methods``): what one row of the report is and how it is scored.
+* :class:`EvalResult` (``result``): the records, mean and worst case over seeds, paired
+  differences between methods on the same episodes.
+* ``lockstep``: the episodes split over ranks, every rank running the same passes.
 * :func:`bootstrap_interval` (``intervals``): stratified (by task) bootstrap intervals.
 * :func:`write_report` (``report``): ``eval.json``, ``eval.md`` and PNG plots.
+* :func:`evaluate_run` (``run``): a run's config, task suite and saved adapters evaluated and
+  reported (what both recipes call).
 """
 
-from fmmeta.evaluation.evaluate import (
-    IN_CONTEXT,
-    Comparison,
-    EpisodeRecord,
-    EvalMethod,
-    EvalResult,
-    LrSelection,
-    MetricSummary,
-    evaluate_held_out,
-    evaluate_methods,
-    family_of,
-    select_inner_lr,
-)
+from fmmeta.evaluation.held_out import evaluate_held_out, evaluate_methods, select_inner_lr
 from fmmeta.evaluation.intervals import Interval, bootstrap_interval
+from fmmeta.evaluation.methods import IN_CONTEXT, EvalMethod
 from fmmeta.evaluation.report import (
     format_markdown,
     plot_adaptation_curves,
     plot_training_curves,
     write_report,
+)
+from fmmeta.evaluation.result import (
+    Comparison,
+    EpisodeRecord,
+    EvalResult,
+    LrSelection,
+    MetricSummary,
+    family_of,
 )
 from fmmeta.evaluation.scoring import QueryScore, score_query
 

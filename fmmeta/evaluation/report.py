@@ -15,8 +15,9 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fmmeta.evaluation.evaluate import IN_CONTEXT, MULTITASK, Comparison, EvalResult
 from fmmeta.evaluation.intervals import N_BOOTSTRAP, Interval
+from fmmeta.evaluation.methods import IN_CONTEXT, MULTITASK
+from fmmeta.evaluation.result import Comparison, EvalResult
 from fmmeta.strict_json import dumps_strict
 
 if TYPE_CHECKING:
@@ -57,8 +58,12 @@ def format_markdown(result: EvalResult) -> str:
     differences table compares every method at its headline step with the multi-task baseline and
     with in-context demonstrations on the same episodes; bold marks intervals that exclude 0.
     """
-    steps = list(range(result.max_steps + 1))
-    summary = result.summary()
+    return "\n".join([*_settings(result), *_differences(result), *_score_tables(result),
+                      *_lr_selection(result)])
+
+
+def _settings(result: EvalResult) -> list[str]:
+    """The title, how cells read, the budgets and the adaptation lrs (chosen or learned)."""
     n_boot = f"{N_BOOTSTRAP} stratified bootstrap resamples over episodes, by task"
     lines = [
         "# Held-out evaluation",
@@ -93,28 +98,42 @@ def format_markdown(result: EvalResult) -> str:
             f"min {ordered[0]:.3g}, median {ordered[len(ordered) // 2]:.3g}, max {ordered[-1]:.3g}.",
             "",
         ]
+    return lines
+
+
+def _differences(result: EvalResult) -> list[str]:
+    """Paired differences against the baselines that were evaluated, one table per family."""
     comparisons = {(c.method, c.baseline, c.family): c for c in result.comparisons()}
     baselines = [b for b in (MULTITASK, IN_CONTEXT) if b in result.methods]
-    if baselines:
-        lines += [
-            "## Paired differences at each method's headline step",
-            "",
-            "A method's headline step is the most adaptation steps it was scored at (0 for methods "
-            "that do not adapt). Accuracy differences above 0 and loss differences below 0 favour "
-            "the method; **bold**: the 95% interval excludes 0.",
-            "",
-        ]
-        for fam in result.families():
-            cols = [f"{metric} vs {b}" for metric in ("accuracy", "loss") for b in baselines]
-            lines += [f"### {fam}", "", "| method | " + " | ".join(cols) + " |",
-                      "|---|" + "---|" * len(cols)]
-            for m in result.methods:
-                cells = [_difference(comparisons.get((m, b, fam)) if m != b else None, metric)
-                         for metric in ("accuracy", "loss") for b in baselines]
-                lines.append(f"| {m} | " + " | ".join(cells) + " |")
-            lines.append("")
+    if not baselines:
+        return []
+    lines = [
+        "## Paired differences at each method's headline step",
+        "",
+        "A method's headline step is the most adaptation steps it was scored at (0 for methods "
+        "that do not adapt). Accuracy differences above 0 and loss differences below 0 favour "
+        "the method; **bold**: the 95% interval excludes 0.",
+        "",
+    ]
+    for fam in result.families():
+        cols = [f"{metric} vs {b}" for metric in ("accuracy", "loss") for b in baselines]
+        lines += [f"### {fam}", "", "| method | " + " | ".join(cols) + " |",
+                  "|---|" + "---|" * len(cols)]
+        for m in result.methods:
+            cells = [_difference(comparisons.get((m, b, fam)) if m != b else None, metric)
+                     for metric in ("accuracy", "loss") for b in baselines]
+            lines.append(f"| {m} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
+
+
+def _score_tables(result: EvalResult) -> list[str]:
+    """Per family, a method x adaptation-steps table of accuracy and one of loss."""
+    steps = list(range(result.max_steps + 1))
+    summary = result.summary()
     header = "| method | " + " | ".join(f"{s} step{'' if s == 1 else 's'}" for s in steps) + " |"
     rule = "|---|" + "---|" * len(steps)
+    lines: list[str] = []
     for fam in result.families():
         n_eps = max((c.n_episodes for m in summary.values() for c in m.get(fam, {}).values()), default=0)
         for metric in ("accuracy", "loss"):
@@ -131,19 +150,25 @@ def format_markdown(result: EvalResult) -> str:
                     )
                 lines.append(f"| {m} | " + " | ".join(cells) + " |")
             lines.append("")
-    if result.lr_selection is not None:
-        grid = sorted({lr for t in result.lr_selection.val_loss.values() for lr in t})
-        lines += [
-            "## Adaptation lr selection (mean validation query loss)",
-            "",
-            "| method | " + " | ".join(f"lr {lr:g}" for lr in grid) + " | chosen |",
-            "|---|" + "---|" * (len(grid) + 1),
-        ]
-        for m, table in result.lr_selection.val_loss.items():
-            cells = [_fmt(table[lr]) if lr in table else "-" for lr in grid]
-            lines.append(f"| {m} | " + " | ".join(cells) + f" | {result.lr_selection.chosen[m]:g} |")
-        lines.append("")
-    return "\n".join(lines)
+    return lines
+
+
+def _lr_selection(result: EvalResult) -> list[str]:
+    """The mean validation query loss of every lr tried, and the one chosen, per method."""
+    if result.lr_selection is None:
+        return []
+    grid = sorted({lr for t in result.lr_selection.val_loss.values() for lr in t})
+    lines = [
+        "## Adaptation lr selection (mean validation query loss)",
+        "",
+        "| method | " + " | ".join(f"lr {lr:g}" for lr in grid) + " | chosen |",
+        "|---|" + "---|" * (len(grid) + 1),
+    ]
+    for m, table in result.lr_selection.val_loss.items():
+        cells = [_fmt(table[lr]) if lr in table else "-" for lr in grid]
+        lines.append(f"| {m} | " + " | ".join(cells) + f" | {result.lr_selection.chosen[m]:g} |")
+    lines.append("")
+    return lines
 
 
 def _figure(n_axes: int, width_per_axis: float = 4.5) -> tuple[Figure, list[Axes]]:

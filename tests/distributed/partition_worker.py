@@ -103,7 +103,7 @@ def episodes(n: int, offset: int) -> list[Any]:
 
 def evaluate(engine: Any) -> dict[str, Any]:
     from fmmeta.algorithms.inner_loop import InnerLoopConfig
-    from fmmeta.evaluation.evaluate import EvalMethod, evaluate_held_out
+    from fmmeta.evaluation import EvalMethod, evaluate_held_out
 
     params = engine.adapter_parameters()
     trained = [p.detach().clone() + 0.01 * torch.ones_like(p) for p in params]

@@ -411,6 +411,11 @@ def test_evaluate_recipe_input_errors_exit_2_with_one_message(
     assert evaluate.main(["--config", smoke, f"output_dir={tmp_path}", "tasks.max_length=8"]) == 2
     err = capsys.readouterr().err
     assert "Raise tasks.max_length (now 8 tokens per example)" in err and "Traceback" not in err, err
+    assert not any(tmp_path.glob("eval-*"))  # the report folder claimed at the start is removed
+    assert evaluate.main(["--config", smoke, "--adapter", f"mine={tmp_path}"]) == 2
+    assert "--adapter 'mine=" in capsys.readouterr().err
+    assert evaluate.main(["--config", smoke, "--import", "no_such_module_xyz"]) == 2
+    assert "--import 'no_such_module_xyz' failed" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import pytest
 from matplotlib.image import imread
 
 from fmmeta.algorithms.inner_loop import InnerLoopConfig
-from fmmeta.evaluation.evaluate import IN_CONTEXT, EpisodeRecord, EvalResult, LrSelection
+from fmmeta.evaluation import IN_CONTEXT, EpisodeRecord, EvalResult, LrSelection
 from fmmeta.evaluation.report import format_markdown, plot_training_curves, write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

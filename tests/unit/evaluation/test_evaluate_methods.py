@@ -10,7 +10,7 @@ from eval_helpers import PAD, lora_params, random_episode, random_state, tiny_lo
 from torch import nn
 
 from fmmeta.algorithms.inner_loop import InnerLoopConfig, adapt, restore, snapshot
-from fmmeta.evaluation.evaluate import (
+from fmmeta.evaluation import (
     IN_CONTEXT,
     EpisodeRecord,
     EvalMethod,

@@ -1,7 +1,8 @@
 """Held-out evaluation of a run: the glue between a config, a task suite and saved adapters.
 
-``recipes/train.py`` calls :func:`evaluate_run` at the end of a run and ``recipes/evaluate.py``
-calls it on saved adapters, so both report the same way. It runs on every rank of the engine that
+``recipes/train.py`` calls :func:`evaluate_run` at the end of a run (report in ``<run>/eval``) and
+``recipes/evaluate.py`` calls it on saved adapters (a new report folder each time), so both report
+the same way. It runs on every rank of the engine that
 wraps the model (episodes split over ranks), so the base is never needed whole anywhere.
 """
 
@@ -17,7 +18,8 @@ import torch
 from fmmeta.algorithms.first_order import BUDGET_RULES
 from fmmeta.algorithms.meta_sgd import load_inner_lrs
 from fmmeta.engine.protocol import Engine
-from fmmeta.evaluation.evaluate import IN_CONTEXT, EvalMethod, evaluate_held_out
+from fmmeta.evaluation.held_out import evaluate_held_out
+from fmmeta.evaluation.methods import IN_CONTEXT, EvalMethod
 from fmmeta.evaluation.report import format_markdown, write_report
 from fmmeta.recipe_config import RecipeConfig
 from fmmeta.tasks.episode import Episode
@@ -100,7 +102,7 @@ def budget_notes(cfg: RecipeConfig) -> list[str]:
 
 def evaluate_run(
     cfg: RecipeConfig, engine: Engine, tokenizer: Any, suite: Any,
-    adapters: Mapping[str, Path], out: Path,
+    adapters: Mapping[str, Path], out: Path, report_dir: Path | None = None,
 ) -> dict[str, Path]:
     """Evaluates the base model, in-context demonstrations and every adapter; writes the report.
 
@@ -110,6 +112,8 @@ def evaluate_run(
     Args:
         engine: the engine wrapping the peft model, whose adapter holds the run's initial adapter
             (scored as ``"base"``: LoRA B is zero).
+        out: the run's folder (its ``metrics.jsonl``, if any, gives the training curves).
+        report_dir: where the report goes; ``None`` = ``out/eval``.
 
     Returns:
         Name -> path of each report file (eval.json, eval.md, PNG plots); empty on other ranks.
@@ -145,6 +149,7 @@ def evaluate_run(
     if engine.rank != 0:
         return {}
     metrics = out / "metrics.jsonl"
-    paths = write_report(result, out / "eval", metrics_jsonl=metrics if metrics.exists() else None)
+    paths = write_report(result, report_dir or out / "eval",
+                         metrics_jsonl=metrics if metrics.exists() else None)
     logger.info("held-out evaluation:\n%s", format_markdown(result))
     return paths

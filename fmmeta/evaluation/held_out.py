@@ -1,0 +1,417 @@
+"""Held-out evaluation, honest by construction: :func:`evaluate_held_out`.
+
+Every method is an adapter state (the tensors of the LoRA parameters): the base model (zero LoRA B,
+i.e. the initial adapter), the FOMAML- and Reptile-trained adapters, the multi-task baseline, ...
+Each is adapted on every held-out episode's support set with the project's one inner loop
+(:func:`fmmeta.algorithms.inner_loop.adapt`) for 0..k steps and scored on the query set after each
+step, so "0 steps" is the zero-shot score and the curve shows what adaptation buys. The special
+method ``"in_context"`` scores its adapter state (normally the base) with the support set as
+in-context demonstrations (:meth:`Episode.in_context_query`) and no adaptation; it has a step-0 score
+only.
+
+What keeps it honest:
+
+* the same inner loop, support set and step budget for every method; the adapter is restored
+  bit-exactly after each episode, and the caller's parameters after the whole evaluation;
+* the adaptation learning rate is chosen per method on meta-*validation* tasks from a small grid
+  (:func:`select_inner_lr`; inner-loop SGD on LoRA is fragile, docs/design.md, so one shared lr
+  would favour whichever method it happens to suit), never on the held-out tasks;
+  :func:`evaluate_held_out` refuses validation and held-out sets that share a task name;
+* at least 3 seeds of episode draws, summarised as the mean over seeds and the worst seed
+  (:mod:`fmmeta.evaluation.result`).
+
+Evaluation runs with the model in eval mode (no dropout, so no random draws) and restores the mode
+afterwards. Several ranks (``ranks=`` an engine) split the episodes in lockstep and get the result
+one process computes (:mod:`fmmeta.evaluation.lockstep`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from fmmeta.algorithms.inner_loop import (
+    InnerLoopConfig,
+    InnerOptimizer,
+    adapt,
+    restore,
+    snapshot,
+)
+from fmmeta.evaluation.lockstep import Lockstep, OneRank, Ranks, sharded
+from fmmeta.evaluation.methods import MethodSpec, needs_lr, prepare_methods
+from fmmeta.evaluation.result import EpisodeRecord, EvalResult, LrSelection, family_of
+from fmmeta.evaluation.scoring import score_passes, score_query
+from fmmeta.tasks.episode import Batch, Episode, collate
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_LR_GRID: tuple[float, ...] = (0.003, 0.01, 0.03, 0.1)
+"""Adaptation learning rates tried per method (a SmolLM2 probe found 0.01-0.1 useful; docs/design.md)."""
+
+def _support_batches(episode: Episode, pad_id: int, micro_batch_size: int) -> list[Batch | None]:
+    s = episode.support
+    return [collate(s[i : i + micro_batch_size], pad_id) for i in range(0, len(s), micro_batch_size)]
+
+
+def _load(params: Sequence[torch.Tensor], state: Sequence[torch.Tensor]) -> None:
+    restore(params, [t.to(device=p.device, dtype=p.dtype) for p, t in zip(params, state)])
+
+
+def _score(
+    model: nn.Module, episode: Episode | None, pad_id: int, micro_batch_size: int, lockstep: Lockstep,
+    icl_max_length: int | None,
+) -> tuple[float, float, int] | None:
+    """Scores the query as it is now: plain, or with the support in context when
+    ``icl_max_length`` is given (``None`` for a rank without an episode)."""
+    ep = episode
+    if ep is None:
+        s = lockstep.score(0, None)
+    else:
+        query = ep.query if icl_max_length is None else ep.in_context_query(icl_max_length)
+        s = lockstep.score(
+            score_passes(query, choices=ep.choices, micro_batch_size=micro_batch_size),
+            lambda: score_query(model, query, pad_id, choices=ep.choices, micro_batch_size=micro_batch_size),
+        )
+    return None if s is None else (s.loss, s.accuracy, s.n)
+
+
+def _adapt_and_score(
+    model: nn.Module,
+    params: Sequence[torch.Tensor],
+    episode: Episode | None,
+    cfg: InnerLoopConfig,
+    steps: int,
+    pad_id: int,
+    micro_batch_size: int,
+    lockstep: Lockstep,
+    *,
+    icl_max_length: int | None = None,
+    score_every_step: bool = True,
+    lrs: Sequence[float] | None = None,
+) -> list[tuple[int, float, float, int]]:
+    """Adapts on the support step by step; returns ``(step, loss, accuracy, n)`` per scored step.
+
+    One :class:`InnerOptimizer` carries the trajectory across the one-step ``adapt`` calls, so
+    stepping and scoring in between gives exactly the weights of ``adapt(steps=k)``. ``episode``
+    ``None`` runs only the dummy passes that keep this rank in step with the others. With
+    ``icl_max_length`` every query is scored with the support prepended as demonstrations;
+    ``lrs`` gives every adapter tensor its own step size.
+    """
+    out: list[tuple[int, float, float, int]] = []
+    support = [] if episode is None or steps == 0 else _support_batches(episode, pad_id, micro_batch_size)
+    support = lockstep.support(support) if steps else []
+    opt = InnerOptimizer(cfg, params, lrs)
+    for step in range(steps + 1):
+        if step > 0:
+            adapt(model, params, support, cfg, steps=1, optimizer=opt)
+        if score_every_step or step == steps:
+            s = _score(model, episode, pad_id, micro_batch_size, lockstep, icl_max_length)
+            if s is not None:
+                out.append((step, *s))
+    return out
+
+
+def _check_draws(episodes_per_seed: Sequence[Sequence[Episode]], max_steps: int, min_seeds: int) -> None:
+    """Refuses a step budget or episode draws that give no mean and worst case to report."""
+    if max_steps < 0:
+        raise ValueError(f"max_steps={max_steps} is invalid: must be >= 0 (0 = no adaptation)")
+    if len(episodes_per_seed) < min_seeds:
+        raise ValueError(
+            f"episodes_per_seed has {len(episodes_per_seed)} seed(s): at least min_seeds={min_seeds} "
+            "episode draws are needed for a mean and a worst case; draw more seeds or lower min_seeds"
+        )
+    for s, eps in enumerate(episodes_per_seed):
+        if len(eps) == 0:
+            raise ValueError(f"episodes_per_seed[{s}] is empty: every seed needs >= 1 episode")
+
+
+@contextlib.contextmanager
+def _eval_mode(model: nn.Module, params: Sequence[torch.Tensor]) -> Iterator[list[torch.Tensor]]:
+    """The model in eval mode (no dropout, so no random draws) inside the block; afterwards the
+    adapter is restored bit-exactly and the mode put back. Yields the adapter as it was."""
+    theta = snapshot(params)
+    was_training = model.training
+    model.eval()
+    try:
+        yield theta
+    finally:
+        restore(params, theta)
+        model.train(was_training)
+
+
+@contextlib.contextmanager
+def _progress(show: bool, total: int) -> Iterator[Any]:
+    """A tqdm bar over (method, episode) pairs, or ``None`` when not shown."""
+    if not show:
+        yield None
+        return
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total, desc="eval", unit="ep")
+    try:
+        yield bar
+    finally:
+        bar.close()
+
+
+def _records(
+    method: str,
+    episodes_per_seed: Sequence[Sequence[Episode]],
+    one: Callable[[Episode | None], list[tuple[int, float, float, int]]],
+    ranks: Ranks,
+    domains: Mapping[str, str],
+) -> list[EpisodeRecord]:
+    """``one`` run on every episode of every seed (split over ``ranks``), as records."""
+    records: list[EpisodeRecord] = []
+    for seed, episodes in enumerate(episodes_per_seed):
+        for i, (ep, scored) in enumerate(zip(episodes, sharded(ranks, episodes, one))):
+            records.extend(
+                EpisodeRecord(
+                    method=method, seed=seed, episode=i, task=ep.task, family=family_of(ep),
+                    domain=domains.get(ep.task, ""), step=step, loss=loss, accuracy=acc, n=n,
+                )
+                for step, loss, acc, n in scored
+            )
+    return records
+
+
+def evaluate_methods(
+    model: nn.Module,
+    params: Sequence[torch.Tensor],
+    methods: Mapping[str, MethodSpec],
+    episodes_per_seed: Sequence[Sequence[Episode]],
+    inner: InnerLoopConfig,
+    max_steps: int,
+    pad_id: int,
+    *,
+    inner_lrs: Mapping[str, float] | None = None,
+    micro_batch_size: int = 8,
+    min_seeds: int = 3,
+    lr_selection: LrSelection | None = None,
+    progress: bool = False,
+    ranks: Ranks | None = None,
+    domains: Mapping[str, str] | None = None,
+    icl_max_length: int = 1024,
+) -> EvalResult:
+    """Adapts each method on each held-out episode for 0..``max_steps`` steps and scores the query.
+
+    Every method sees the very same episodes (so differences between methods are paired).
+
+    Args:
+        model: the causal LM whose adapter tensors are ``params``.
+        params: the adapter tensors (resident, in the engine's order); restored exactly on return.
+        methods: method name -> :class:`EvalMethod`, or just the adapter state to load into
+            ``params`` (``None`` = ``params`` as they are now, e.g. the base model's zero-B LoRA;
+            see :func:`as_eval_method`: the name ``"in_context"`` scores with demonstrations).
+        episodes_per_seed: ``episodes_per_seed[s]`` are the held-out episodes of seed ``s``.
+        inner: the inner loop shared by all methods (its ``inner_lr`` is the default lr).
+        max_steps: largest number of adaptation steps to score (>= 0).
+        pad_id: padding token id.
+        inner_lrs: adaptation lr per method (from :func:`select_inner_lr`); missing = ``inner.inner_lr``.
+        micro_batch_size: sequences per forward pass for support and query.
+        min_seeds: fewest episode draws accepted (3 by default; a worst case over fewer says little).
+        lr_selection: recorded in the result so the report can show how lrs were chosen.
+        progress: show a tqdm bar over (method, episode) pairs (turn on for rank 0 only).
+        ranks: split the episodes over the ranks of this engine (every rank must call, with the
+            same arguments); the result is the same on every rank and equals one process's.
+        domains: task name -> its family in the suite; the report then also has a table per family.
+        icl_max_length: longest in-context query (demonstrations + query) in tokens; longer ones
+            lose their oldest demonstration tokens.
+
+    Returns:
+        All records and their summary.
+
+    Raises:
+        ValueError: on too few seeds, an empty seed, a bad ``max_steps`` or a state that does not
+            fit ``params``.
+
+    Example:
+        >>> sel = select_inner_lr(model, params, methods, val_episodes, inner, steps=3, pad_id=0)
+        >>> res = evaluate_methods(model, params, methods, test_episodes_per_seed, inner, 3, 0,
+        ...                        inner_lrs=sel.chosen, lr_selection=sel)      # doctest: +SKIP
+    """
+    _check_draws(episodes_per_seed, max_steps, min_seeds)
+    specs = prepare_methods(params, methods)
+    lrs = {m: (inner_lrs or {}).get(m, inner.inner_lr) for m in needs_lr(specs)}
+    ranks = ranks or OneRank()
+    lockstep = Lockstep(model, params, ranks)
+    records: list[EpisodeRecord] = []
+    total = len(specs) * sum(len(e) for e in episodes_per_seed)
+    with _eval_mode(model, params) as theta, _progress(progress, total) as bar:
+        for method, spec in specs.items():
+            start = theta if spec.state is None else [t.detach() for t in spec.state]
+            cfg = dataclasses.replace(inner, inner_lr=lrs.get(method, inner.inner_lr))
+            steps = max_steps if spec.adapt else 0
+            icl = icl_max_length if spec.demonstrations else None
+            logger.info("evaluating %s (lr %s) on %d seeds", method,
+                        "learned" if spec.inner_lrs is not None else lrs.get(method), len(episodes_per_seed))
+
+            def one(ep: Episode | None) -> list[tuple[int, float, float, int]]:
+                _load(params, start)
+                scored = _adapt_and_score(model, params, ep, cfg, steps, pad_id, micro_batch_size,
+                                          lockstep, icl_max_length=icl, lrs=spec.inner_lrs)
+                if bar is not None:
+                    bar.update(ranks.world_size if ep is not None else 0)
+                return scored
+
+            records.extend(_records(method, episodes_per_seed, one, ranks, domains or {}))
+    return EvalResult(
+        records=records,
+        methods=list(specs),
+        max_steps=max_steps,
+        n_seeds=len(episodes_per_seed),
+        inner_lrs=lrs,
+        inner=inner,
+        lr_selection=lr_selection,
+        learned_lrs={m: [float(x) for x in spec.inner_lrs] for m, spec in specs.items()
+                     if spec.inner_lrs is not None},
+    )
+
+
+def select_inner_lr(
+    model: nn.Module,
+    params: Sequence[torch.Tensor],
+    methods: Mapping[str, MethodSpec],
+    validation_episodes: Sequence[Episode],
+    inner: InnerLoopConfig,
+    *,
+    steps: int,
+    pad_id: int,
+    lr_grid: Sequence[float] = DEFAULT_LR_GRID,
+    micro_batch_size: int = 8,
+    ranks: Ranks | None = None,
+    icl_max_length: int = 1024,
+) -> LrSelection:
+    """Chooses each method's adaptation lr on meta-validation episodes (never held-out ones).
+
+    For every method that adapts and every lr of the grid, adapts ``steps`` steps on each
+    validation episode's support and measures the mean query loss, scored as the method is scored
+    (with demonstrations where it uses them); the lr with the lowest loss wins (loss, not accuracy:
+    it is smooth on small query sets; ties go to the smaller lr; a diverged, non-finite loss counts
+    as ``inf``). Methods that do not adapt (in-context demonstrations) and methods with learned
+    per-tensor step sizes get no lr.
+
+    Args:
+        model: the causal LM; params: its adapter tensors, restored exactly on return.
+        methods: as for :func:`evaluate_methods`.
+        validation_episodes: episodes of meta-validation tasks (disjoint from the held-out tasks).
+        inner: the shared inner loop; only its lr is varied.
+        steps: adaptation steps to choose the lr for (the largest step count reported).
+        pad_id: padding token id.
+        lr_grid: candidate lrs, each > 0.
+        micro_batch_size: sequences per forward pass.
+        ranks: split the episodes over the ranks of this engine (as for :func:`evaluate_methods`).
+        icl_max_length: as for :func:`evaluate_methods`.
+
+    Raises:
+        ValueError: on no validation episodes, an empty grid or a non-positive lr.
+    """
+    if len(validation_episodes) == 0:
+        raise ValueError(
+            "validation_episodes is empty: lr selection needs meta-validation episodes "
+            "(tasks kept out of both meta-training and the held-out test set)"
+        )
+    if len(lr_grid) == 0 or any(not lr > 0 for lr in lr_grid):
+        raise ValueError(f"lr_grid={list(lr_grid)} is invalid: give one or more lrs, each > 0")
+    if steps < 0:
+        raise ValueError(f"steps={steps} is invalid: must be >= 0")
+    specs = prepare_methods(params, methods)
+    ranks = ranks or OneRank()
+    lockstep = Lockstep(model, params, ranks)
+    val_loss: dict[str, dict[float, float]] = {}
+    chosen: dict[str, float] = {}
+    with _eval_mode(model, params) as theta:
+        for method in needs_lr(specs):
+            spec = specs[method]
+            start = theta if spec.state is None else [t.detach() for t in spec.state]
+            icl = icl_max_length if spec.demonstrations else None
+            table: dict[float, float] = {}
+            for lr in sorted(lr_grid):
+                cfg = dataclasses.replace(inner, inner_lr=lr)
+
+                def final_loss(ep: Episode | None) -> float:
+                    _load(params, start)
+                    scored = _adapt_and_score(
+                        model, params, ep, cfg, steps, pad_id, micro_batch_size, lockstep,
+                        icl_max_length=icl, score_every_step=False,
+                    )
+                    return scored[0][1] if scored else math.nan
+
+                losses = sharded(ranks, validation_episodes, final_loss)
+                mean = sum(losses) / len(losses)
+                table[lr] = mean if math.isfinite(mean) else math.inf
+            val_loss[method] = table
+            chosen[method] = min(table, key=lambda lr: (table[lr], lr))
+            logger.info("lr for %s: %s (validation query loss %s)", method, chosen[method], table)
+    return LrSelection(
+        chosen=chosen,
+        val_loss=val_loss,
+        steps=steps,
+        tasks=tuple(sorted({ep.task for ep in validation_episodes})),
+    )
+
+
+def evaluate_held_out(
+    model: nn.Module,
+    params: Sequence[torch.Tensor],
+    methods: Mapping[str, MethodSpec],
+    validation_episodes: Sequence[Episode],
+    test_episodes_per_seed: Sequence[Sequence[Episode]],
+    inner: InnerLoopConfig,
+    max_steps: int,
+    pad_id: int,
+    *,
+    lr_grid: Sequence[float] = DEFAULT_LR_GRID,
+    micro_batch_size: int = 8,
+    min_seeds: int = 3,
+    progress: bool = False,
+    ranks: Ranks | None = None,
+    domains: Mapping[str, str] | None = None,
+    icl_max_length: int = 1024,
+) -> EvalResult:
+    """Chooses lrs on validation tasks, then evaluates on held-out tasks: the whole honest protocol.
+
+    The lrs are fixed before any held-out episode is seen, and a task that appears in both sets is
+    refused (the held-out numbers would no longer be held out).
+
+    Args:
+        model, params, methods, inner, max_steps, pad_id, micro_batch_size, min_seeds, progress,
+            ranks, domains, icl_max_length: as for :func:`evaluate_methods`.
+        validation_episodes: episodes of meta-validation tasks, for :func:`select_inner_lr`.
+        test_episodes_per_seed: held-out episodes, one list per seed of episode draws.
+        lr_grid: candidate adaptation lrs; each method's is chosen at ``max_steps`` steps.
+
+    Raises:
+        ValueError: if a task name appears in both ``validation_episodes`` and the test episodes,
+            and on the errors of :func:`select_inner_lr` and :func:`evaluate_methods`.
+
+    Example:
+        >>> res = evaluate_held_out(model, params, {"base": None, "fomaml": phi},
+        ...                         val_eps, test_eps_per_seed, InnerLoopConfig(), 3, pad_id=0)
+        >>> write_report(res, "out/eval")                                      # doctest: +SKIP
+    """
+    val_tasks = {ep.task for ep in validation_episodes}
+    test_tasks = {ep.task for eps in test_episodes_per_seed for ep in eps}
+    shared = sorted(val_tasks & test_tasks)
+    if shared:
+        raise ValueError(
+            f"tasks {shared} are both validation and held-out tasks: the lr would be tuned on the "
+            "test set; split the task suite so validation and held-out tasks are disjoint"
+        )
+    sel = select_inner_lr(
+        model, params, methods, validation_episodes, inner,
+        steps=max_steps, pad_id=pad_id, lr_grid=lr_grid, micro_batch_size=micro_batch_size,
+        ranks=ranks, icl_max_length=icl_max_length,
+    )
+    return evaluate_methods(
+        model, params, methods, test_episodes_per_seed, inner, max_steps, pad_id,
+        inner_lrs=sel.chosen, micro_batch_size=micro_batch_size, min_seeds=min_seeds,
+        lr_selection=sel, progress=progress, ranks=ranks, domains=domains,
+        icl_max_length=icl_max_length,
+    )
