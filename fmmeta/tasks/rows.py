@@ -231,16 +231,7 @@ def column_rows(
                 where=f"{where} task {names[value]!r}",
             ))  # fmt: skip
             continue
-        if len(rows) < spec.per_class:
-            msg = (
-                f"{where}: task {names[value]!r} has {len(rows)} examples but an episode needs "
-                f"shots + query = {spec.per_class}"
-            )
-            if not drop_small_tasks:
-                raise ValueError(
-                    msg + ": add examples, lower shots/query, or pass drop_small_tasks=True"
-                )
-            logger.warning("%s; dropping it", msg)
+        if not _large_enough(names[value], len(rows), spec, drop_small_tasks, where=where):
             continue
         out.append(GenerationRows(
             name=names[value], domain=domain, spec=generation_spec if options else spec,
@@ -253,6 +244,18 @@ def column_rows(
             f"lower shots/query (each task needs {spec.per_class}), or check {task_column!r}"
         )
     return out
+
+
+def _large_enough(name: str, n_rows: int, spec: EpisodeSpec, drop_small: bool, *, where: str) -> bool:
+    """Whether a generation task has an episode's worth of rows; a smaller one is refused, or
+    dropped with a warning when ``drop_small``."""
+    if n_rows >= spec.per_class:
+        return True
+    msg = f"{where}: task {name!r} has {n_rows} examples but an episode needs shots + query = {spec.per_class}"
+    if not drop_small:
+        raise ValueError(msg + ": add examples, lower shots/query, or pass drop_small_tasks=True")
+    logger.warning("%s; dropping it", msg)
+    return False
 
 
 def _group_by_task(

@@ -95,6 +95,32 @@ def _language_name(lang: str) -> str:
     return Locale("en").languages.get(lang, lang)
 
 
+
+def _check_families(families: Sequence[str]) -> None:
+    """Refuses unknown families and a suite with nothing to meta-train on."""
+    unknown = sorted(set(families) - set(FAMILIES))
+    if unknown or not families:
+        raise ValueError(
+            f"build_cldr_suite families={list(families)!r} is invalid: choose from "
+            f"{', '.join(map(repr, FAMILIES))}"
+        )
+    if set(families) == {"continent"}:
+        raise ValueError(
+            "build_cldr_suite families=['continent'] leaves nothing to meta-train on: the continent "
+            "family is held out; add 'translation' or 'langid'"
+        )
+
+
+def _locale_names(lang: str, countries: Sequence[str]) -> dict[str, str]:
+    """The countries' names in ``lang``, with an error naming the language babel does not know."""
+    try:
+        return _territory_names(lang, countries)
+    except Exception as err:  # babel raises UnknownLocaleError / ValueError
+        raise ValueError(
+            f"build_cldr_suite: language {lang!r} is not a CLDR locale babel knows "
+            f"({type(err).__name__}: {err}); use codes like 'de', 'fr', 'ja'"
+        ) from err
+
 def build_cldr_suite(
     tokenizer: Any,
     *,
@@ -147,17 +173,7 @@ def build_cldr_suite(
         >>> [t.name for t in suite.meta_test][:2]  # doctest: +SKIP
         ['translate-xx', ...]
     """
-    unknown = sorted(set(families) - set(FAMILIES))
-    if unknown or not families:
-        raise ValueError(
-            f"build_cldr_suite families={list(families)!r} is invalid: choose from "
-            f"{', '.join(map(repr, FAMILIES))}"
-        )
-    if set(families) == {"continent"}:
-        raise ValueError(
-            "build_cldr_suite families=['continent'] leaves nothing to meta-train on: the continent "
-            "family is held out; add 'translation' or 'langid'"
-        )
+    _check_families(families)
     langs = list(dict.fromkeys(languages))
     n_train = len(langs) - n_val_languages - n_test_languages
     if n_train < 1:
@@ -172,15 +188,7 @@ def build_cldr_suite(
         "meta_val": shuffled[n_train : n_train + n_val_languages],
         "meta_test": shuffled[n_train + n_val_languages :],
     }
-    names = {}
-    for lang in langs:
-        try:
-            names[lang] = _territory_names(lang, countries)
-        except Exception as err:  # babel raises UnknownLocaleError / ValueError
-            raise ValueError(
-                f"build_cldr_suite: language {lang!r} is not a CLDR locale babel knows "
-                f"({type(err).__name__}: {err}); use codes like 'de', 'fr', 'ja'"
-            ) from err
+    names = {lang: _locale_names(lang, countries) for lang in langs}
     english = _territory_names("en", countries)
     out = {
         split: _split_tasks(
