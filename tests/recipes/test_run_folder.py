@@ -25,7 +25,14 @@ def _start(args: list[str], log: Path) -> subprocess.Popen[str]:
     with log.open("w") as fh:
         return subprocess.Popen(_recipe.command("python", args), cwd=_recipe.REPO,
                                 env=_recipe.environment(), stdout=fh, stderr=subprocess.STDOUT,
-                                text=True, start_new_session=True)
+                                text=True, start_new_session=True, preexec_fn=_sigint_default)
+
+
+def _sigint_default() -> None:
+    # A shell that starts a command in the background (`make test &`, some CI runners) sets
+    # SIGINT to ignored, and that is inherited: Python then installs no KeyboardInterrupt handler.
+    # The run under test is started as from a terminal, where Ctrl-C is delivered.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _wait_for_step(proc: subprocess.Popen[str], metrics: Path, step: int, log: Path) -> None:
