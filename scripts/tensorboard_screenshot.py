@@ -7,7 +7,7 @@ looked at in TensorBoard without training again. With ``--png`` it also starts T
 local port and takes a screenshot with a headless Chromium (``chromium`` on PATH, or
 ``--browser``), as the README's picture was made:
 
-    python scripts/tensorboard_screenshot.py docs/default_run/metrics.jsonl /tmp/tb \\
+    python scripts/tensorboard_screenshot.py docs/default_run/metrics.jsonl runs/tb-default \\
         --png docs/default_run/tensorboard.png
 """
 
