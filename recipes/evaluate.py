@@ -40,6 +40,7 @@ from fmmeta.engine.distributed import (
 from fmmeta.engine.partition import partitioned_build
 from fmmeta.errors import UserInputError
 from fmmeta.evaluation.run import evaluate_run
+from fmmeta.library_warnings import show_library_warnings_once
 from fmmeta.models import add_lora, build_model_and_tokenizer
 from fmmeta.recipe_args import IMPORT_HELP, import_modules
 from fmmeta.recipe_config import RecipeConfig
@@ -156,6 +157,7 @@ def evaluate(cfg: RecipeConfig, adapters: dict[str, Path], out: Path) -> dict[st
     rank = 0
     if resolve_engine_kind(cfg.engine) != "local":
         rank, _, _ = init_distributed(default_backend(), cfg.engine.collective_timeout_s)
+    show_library_warnings_once(rank)  # as in training: each library warning once, by rank 0
     # Rank 0 claims the folder before minutes of model loading (only rank 0 writes into it); every
     # rank learns the outcome, so a refusal stops all of them together.
     claimed = ""
