@@ -136,6 +136,7 @@ def build_cldr_suite(
     translation_spec: EpisodeSpec = TRANSLATION_SPEC,
     langid_spec: EpisodeSpec = LANGID_SPEC,
     on_too_long: OnTooLong = "drop",
+    score_on: str = "test",
 ) -> SuiteSplit:
     """Builds the CLDR suite: translation, remapped language-id and continent tasks, split by language.
 
@@ -161,6 +162,12 @@ def build_cldr_suite(
         langid_spec: episode shape of ``langid`` and ``continent`` tasks (classification with
             remapping).
         on_too_long: what to do with an example whose answer cannot fit ``max_length``.
+        score_on: ``"test"`` builds ``meta_test`` on the held-out languages. ``"validation"``
+            builds its classification families (every ``langid`` subset, ``continent``) on the
+            meta-validation languages instead, so a run's settings (meta-steps, outer lr, inner
+            steps) can be chosen by scoring on validation tasks without ever seeing a held-out
+            language. Meta-train and meta-validation stay as they are; translation is not scored,
+            since its validation tasks are the meta-validation ones (a task lives in one split).
 
     Returns:
         Disjoint meta-train / meta-val / meta-test task lists.
@@ -174,6 +181,9 @@ def build_cldr_suite(
         ['translate-xx', ...]
     """
     _check_families(families)
+    if score_on not in ("test", "validation"):
+        raise ValueError(f"build_cldr_suite score_on={score_on!r} is invalid: choose 'test' or "
+                         "'validation'")
     langs = list(dict.fromkeys(languages))
     n_train = len(langs) - n_val_languages - n_test_languages
     if n_train < 1:
@@ -188,11 +198,17 @@ def build_cldr_suite(
         "meta_val": shuffled[n_train : n_train + n_val_languages],
         "meta_test": shuffled[n_train + n_val_languages :],
     }
+    if score_on == "validation":  # the held-out layout, on languages meant for choosing settings
+        split_langs["meta_test"] = split_langs["meta_val"]
     names = {lang: _locale_names(lang, countries) for lang in langs}
     english = _territory_names("en", countries)
+    scored = {
+        "meta_train": families, "meta_val": families,
+        "meta_test": families if score_on == "test" else [f for f in families if f != "translation"],
+    }  # fmt: skip
     out = {
         split: _split_tasks(
-            split, ls, families=families, english=english, names=names, tokenizer=tokenizer,
+            split, ls, families=scored[split], english=english, names=names, tokenizer=tokenizer,
             translation_spec=translation_spec, langid_spec=langid_spec, max_length=max_length,
             on_too_long=on_too_long, n_langid_train_languages=n_langid_train_languages,
             langid_group_size=langid_group_size,
@@ -201,9 +217,10 @@ def build_cldr_suite(
     }  # fmt: skip
     suite = TaskSet(**out)
     logger.info(
-        "CLDR suite: %d meta-train, %d meta-val, %d meta-test tasks (held-out languages %s / %s)",
+        "CLDR suite: %d meta-train, %d meta-val, %d meta-test tasks (held-out languages %s / %s%s)",
         len(suite.meta_train), len(suite.meta_val), len(suite.meta_test),
         split_langs["meta_val"], split_langs["meta_test"],
+        ", scoring on the validation languages" if score_on == "validation" else "",
     )  # fmt: skip
     return suite
 

@@ -139,3 +139,20 @@ def test_continent_episodes_name_each_country_by_its_continent(suite: TaskSet) -
 def test_continent_alone_is_refused() -> None:
     with pytest.raises(ValueError, match="held out"):
         build_cldr_suite(TOK, families=("continent",))
+
+
+def test_score_on_validation_builds_the_held_out_layout_on_validation_languages(suite: TaskSet) -> None:
+    tuning = build_cldr_suite(TOK, seed=0, max_length=128, score_on="validation")
+    names, default = tuning.names(), suite.names()
+    assert names["meta_train"] == default["meta_train"]  # training is untouched
+    assert names["meta_val"] == default["meta_val"]
+    val_langs = set().union(*(_langs(n) for n in default["meta_val"]))
+    scored = set().union(*(_langs(n) for n in names["meta_test"]))
+    assert scored == val_langs and not scored & set().union(*(_langs(n) for n in default["meta_test"]))
+    # the held-out split's classification tasks (10 langid, 5 continent); translation's
+    # validation tasks already choose the adaptation lr in meta_val
+    prefix = lambda ns: sorted(n.split("-")[0] for n in ns if not n.startswith("translate-"))  # noqa: E731
+    assert prefix(names["meta_test"]) == prefix(default["meta_test"]) == ["continent"] * 5 + ["langid"] * 10
+    assert not any(n.startswith("translate-") for n in names["meta_test"])
+    with pytest.raises(ValueError, match="score_on='heldout' is invalid"):
+        build_cldr_suite(TOK, seed=0, max_length=128, score_on="heldout")

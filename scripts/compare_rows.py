@@ -1,0 +1,95 @@
+#!/usr/bin/env python
+"""Scores and paired differences of any rows of one or more held-out evaluations (``eval.json``).
+
+The report compares every method with ``multitask`` and ``in_context`` only. A budget sweep names
+its rows itself (``reptile@40``, ``multitask@40`` ...: ``recipes/evaluate.py --adapter NAME=PATH``)
+and may score them in several evaluate calls with the same config. Episodes are drawn from the
+suite and the seeds alone, so those calls score the very same episodes; this script pools their
+records (checking that each (seed, episode) is the same task in every file) and prints, per
+family, each row's accuracy at its headline step and each pair's paired difference, with the
+report's stratified bootstrap intervals. The last line is the same figures as one JSON object.
+
+    python scripts/compare_rows.py runs/sweep/val-*/eval.json \\
+        --pair reptile@40:multitask@40 --pair reptile@80:multitask@80
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from fmmeta.algorithms.inner_loop import InnerLoopConfig
+from fmmeta.evaluation.result import EpisodeRecord, EvalResult
+
+
+def pooled_result(paths: list[Path]) -> EvalResult:
+    """Every file's records in one :class:`EvalResult`; a row present in several files is taken
+    from the first. Raises ValueError if two files drew different tasks for one episode."""
+    records: dict[tuple[str, int, int, int], EpisodeRecord] = {}
+    tasks: dict[tuple[int, int], str] = {}
+    methods: list[str] = []
+    max_steps = n_seeds = 0
+    for path in paths:
+        data = json.loads(path.read_text())
+        max_steps, n_seeds = max(max_steps, data["max_steps"]), max(n_seeds, data["n_seeds"])
+        for raw in data["records"]:
+            rec = EpisodeRecord(**raw)
+            task = tasks.setdefault((rec.seed, rec.episode), rec.task)
+            if task != rec.task:
+                raise ValueError(f"{path}: seed {rec.seed} episode {rec.episode} is {rec.task}, "
+                                 f"another file has {task} there: not the same episodes")
+            records.setdefault((rec.method, rec.seed, rec.episode, rec.step), rec)
+            if rec.method not in methods:
+                methods.append(rec.method)
+    return EvalResult(records=list(records.values()), methods=methods, max_steps=max_steps,
+                      n_seeds=n_seeds, inner_lrs={}, inner=InnerLoopConfig())
+
+
+def _cell(interval: object) -> str:
+    est, low, high = (getattr(interval, k) for k in ("estimate", "low", "high"))
+    return f"{est:+.3f} [{low:+.3f}, {high:+.3f}]"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("files", nargs="+", type=Path, help="eval.json files of one config")
+    parser.add_argument("--pair", action="append", default=[], metavar="ROW:BASELINE",
+                        help="a paired difference to print (repeatable)")
+    args = parser.parse_args(argv)
+    result = pooled_result(args.files)
+    pairs = [tuple(p.split(":", 1)) for p in args.pair]
+    unknown = sorted({m for pair in pairs for m in pair} - set(result.methods))
+    if unknown or any(len(p) != 2 for p in pairs):
+        parser.error(f"--pair names rows {unknown} that are not in the files: {result.methods}")
+    out: dict[str, dict] = {}
+    for family in result.families():
+        print(f"\n## {family}\n\n| row | step | accuracy | loss |\n|---|---|---|---|")
+        rows = out.setdefault(family, {"rows": {}, "pairs": {}})
+        for method in result.methods:
+            step = result.steps_of(method)[-1]
+            cell = result.summary()[method].get(family, {}).get(step)
+            if cell is None:
+                continue
+            acc, loss = cell.accuracy_interval, cell.loss_interval
+            print(f"| {method} | {step} | {acc.estimate:.3f} [{acc.low:.3f}, {acc.high:.3f}] "
+                  f"(n={acc.n}) | {loss.estimate:.3f} |")
+            rows["rows"][method] = {"step": step, "accuracy": dataclasses.asdict(acc),
+                                    "loss": dataclasses.asdict(loss)}
+        for method, baseline in pairs:
+            diff = result.compare(method, baseline, family)
+            if diff is None:
+                continue
+            mark = " (excludes 0)" if diff.accuracy.excludes_zero else ""
+            print(f"\n{method} - {baseline}: accuracy {_cell(diff.accuracy)}{mark}, "
+                  f"loss {_cell(diff.loss)}")
+            rows["pairs"][f"{method}:{baseline}"] = {"accuracy": dataclasses.asdict(diff.accuracy),
+                                                     "loss": dataclasses.asdict(diff.loss)}
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
