@@ -9,7 +9,7 @@ records (checking that each (seed, episode) is the same task in every file) and 
 family, each row's accuracy at its headline step and each pair's paired difference, with the
 report's stratified bootstrap intervals. The last line is the same figures as one JSON object.
 
-    python scripts/compare_rows.py runs/sweep/val-*/eval.json \\
+    python scripts/compare_rows.py runs/sweep/val/eval-*/eval.json \\
         --pair reptile@40:multitask@40 --pair reptile@80:multitask@80
 """
 
@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from fmmeta.algorithms.inner_loop import InnerLoopConfig
+from fmmeta.evaluation.intervals import Interval
 from fmmeta.evaluation.result import EpisodeRecord, EvalResult
 
 
@@ -48,9 +49,8 @@ def pooled_result(paths: list[Path]) -> EvalResult:
                       n_seeds=n_seeds, inner_lrs={}, inner=InnerLoopConfig())
 
 
-def _cell(interval: object) -> str:
-    est, low, high = (getattr(interval, k) for k in ("estimate", "low", "high"))
-    return f"{est:+.3f} [{low:+.3f}, {high:+.3f}]"
+def _cell(interval: Interval) -> str:
+    return f"{interval.estimate:+.3f} [{interval.low:+.3f}, {interval.high:+.3f}]"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,10 +59,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pair", action="append", default=[], metavar="ROW:BASELINE",
                         help="a paired difference to print (repeatable)")
     args = parser.parse_args(argv)
-    result = pooled_result(args.files)
+    try:
+        result = pooled_result(args.files)
+    except (OSError, ValueError, KeyError, TypeError) as err:  # unreadable, or not an eval.json
+        parser.error(f"cannot pool {[str(f) for f in args.files]}: {err!r}")
     pairs = [tuple(p.split(":", 1)) for p in args.pair]
+    if any(len(p) != 2 for p in pairs):
+        parser.error(f"--pair {args.pair} is invalid: use ROW:BASELINE")
     unknown = sorted({m for pair in pairs for m in pair} - set(result.methods))
-    if unknown or any(len(p) != 2 for p in pairs):
+    if unknown:
         parser.error(f"--pair names rows {unknown} that are not in the files: {result.methods}")
     out: dict[str, dict] = {}
     for family in result.families():
