@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from fmmeta.algorithms.gather import GatheredStep
+from fmmeta.atomic import replace_text
 from fmmeta.strict_json import dumps_strict
 
 __all__ = ["RankWatch", "SlowRank", "save_telemetry"]
@@ -179,4 +180,4 @@ def save_telemetry(path: Path, method: str, summary: dict[str, Any]) -> None:
     methods' entries kept). Call it on rank 0 only."""
     current = json.loads(path.read_text()) if path.exists() else {}
     current[method] = summary
-    path.write_text(dumps_strict(current, indent=2) + "\n")
+    replace_text(path, dumps_strict(current, indent=2) + "\n")

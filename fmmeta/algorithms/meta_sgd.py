@@ -35,7 +35,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -44,6 +43,7 @@ from torch import nn
 
 from fmmeta.algorithms.inner_loop import check_lrs
 from fmmeta.algorithms.protocol import RankResult, RankWork
+from fmmeta.atomic import replace_text
 from fmmeta.engine.protocol import Engine
 from fmmeta.sampling.plan import RankPlan
 
@@ -214,11 +214,8 @@ def save_inner_lrs(folder: str | Path, names: Sequence[str], lrs: Sequence[float
     values = check_lrs(lrs, len(names))
     if len(set(names)) != len(names):
         raise ValueError("adapter tensor names must be unique to save their inner lrs")
-    path = Path(folder) / INNER_LRS_FILE
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"order": list(names), "inner_lrs": dict(zip(names, values))}, indent=1))
-    os.replace(tmp, path)
-    return path
+    text = json.dumps({"order": list(names), "inner_lrs": dict(zip(names, values))}, indent=1)
+    return replace_text(Path(folder) / INNER_LRS_FILE, text)
 
 
 def load_inner_lrs(folder: str | Path, names: Sequence[str] | None = None) -> list[float] | None:

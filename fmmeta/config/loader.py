@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-import os
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
+from fmmeta.atomic import replace_text
 from fmmeta.config.errors import ConfigError
 from fmmeta.config.reading import merge, parse_overrides, read_config_file
 from fmmeta.config.schema import all_keys, default_of, hints, is_union, type_name
@@ -343,7 +343,4 @@ def save_resolved(cfg: Any, path: str | Path) -> Path:
     """Writes the fully resolved config as YAML (loadable again with :func:`load_config`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return replace_text(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))

@@ -15,6 +15,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fmmeta.atomic import replace_text
 from fmmeta.evaluation.intervals import N_BOOTSTRAP, Interval
 from fmmeta.evaluation.methods import IN_CONTEXT, MULTITASK
 from fmmeta.evaluation.result import Comparison, EvalResult
@@ -297,10 +298,7 @@ def write_report(
     paths: dict[str, Path] = {}
 
     def _write_text(name: str, text: str) -> None:
-        tmp = out / f".{name}.tmp"
-        tmp.write_text(text)
-        tmp.replace(out / name)
-        paths[name] = out / name
+        paths[name] = replace_text(out / name, text)
 
     _write_text("eval.json", dumps_strict(result.to_dict(), indent=2) + "\n")
     _write_text("eval.md", format_markdown(result))

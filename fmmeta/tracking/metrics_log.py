@@ -7,6 +7,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Mapping, Sequence
 
+from fmmeta.atomic import replace_text
 from fmmeta.strict_json import dumps_strict
 from fmmeta.tracking.protocol import Tracker
 from fmmeta.tracking.records import step_scalars
@@ -35,7 +36,7 @@ class MetricsLog:
                 json.loads(line)["method"] != method or json.loads(line)["step"] <= keep_until
             )
         ]
-        path.write_text("".join(line + "\n" for line in kept))
+        replace_text(path, "".join(line + "\n" for line in kept))  # a crash keeps the history
 
     def write(self, record: Mapping[str, Any]) -> None:
         """Appends ``record`` (one meta-step over all ranks) to the file and logs it to every tracker."""
