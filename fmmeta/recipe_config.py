@@ -33,7 +33,10 @@ class EvalConfig:
     val_episodes_per_task: int = 1
     """Episodes per meta-validation task used to choose each method's adaptation lr (>= 1)."""
     max_steps: int = 3
-    """Adaptation steps scored: 0..max_steps (>= 0)."""
+    """Adaptation steps: 0..max_steps (>= 0); max_steps is each adapting method's headline step."""
+    score_steps: tuple[int, ...] = ()
+    """Steps at which the query is scored, each in 0..max_steps (max_steps always is); empty =
+    every step. Scoring costs about an adaptation step, so [0, max_steps] halves a long one's cost."""
     lr_grid: tuple[float, ...] = (0.01, 0.03, 0.1)
     """Adaptation learning rates tried on meta-validation tasks (each > 0)."""
     micro_batch_size: int = 8
@@ -52,6 +55,12 @@ class EvalConfig:
                 problems.append(f"{key}={getattr(self, key)} is invalid: must be >= 1")
         if not self.max_steps >= 0:
             problems.append(f"max_steps={self.max_steps} is invalid: must be >= 0")
+        bad = [s for s in self.score_steps if not 0 <= s <= self.max_steps]
+        if bad:
+            problems.append(
+                f"score_steps={list(self.score_steps)} is invalid: {bad} outside 0..max_steps="
+                f"{self.max_steps}; list steps in that range, or [] to score every step"
+            )
         if not self.lr_grid or any(not lr > 0 for lr in self.lr_grid):
             problems.append(f"lr_grid={list(self.lr_grid)} is invalid: give one or more lrs > 0")
         return problems

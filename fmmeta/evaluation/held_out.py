@@ -31,7 +31,7 @@ import contextlib
 import dataclasses
 import logging
 import math
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Collection, Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -92,7 +92,7 @@ def _adapt_and_score(
     lockstep: Lockstep,
     *,
     icl_max_length: int | None = None,
-    score_every_step: bool = True,
+    score_steps: Collection[int] | None = None,
     lrs: Sequence[float] | None = None,
 ) -> list[tuple[int, float, float, int]]:
     """Adapts on the support step by step; returns ``(step, loss, accuracy, n)`` per scored step.
@@ -101,6 +101,7 @@ def _adapt_and_score(
     stepping and scoring in between gives exactly the weights of ``adapt(steps=k)``. ``episode``
     ``None`` runs only the dummy passes that keep this rank in step with the others. With
     ``icl_max_length`` every query is scored with the support prepended as demonstrations;
+    ``score_steps`` limits scoring to those steps (``None``: every step; the last one always);
     ``lrs`` gives every adapter tensor its own step size.
     """
     out: list[tuple[int, float, float, int]] = []
@@ -110,7 +111,7 @@ def _adapt_and_score(
     for step in range(steps + 1):
         if step > 0:
             adapt(model, params, support, cfg, steps=1, optimizer=opt)
-        if score_every_step or step == steps:
+        if score_steps is None or step in score_steps or step == steps:
             s = _score(model, episode, pad_id, micro_batch_size, lockstep, icl_max_length)
             if s is not None:
                 out.append((step, *s))
@@ -198,6 +199,7 @@ def evaluate_methods(
     ranks: Ranks | None = None,
     domains: Mapping[str, str] | None = None,
     icl_max_length: int = 1024,
+    score_steps: Sequence[int] | None = None,
 ) -> EvalResult:
     """Adapts each method on each held-out episode for 0..``max_steps`` steps and scores the query.
 
@@ -223,6 +225,10 @@ def evaluate_methods(
         domains: task name -> its family in the suite; the report then also has a table per family.
         icl_max_length: longest in-context query (demonstrations + query) in tokens; longer ones
             lose their oldest demonstration tokens.
+        score_steps: the adaptation steps to score, each in 0..``max_steps`` (``max_steps``, the
+            headline step, is always scored); ``None`` scores every step. Scoring a query costs
+            about as much as an adaptation step, so a long adaptation scored at a few steps
+            costs about half as much to evaluate.
 
     Returns:
         All records and their summary.
@@ -237,6 +243,10 @@ def evaluate_methods(
         ...                        inner_lrs=sel.chosen, lr_selection=sel)      # doctest: +SKIP
     """
     _check_draws(episodes_per_seed, max_steps, min_seeds)
+    if score_steps is not None and any(not 0 <= s <= max_steps for s in score_steps):
+        raise ValueError(
+            f"score_steps={list(score_steps)} is invalid: each step must be in 0..max_steps={max_steps}"
+        )
     specs = prepare_methods(params, methods)
     lrs = {m: (inner_lrs or {}).get(m, inner.inner_lr) for m in needs_lr(specs)}
     ranks = ranks or OneRank()
@@ -255,7 +265,8 @@ def evaluate_methods(
             def one(ep: Episode | None) -> list[tuple[int, float, float, int]]:
                 _load(params, start)
                 scored = _adapt_and_score(model, params, ep, cfg, steps, pad_id, micro_batch_size,
-                                          lockstep, icl_max_length=icl, lrs=spec.inner_lrs)
+                                          lockstep, icl_max_length=icl, score_steps=score_steps,
+                                          lrs=spec.inner_lrs)
                 if bar is not None:
                     bar.update(ranks.world_size if ep is not None else 0)
                 return scored
@@ -339,7 +350,7 @@ def select_inner_lr(
                     _load(params, start)
                     scored = _adapt_and_score(
                         model, params, ep, cfg, steps, pad_id, micro_batch_size, lockstep,
-                        icl_max_length=icl, score_every_step=False,
+                        icl_max_length=icl, score_steps=(),
                     )
                     return scored[0][1] if scored else math.nan
 
@@ -374,6 +385,7 @@ def evaluate_held_out(
     ranks: Ranks | None = None,
     domains: Mapping[str, str] | None = None,
     icl_max_length: int = 1024,
+    score_steps: Sequence[int] | None = None,
 ) -> EvalResult:
     """Chooses lrs on validation tasks, then evaluates on held-out tasks: the whole honest protocol.
 
@@ -382,7 +394,7 @@ def evaluate_held_out(
 
     Args:
         model, params, methods, inner, max_steps, pad_id, micro_batch_size, min_seeds, progress,
-            ranks, domains, icl_max_length: as for :func:`evaluate_methods`.
+            ranks, domains, icl_max_length, score_steps: as for :func:`evaluate_methods`.
         validation_episodes: episodes of meta-validation tasks, for :func:`select_inner_lr`.
         test_episodes_per_seed: held-out episodes, one list per seed of episode draws.
         lr_grid: candidate adaptation lrs; each method's is chosen at ``max_steps`` steps.
@@ -413,5 +425,5 @@ def evaluate_held_out(
         model, params, methods, test_episodes_per_seed, inner, max_steps, pad_id,
         inner_lrs=sel.chosen, micro_batch_size=micro_batch_size, min_seeds=min_seeds,
         lr_selection=sel, progress=progress, ranks=ranks, domains=domains,
-        icl_max_length=icl_max_length,
+        icl_max_length=icl_max_length, score_steps=score_steps,
     )

@@ -66,11 +66,13 @@ def format_markdown(result: EvalResult) -> str:
 def _settings(result: EvalResult) -> list[str]:
     """The title, how cells read, the budgets and the adaptation lrs (chosen or learned)."""
     n_boot = f"{N_BOOTSTRAP} stratified bootstrap resamples over episodes, by task"
+    scored = result.scored_steps()
+    at = "" if scored == list(range(result.max_steps + 1)) else f" (scored after {scored})"
     lines = [
         "# Held-out evaluation",
         "",
         f"Seeds (episode draws): {result.n_seeds}. Adaptation: {result.inner.inner_optimizer}, "
-        f"clip norm {result.inner.inner_clip_norm}, 0..{result.max_steps} steps on the support set; "
+        f"clip norm {result.inner.inner_clip_norm}, 0..{result.max_steps} steps on the support set{at}; "
         f"cells are `mean [95% interval] (worst seed)`: the mean over episodes, its interval from "
         f"{n_boot}, and the worst seed-mean (lowest accuracy, highest loss). Every method is scored "
         "on the same episodes. Accuracy: verbalizer ranking (classification), exact match "
@@ -130,7 +132,7 @@ def _differences(result: EvalResult) -> list[str]:
 
 def _score_tables(result: EvalResult) -> list[str]:
     """Per family, a method x adaptation-steps table of accuracy and one of loss."""
-    steps = list(range(result.max_steps + 1))
+    steps = result.scored_steps()
     summary = result.summary()
     header = "| method | " + " | ".join(f"{s} step{'' if s == 1 else 's'}" for s in steps) + " |"
     rule = "|---|" + "---|" * len(steps)
@@ -198,7 +200,7 @@ def plot_adaptation_curves(result: EvalResult, path: str | Path) -> Path:
     fams = result.families()
     fig, axes = _figure(len(fams))
     summary = result.summary()
-    steps = list(range(result.max_steps + 1))
+    steps = result.scored_steps()
     for ax, fam in zip(axes, fams):
         for i, m in enumerate(result.methods):
             cells = summary.get(m, {}).get(fam, {})

@@ -161,6 +161,10 @@ class EvalResult:
         """Adaptation steps scored for ``method`` (``[0]`` for methods that do not adapt)."""
         return sorted({r.step for r in self.records if r.method == method})
 
+    def scored_steps(self) -> list[int]:
+        """Adaptation steps scored for any method (all of 0..max_steps unless fewer were asked)."""
+        return sorted({r.step for r in self.records})
+
     def families(self) -> list[str]:
         """Families present in the records (classification, generation, then the suite's task
         families when records name them), then ``"overall"``."""

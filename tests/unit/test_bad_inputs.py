@@ -103,6 +103,8 @@ CONFIG_CASES = {
     "nan_number": (["algorithm.inner_lr=nan"],
                    ["algorithm.inner_lr='nan' is invalid: must be a finite number (not inf or nan)"]),
     "nan_in_a_list": (["eval.lr_grid=[0.1, .nan]"], ["eval.lr_grid[1]=nan is invalid: must be a finite number"]),
+    "score_step_past_max": (["eval.max_steps=2", "eval.score_steps=[0, 3]"],
+                            ["eval.score_steps=[0, 3] is invalid: [3] outside 0..max_steps=2"]),
     "negative_seed": (["train.seed=-1"], ["train.seed=-1 is invalid: must be >= 0"]),
     "unknown_tracker": (["train.report_to=tensorbord"],
                         ["train.report_to='tensorbord' is invalid", "did you mean 'tensorboard'?"]),

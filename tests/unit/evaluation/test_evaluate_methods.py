@@ -266,3 +266,24 @@ def test_learned_step_sizes_are_used_as_they_are_and_not_tuned() -> None:
     with pytest.raises(ValueError, match="inner lrs"):
         evaluate_methods(model, params, {"x": EvalMethod(trained, inner_lrs=[0.1])}, test, inner, 1, PAD)
     assert "learned step sizes, one per adapter tensor" in format_markdown(res)
+
+
+def test_scoring_a_few_steps_gives_the_same_scores_at_those_steps() -> None:
+    """score_steps skips scoring, not adaptation: the steps it keeps score exactly as when every
+    step is scored, the headline step always is, and the report shows only the scored steps."""
+    model = tiny_lora_llama(seed=0)
+    params = lora_params(model)
+    methods = {"base": None, "trained": random_state(params, seed=1)}
+    eps = _episodes(seed=3)
+    inner = InnerLoopConfig(inner_steps=3, inner_lr=0.2, inner_clip_norm=5.0)
+    every = evaluate_methods(model, params, methods, eps, inner, 3, PAD)
+    few = evaluate_methods(model, params, methods, eps, inner, 3, PAD, score_steps=(1,))
+    assert few.scored_steps() == [1, 3] and every.scored_steps() == [0, 1, 2, 3]
+    full = {(r.method, r.seed, r.episode, r.step): r for r in every.records}
+    assert len(few.records) == len(every.records) // 2
+    for r in few.records:
+        assert r == full[(r.method, r.seed, r.episode, r.step)]
+    text = format_markdown(few)
+    assert "(scored after [1, 3])" in text and "| 1 step | 3 steps |" in text and "0 steps" not in text
+    with pytest.raises(ValueError, match="score_steps=\\[4\\] is invalid"):
+        evaluate_methods(model, params, methods, eps, inner, 3, PAD, score_steps=(4,))
