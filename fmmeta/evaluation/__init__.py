@@ -11,6 +11,8 @@
 * ``lockstep``: the episodes split over ranks, every rank running the same passes.
 * :func:`bootstrap_interval` (``intervals``): stratified (by task) bootstrap intervals.
 * :func:`write_report` (``report``): ``eval.json``, ``eval.md`` and PNG plots.
+* :func:`support_fit` (``support_fit``): support and query scores along one adaptation, to see
+  whether an inner-loop setting fits the support set at all.
 * :func:`evaluate_run` (``run``): a run's config, task suite and saved adapters evaluated and
   reported (what both recipes call).
 """
@@ -33,12 +35,14 @@ from fmmeta.evaluation.result import (
     family_of,
 )
 from fmmeta.evaluation.scoring import QueryScore, score_query
+from fmmeta.evaluation.support_fit import FitPoint, support_fit
 
 __all__ = [
     "IN_CONTEXT",
     "Comparison",
     "EpisodeRecord",
     "EvalMethod",
+    "FitPoint",
     "Interval",
     "bootstrap_interval",
     "EvalResult",
@@ -53,5 +57,6 @@ __all__ = [
     "plot_training_curves",
     "score_query",
     "select_inner_lr",
+    "support_fit",
     "write_report",
 ]
