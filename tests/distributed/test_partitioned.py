@@ -8,7 +8,8 @@
 * One base per run: FOMAML, Reptile and multi-task trained on the one partitioned base (adapter
   reset per method, engines closed and re-made) equal the old way, a whole base deep-copied per
   method (fp32, relative 1e-5).
-* Held-out evaluation split over 2 ranks, episodes of uneven sizes, equals one process's.
+* Held-out evaluation split over 2 ranks, episodes of uneven sizes, equals one process's, also
+  when only some adaptation steps are scored (``score_steps``).
 """
 
 from __future__ import annotations
@@ -125,3 +126,8 @@ def test_two_rank_evaluation_equals_one_process(two: Path, one: Path) -> None:
     single = json.loads((one / "eval.json").read_text())
     assert len(single["records"]) == 3 * 3 * 3 * 3 + 3 * 3  # (base, trained, +demos) x 3 steps + in-context
     _close(split, single)
+    # eval.score_steps=[1]: steps 1 and 2 only (in-context keeps its step 0), scored as before
+    every = {json.dumps(r, sort_keys=True) for r in single["records"] if r["step"] > 0}
+    few = [r for r in single["few_records"] if r["method"] != "in_context"]
+    assert len(few) == 3 * 3 * 3 * 2 and {r["step"] for r in few} == {1, 2}
+    assert all(json.dumps(r, sort_keys=True) in every for r in few)
