@@ -54,7 +54,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_LR_GRID: tuple[float, ...] = (0.003, 0.01, 0.03, 0.1)
 """Adaptation learning rates tried per method (a SmolLM2 probe found 0.01-0.1 useful; docs/design.md)."""
 
-def _support_batches(episode: Episode, pad_id: int, micro_batch_size: int) -> list[Batch | None]:
+def support_batches(episode: Episode, pad_id: int, micro_batch_size: int) -> list[Batch | None]:
+    """The episode's support set collated into micro-batches (what every adaptation steps on)."""
     s = episode.support
     return [collate(s[i : i + micro_batch_size], pad_id) for i in range(0, len(s), micro_batch_size)]
 
@@ -105,7 +106,7 @@ def _adapt_and_score(
     ``lrs`` gives every adapter tensor its own step size.
     """
     out: list[tuple[int, float, float, int]] = []
-    support = [] if episode is None or steps == 0 else _support_batches(episode, pad_id, micro_batch_size)
+    support = [] if episode is None or steps == 0 else support_batches(episode, pad_id, micro_batch_size)
     support = lockstep.support(support) if steps else []
     opt = InnerOptimizer(cfg, params, lrs)
     for step in range(steps + 1):

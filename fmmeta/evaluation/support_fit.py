@@ -19,8 +19,9 @@ import torch
 from torch import nn
 
 from fmmeta.algorithms.inner_loop import InnerLoopConfig, InnerOptimizer, adapt, restore, snapshot
+from fmmeta.evaluation.held_out import support_batches
 from fmmeta.evaluation.scoring import score_query
-from fmmeta.tasks.episode import Episode, collate
+from fmmeta.tasks.episode import Episode
 
 
 @dataclass(frozen=True)
@@ -75,8 +76,7 @@ def support_fit(
     try:
         for ep in episodes:
             restore(params, theta)
-            support = [collate(ep.support[i : i + micro_batch_size], pad_id)
-                       for i in range(0, len(ep.support), micro_batch_size)]
+            support = support_batches(ep, pad_id, micro_batch_size)
             opt = InnerOptimizer(inner, params)
             for step in range(steps + 1):
                 if step:
