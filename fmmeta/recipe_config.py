@@ -41,6 +41,10 @@ class EvalConfig:
     """Adaptation learning rates tried on meta-validation tasks (each > 0)."""
     micro_batch_size: int = 8
     """Sequences per forward pass during evaluation (>= 1)."""
+    query: int | None = None
+    """Query examples per class (per episode for generation tasks) in every evaluation episode,
+    validation and held-out (>= 1); None keeps each task's own. Queries cost forward passes only,
+    not adaptation steps, so more of them narrow the intervals cheaply."""
     in_context: bool = True
     """Also score the base model with the support set as in-context demonstrations."""
     with_demonstrations: tuple[str, ...] = ()
@@ -55,6 +59,11 @@ class EvalConfig:
                 problems.append(f"{key}={getattr(self, key)} is invalid: must be >= 1")
         if not self.max_steps >= 0:
             problems.append(f"max_steps={self.max_steps} is invalid: must be >= 0")
+        if self.query is not None and not self.query >= 1:
+            problems.append(
+                f"query={self.query} is invalid: must be >= 1 (query examples per class), or null "
+                "to keep each task's own"
+            )
         bad = [s for s in self.score_steps if not 0 <= s <= self.max_steps]
         if bad:
             problems.append(

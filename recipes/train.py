@@ -58,7 +58,7 @@ from fmmeta.engine.partition import partitioned_build
 from fmmeta.engine.protocol import Engine
 from fmmeta.engine.zero import scatter_adapter
 from fmmeta.errors import UserInputError
-from fmmeta.evaluation.run import evaluate_run
+from fmmeta.evaluation.run import evaluate_run, evaluation_tasks
 from fmmeta.library_warnings import show_library_warnings_once
 from fmmeta.models import (
     add_lora,
@@ -376,6 +376,8 @@ def train_and_evaluate(cfg: RecipeConfig, out: Path, hosts: list[str]) -> int:
     model = add_lora(base, cfg.lora, seed=cfg.train.seed)
     initial = [p.detach().clone() for p in adapter_tensors(model)]
     suite = build_task_set(cfg.tasks, tokenizer, seed=cfg.train.seed)
+    if cfg.eval.enabled:  # refused now, not after meta-training
+        evaluation_tasks([*suite.meta_val, *suite.meta_test], cfg.eval.query)
     logger.info(
         "model and %d/%d/%d meta-train/val/test tasks ready in %.1fs",
         len(suite.meta_train), len(suite.meta_val), len(suite.meta_test), time.perf_counter() - t0,

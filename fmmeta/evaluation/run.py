@@ -8,9 +8,10 @@ wraps the model (episodes split over ranks), so the base is never needed whole a
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -20,9 +21,11 @@ from fmmeta.algorithms.meta_sgd import load_inner_lrs
 from fmmeta.engine.protocol import Engine
 from fmmeta.evaluation.held_out import evaluate_held_out
 from fmmeta.evaluation.methods import IN_CONTEXT, EvalMethod
+from fmmeta.errors import UserInputError
 from fmmeta.evaluation.report import format_markdown, write_report
 from fmmeta.recipe_config import RecipeConfig
 from fmmeta.tasks.episode import Episode
+from fmmeta.tasks.task import Task
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +37,27 @@ def draw_episodes(tasks: Any, seed: int, draw: int, per_task: int) -> list[Episo
     """``per_task`` fresh episodes of every task, from a generator owned by this draw."""
     rng = np.random.default_rng([seed, EVAL_STREAM, draw])
     return [task.sample_episode(rng) for task in tasks for _ in range(per_task)]
+
+
+def evaluation_tasks(tasks: Sequence[Task], query: int | None) -> list[Task]:
+    """``tasks`` as evaluation draws them: with ``query`` query examples per class (per episode
+    for generation tasks) where ``eval.query`` sets it, each task's own shape otherwise.
+
+    Raises:
+        UserInputError: if a task has too few examples for episodes of that shape.
+    """
+    if query is None:
+        return list(tasks)
+    out = []
+    for task in tasks:
+        try:
+            out.append(task.with_spec(dataclasses.replace(task.spec, query=query)))
+        except ValueError as err:
+            raise UserInputError(
+                f"eval.query={query} is too many for task {task.name!r} ({err}); lower eval.query "
+                "or set it to null to keep each task's own query size"
+            ) from err
+    return out
 
 
 def adapter_tensors(model: torch.nn.Module, folder: Path) -> list[torch.Tensor]:
@@ -129,10 +153,10 @@ def evaluate_run(
         if lrs is not None:
             learned[name] = lrs
     methods = eval_methods(cfg, states, learned)
-    seed = cfg.train.seed
-    val = draw_episodes(suite.meta_val, seed, 0, cfg.eval.val_episodes_per_task)
-    test = [draw_episodes(suite.meta_test, seed, 1 + s, cfg.eval.episodes_per_task)
-            for s in range(cfg.eval.seeds)]
+    seed, query = cfg.train.seed, cfg.eval.query
+    val = draw_episodes(evaluation_tasks(suite.meta_val, query), seed, 0, cfg.eval.val_episodes_per_task)
+    held_out = evaluation_tasks(suite.meta_test, query)
+    test = [draw_episodes(held_out, seed, 1 + s, cfg.eval.episodes_per_task) for s in range(cfg.eval.seeds)]
     logger.info(
         "evaluating %s on %d held-out tasks x %d seeds x %d episodes (lr chosen on %d validation "
         "episodes)", ", ".join(methods), len(suite.meta_test), cfg.eval.seeds,
@@ -147,6 +171,9 @@ def evaluate_run(
         score_steps=cfg.eval.score_steps or None,
     )
     result.notes = budget_notes(cfg)
+    if query is not None:
+        result.notes.append(f"Every evaluation episode has {query} query examples per class (per "
+                            "episode for generation tasks; eval.query), not each task's own.")
     if engine.rank != 0:
         return {}
     metrics = out / "metrics.jsonl"

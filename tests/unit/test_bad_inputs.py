@@ -105,6 +105,7 @@ CONFIG_CASES = {
     "nan_in_a_list": (["eval.lr_grid=[0.1, .nan]"], ["eval.lr_grid[1]=nan is invalid: must be a finite number"]),
     "score_step_past_max": (["eval.max_steps=2", "eval.score_steps=[0, 3]"],
                             ["eval.score_steps=[0, 3] is invalid: [3] outside 0..max_steps=2"]),
+    "eval_query_below_one": (["eval.query=0"], ["eval.query=0 is invalid: must be >= 1 (query examples per class)"]),
     "negative_seed": (["train.seed=-1"], ["train.seed=-1 is invalid: must be >= 0"]),
     "unknown_tracker": (["train.report_to=tensorbord"],
                         ["train.report_to='tensorbord' is invalid", "did you mean 'tensorboard'?"]),
@@ -399,6 +400,11 @@ def test_recipe_late_input_errors_exit_2_with_one_message(
     err = capsys.readouterr().err
     assert "dropped as too long for max_length" in err and "Traceback" not in err, err
     assert "Raise tasks.max_length (now 8 tokens per example) so the examples fit" in err, err
+    many = tmp_path / "many"  # refused before meta-training, not after it
+    assert _recipe().main(["--config", smoke, f"output_dir={many}", "eval.query=500"]) == 2
+    err = capsys.readouterr().err
+    assert "eval.query=500 is too many for task" in err and "Traceback" not in err, err
+    assert not (many / "metrics.jsonl").exists()
 
 
 @pytest.mark.timeout(120)
