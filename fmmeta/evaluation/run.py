@@ -19,9 +19,9 @@ import torch
 from fmmeta.algorithms.first_order import BUDGET_RULES
 from fmmeta.algorithms.meta_sgd import load_inner_lrs
 from fmmeta.engine.protocol import Engine
+from fmmeta.errors import UserInputError
 from fmmeta.evaluation.held_out import evaluate_held_out
 from fmmeta.evaluation.methods import IN_CONTEXT, EvalMethod
-from fmmeta.errors import UserInputError
 from fmmeta.evaluation.report import format_markdown, write_report
 from fmmeta.recipe_config import RecipeConfig
 from fmmeta.tasks.episode import Episode
