@@ -45,7 +45,7 @@ class EvalConfig:
     """Query examples per class (per episode for generation tasks) in every evaluation episode,
     validation and held-out (>= 1); None keeps each task's own. Queries cost forward passes only,
     not adaptation steps; more of them narrow the intervals of in-context rows, less those of
-    adapted rows, whose spread is mostly between support draws (docs/step_size_sweep.md)."""
+    adapted rows, whose spread is likely mostly between support draws (docs/step_size_sweep.md)."""
     in_context: bool = True
     """Also score the base model with the support set as in-context demonstrations."""
     with_demonstrations: tuple[str, ...] = ()
