@@ -57,17 +57,39 @@ def accepts_logits_to_keep(model: nn.Module) -> bool:
     return bool(_logits_to_keep_kind(model))
 
 
-def answer_logits(model: nn.Module, batch: Batch, **model_kwargs: object
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Logits at exactly the positions that predict answer tokens, flattened.
+def logits_at(model: nn.Module, need: torch.Tensor, **model_kwargs: object) -> torch.Tensor:
+    """The model's logits at the ``True`` positions of ``need`` (``[B, T]`` bool), flattened.
 
     The LM head is as wide as the vocabulary and prompts are long, so it runs only where it is
     needed. Models whose forward slices hidden states with transformers' ``slice_logits_to_keep``
-    get a boolean ``[B, T]`` mask: one head row per answer token, whatever the rows' lengths (a
-    packed pass mixes tasks whose answers sit at different positions). Other models that take
+    get the boolean mask: one head row per needed position, whatever the rows' lengths (a packed
+    pass mixes tasks whose answers sit at different positions). Other models that take
     ``logits_to_keep`` get the index tensor of positions some row needs (an indexed copy is
     contiguous, so the head runs as one matmul; an int made HF slice a strided view that matmul
     expanded into a batched matmul reading the whole head once per row); the rest get full logits.
+
+    Returns:
+        ``[M, V]``: one row per needed position, in row-major order.
+    """
+    kind = _logits_to_keep_kind(model)
+    keep = torch.nonzero(need.any(dim=0)).flatten()
+    if kind == "mask" and bool(need.any()):
+        model_kwargs["logits_to_keep"] = need
+    elif kind and keep.numel():
+        model_kwargs["logits_to_keep"] = keep
+    out = model(**model_kwargs)
+    logits = out.logits if hasattr(out, "logits") else out[0]
+    rows, cols = torch.nonzero(need, as_tuple=True)
+    if logits.dim() == 2 and logits.shape[0] == rows.numel():  # the mask was honoured
+        return logits
+    if logits.shape[1] == keep.numel() and kind:  # indexed positions: map columns into ``keep``
+        cols = torch.searchsorted(keep, cols)
+    return logits[rows, cols]
+
+
+def answer_logits(model: nn.Module, batch: Batch, **model_kwargs: object
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Logits at exactly the positions that predict answer tokens, flattened (:func:`logits_at`).
 
     Returns:
         ``(logits [M, V], targets [M], rows [M])``: one entry per answer token, its target token
@@ -76,21 +98,10 @@ def answer_logits(model: nn.Module, batch: Batch, **model_kwargs: object
     labels = batch.labels
     need = torch.zeros_like(labels, dtype=torch.bool)
     need[:, :-1] = labels[:, 1:] != IGNORE_INDEX  # position p predicts token p + 1
-    kind = _logits_to_keep_kind(model)
-    keep = torch.nonzero(need.any(dim=0)).flatten()
-    if kind == "mask" and bool(need.any()):
-        model_kwargs["logits_to_keep"] = need
-    elif kind and keep.numel():
-        model_kwargs["logits_to_keep"] = keep
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **model_kwargs)
-    logits = out.logits if hasattr(out, "logits") else out[0]
+    logits = logits_at(model, need, input_ids=batch.input_ids,
+                       attention_mask=batch.attention_mask, **model_kwargs)
     rows, cols = torch.nonzero(need, as_tuple=True)
-    targets = labels[rows, cols + 1]
-    if logits.dim() == 2 and logits.shape[0] == rows.numel():  # the mask was honoured
-        return logits, targets, rows
-    if logits.shape[1] == keep.numel() and kind:  # indexed positions: map columns into ``keep``
-        cols = torch.searchsorted(keep, cols)
-    return logits[rows, cols], targets, rows
+    return logits, labels[rows, cols + 1], rows
 
 
 def answer_loss_rows(model: nn.Module, batch: Batch) -> torch.Tensor:

@@ -5,8 +5,7 @@ Accuracy depends on the task family:
 * **classification** (the episode has ``choices``): verbalizer ranking. Every candidate answer is
   scored by the sum of its tokens' log-probabilities given the prompt; a query is correct when the
   gold candidate's score is strictly the highest (a tie counts as wrong, so a model that cannot tell
-  the candidates apart never scores above zero by luck of the tie-break). All candidates of all
-  queries are batched together.
+  the candidates apart never scores above zero by luck of the tie-break).
 * **generation** (no ``choices``): exact match under teacher forcing. A query is correct when every
   answer token is the argmax of the model's next-token distribution given the prompt and the gold
   answer tokens before it. By induction this is the same event as greedy decoding producing exactly
@@ -15,6 +14,11 @@ Accuracy depends on the task family:
   ``i + 1`` agrees too. Because the task layer ends every answer with EOS, greedy decoding also stops
   right after the answer, so no trailing text can hide behind a matching prefix. One forward pass per
   micro-batch replaces a token-by-token decode.
+
+Each forward pass scores ``micro_batch_size`` queries with all their candidates as one row in which
+every shared prefix is encoded once (:mod:`fmmeta.evaluation.prefix_tree`): a prompt once for all
+its label words, and in-context demonstrations once for all the queries that carry them. The
+scores equal one sequence per candidate up to float rounding.
 
 The loss is the mean negative log-likelihood per answer token over the whole query set (gold answers),
 in fp32: the same quantity the meta-algorithms report as the query loss.
@@ -27,16 +31,18 @@ and ``micro_batch_size``, so ranks of a ZeRO-3 run that score the same episodes 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 # One unwrapping rule (engine/peft wrappers) for both loss paths.
-from fmmeta.algorithms.inner_loop import answer_logits
-from fmmeta.tasks.episode import Batch, Episode, Example, collate
+from fmmeta.algorithms.answer_loss import logits_at
+from fmmeta.evaluation.prefix_tree import build_tree, tree_inputs
+from fmmeta.tasks.episode import Episode, Example
 
 logger = logging.getLogger(__name__)
 
@@ -74,36 +80,74 @@ def _model_device(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def _score_batch(model: nn.Module, batch: Batch) -> _SequenceScores:
-    """Teacher-forced per-sequence log-probability and argmax agreement on answer tokens."""
-    logits, tgt, rows = answer_logits(model, batch, use_cache=False)
-    # Only the answer positions go through the (vocabulary-wide) softmax, in fp32.
-    picked = logits.float()  # [M, V]
-    token_logprob = F.log_softmax(picked, dim=-1).gather(1, tgt[:, None]).squeeze(1)
-    token_ok = picked.argmax(dim=-1) == tgt
-    n_seq = batch.input_ids.shape[0]
-    seq_logprob = torch.zeros(n_seq, dtype=torch.float32, device=picked.device)
-    seq_logprob.index_add_(0, rows, token_logprob)
-    n_wrong = torch.zeros(n_seq, dtype=torch.float32, device=picked.device)
-    n_wrong.index_add_(0, rows, (~token_ok).float())
-    n_tok = torch.bincount(rows, minlength=n_seq)
-    return _SequenceScores(seq_logprob.cpu(), n_tok.cpu(), (n_wrong == 0).cpu())
+def _model_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype the model computes in (what an additive attention mask must have)."""
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
 
 
-def _score_sequences(
-    model: nn.Module, examples: Sequence[Example], pad_id: int, micro_batch_size: int
-) -> _SequenceScores:
-    """Scores ``examples`` in micro-batches and concatenates the per-sequence results."""
+_Sequence = tuple[tuple[int, ...], tuple[int, ...]]
+Route = Callable[[torch.Tensor], None]
+"""Called before each pass with the query set (task) of each of its rows: how a caller that
+holds several tasks' fast weights (:class:`~fmmeta.algorithms.task_lora.TaskLoRA`) routes them."""
+
+
+def _score_trees(model: nn.Module, rows: Sequence[Sequence[_Sequence]], tasks: Sequence[int],
+                 route: Route | None) -> list[_SequenceScores]:
+    """One forward pass: row ``i`` holds the sequences ``rows[i]`` as a prefix tree
+    (:mod:`.prefix_tree`) and belongs to query set ``tasks[i]``; returns each row's teacher-forced
+    log-probability and argmax agreement per sequence."""
+    trees = [build_tree(seqs) for seqs in rows]
     device = _model_device(model)
-    parts: list[_SequenceScores] = []
-    for start in range(0, len(examples), micro_batch_size):
-        batch = collate(examples[start : start + micro_batch_size], pad_id).to(device)
-        parts.append(_score_batch(model, batch))
-    return _SequenceScores(
-        torch.cat([p.logprob for p in parts]),
-        torch.cat([p.n_tokens for p in parts]),
-        torch.cat([p.all_argmax for p in parts]),
-    )
+    inputs = tree_inputs(trees, _model_dtype(model), device)
+    if route is not None:
+        route(torch.tensor(list(tasks), dtype=torch.long, device=device))
+    width = inputs["input_ids"].shape[1]
+    # One head row per predictor node; several answer tokens may share one (the last prompt
+    # token predicts the first token of every candidate).
+    flat = [i * width + t.predictor for i, t in enumerate(trees)]
+    nodes, index = np.unique(np.concatenate(flat), return_inverse=True)
+    need = torch.zeros(len(trees) * width, dtype=torch.bool)
+    need[torch.from_numpy(nodes)] = True
+    logits = logits_at(model, need.view(len(trees), width).to(device), use_cache=False, **inputs)
+    logprob = F.log_softmax(logits.float(), dim=-1)  # [U, V], only the needed positions
+    argmax = logprob.argmax(dim=-1)
+    out: list[_SequenceScores] = []
+    lo = 0
+    for t in trees:
+        hi = lo + t.predictor.shape[0]
+        at = torch.from_numpy(index.reshape(-1)[lo:hi]).to(device)
+        tgt = torch.from_numpy(t.target).to(device)
+        seq = torch.from_numpy(t.sequence).to(device)
+        n_seq = int(t.sequence.max()) + 1
+        token_logprob = logprob[at, tgt]
+        wrong = (argmax[at] != tgt).float()
+        out.append(_SequenceScores(
+            torch.zeros(n_seq, device=device).index_add_(0, seq, token_logprob).cpu(),
+            torch.bincount(seq, minlength=n_seq).cpu(),
+            (torch.zeros(n_seq, device=device).index_add_(0, seq, wrong) == 0).cpu(),
+        ))
+        lo = hi
+    return out
+
+
+def _score_sets(model: nn.Module, per_set: Sequence[Sequence[Sequence[_Sequence]]],
+                micro_batch_size: int, route: Route | None) -> list[list[_SequenceScores]]:
+    """Scores every query's sequences of every set; pass ``k`` holds the ``k``-th chunk of
+    ``micro_batch_size`` queries of every set that has one, a row each. Returns, per set and per
+    query, that query's sequences' scores."""
+    chunks = [[qs[i : i + micro_batch_size] for i in range(0, len(qs), micro_batch_size)]
+              for qs in per_set]
+    out: list[list[_SequenceScores]] = [[] for _ in per_set]
+    for k in range(max(len(c) for c in chunks)):
+        tasks = [j for j, c in enumerate(chunks) if k < len(c)]
+        rows = [[seq for q in chunks[j][k] for seq in q] for j in tasks]
+        for j, s in zip(tasks, _score_trees(model, rows, tasks, route)):
+            bounds = np.cumsum([0, *(len(q) for q in chunks[j][k])])
+            out[j].extend(
+                _SequenceScores(s.logprob[lo:hi], s.n_tokens[lo:hi], s.all_argmax[lo:hi])
+                for lo, hi in zip(bounds[:-1], bounds[1:])
+            )
+    return out
 
 
 def _check_classification(
@@ -125,6 +169,103 @@ def _check_classification(
             )
 
 
+@dataclass(frozen=True)
+class QuerySet:
+    """Query examples to score together, and the candidates of a classification task."""
+
+    examples: Sequence[Example]
+    choices: Sequence[Sequence[int]] | None = None
+
+    @classmethod
+    def of(cls, episode_or_examples: Episode | Sequence[Example],
+           choices: Sequence[Sequence[int]] | None = None) -> QuerySet:
+        """An episode's query (and its ``choices`` unless given), or the examples themselves."""
+        if isinstance(episode_or_examples, Episode):
+            return cls(episode_or_examples.query,
+                       episode_or_examples.choices if choices is None else choices)
+        return cls(episode_or_examples, choices)
+
+    def check(self) -> None:
+        """Refuses what cannot be scored (see :func:`score_query`)."""
+        if len(self.examples) == 0:
+            raise ValueError("score_query() got no query examples: an episode needs >= 1 query")
+        for i, ex in enumerate(self.examples):
+            if len(ex.answer_ids) == 0 or len(ex.prompt_ids) == 0:
+                raise ValueError(
+                    f"query[{i}] has {len(ex.prompt_ids)} prompt and {len(ex.answer_ids)} answer "
+                    "tokens: scoring needs >= 1 of each (the first answer token is predicted from "
+                    "the prompt)"
+                )
+        if self.choices is not None:
+            _check_classification(self.examples, self.choices)
+
+    def sequences(self) -> list[list[_Sequence]]:
+        """Per query, the sequences its score needs: the gold answer (generation); every
+        candidate, then the gold answer where it is none of them (classification)."""
+        if self.choices is None:
+            return [[(tuple(ex.prompt_ids), tuple(ex.answer_ids))] for ex in self.examples]
+        cands = [tuple(c) for c in self.choices]
+        return [[(tuple(ex.prompt_ids), c) for c in cands]
+                + ([] if tuple(ex.answer_ids) in cands else [(tuple(ex.prompt_ids), tuple(ex.answer_ids))])
+                for ex in self.examples]
+
+    def summarise(self, per_query: Sequence[_SequenceScores]) -> QueryScore:
+        """The set's score from its queries' sequence scores (in :meth:`sequences` order)."""
+        if self.choices is None:
+            n_tok = int(sum(int(q.n_tokens.sum()) for q in per_query))
+            return QueryScore(
+                loss=float(-sum(float(q.logprob.sum()) for q in per_query) / n_tok),
+                accuracy=float(np.mean([bool(q.all_argmax.all()) for q in per_query])),
+                n=len(self.examples), n_answer_tokens=n_tok,
+            )
+        cands = [tuple(c) for c in self.choices]
+        correct, gold_logprob, n_tok = 0, 0.0, 0
+        for ex, q in zip(self.examples, per_query):
+            assert ex.label is not None  # checked by _check_classification
+            scores = q.logprob[: len(cands)]
+            others = torch.cat([scores[: ex.label], scores[ex.label + 1 :]])
+            correct += int(bool(scores[ex.label] > others.max()))
+            gold = tuple(ex.answer_ids)
+            g = cands.index(gold) if gold in cands else len(cands)
+            gold_logprob += float(q.logprob[g])
+            n_tok += int(q.n_tokens[g])
+        return QueryScore(loss=-gold_logprob / n_tok, accuracy=correct / len(self.examples),
+                          n=len(self.examples), n_answer_tokens=n_tok)
+
+
+def _check_micro_batch(micro_batch_size: int) -> None:
+    if micro_batch_size < 1:
+        raise ValueError(
+            f"micro_batch_size={micro_batch_size} is invalid: it must be >= 1 (queries per pass)"
+        )
+
+
+def score_query_sets(
+    model: nn.Module,
+    sets: Sequence[QuerySet],
+    *,
+    micro_batch_size: int = 8,
+    route: Route | None = None,
+) -> list[QueryScore]:
+    """Scores several query sets together: pass ``k`` holds chunk ``k`` (``micro_batch_size``
+    queries) of every set, one row per set, and ``route`` (if given) is told each row's set
+    before the pass. Each result equals :func:`score_query` of that set alone, up to float
+    rounding; several episodes' adapted fast weights are scored this way in one pass."""
+    _check_micro_batch(micro_batch_size)
+    if not sets:
+        raise ValueError("score_query_sets() got no query sets")
+    for qs in sets:
+        qs.check()
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            scored = _score_sets(model, [qs.sequences() for qs in sets], micro_batch_size, route)
+    finally:
+        model.train(was_training)
+    return [qs.summarise(per_query) for qs, per_query in zip(sets, scored)]
+
+
 def score_query(
     model: nn.Module,
     episode_or_examples: Episode | Sequence[Example],
@@ -137,13 +278,14 @@ def score_query(
 
     Args:
         model: a causal LM (plain, peft-wrapped or engine-wrapped module) whose forward takes
-            ``input_ids`` and ``attention_mask`` and returns ``logits``.
+            ``input_ids``, ``position_ids`` and a 4D ``attention_mask`` and returns ``logits``.
         episode_or_examples: an episode (its ``query`` is scored and its ``choices`` used unless
             ``choices`` is given) or the query examples themselves, e.g.
             ``episode.in_context_query()`` for in-context scoring.
-        pad_id: padding token id.
+        pad_id: padding token id (unused: every pass is one row without padding; kept so that
+            the scoring and training calls read alike).
         choices: candidate answers for verbalizer ranking; ``None`` scores by exact match.
-        micro_batch_size: sequences per forward pass (candidates count one sequence each).
+        micro_batch_size: queries per forward pass (each with all its candidates).
 
     Returns:
         The query score. An empty query set raises rather than returning a meaningless 0.
@@ -157,110 +299,16 @@ def score_query(
         >>> s_icl = score_query(model, episode.in_context_query(), pad_id,
         ...                     choices=episode.choices)                     # doctest: +SKIP
     """
-    if isinstance(episode_or_examples, Episode):
-        examples: Sequence[Example] = episode_or_examples.query
-        if choices is None:
-            choices = episode_or_examples.choices
-    else:
-        examples = episode_or_examples
-    if len(examples) == 0:
-        raise ValueError("score_query() got no query examples: an episode needs >= 1 query")
-    if micro_batch_size < 1:
-        raise ValueError(
-            f"micro_batch_size={micro_batch_size} is invalid: it must be >= 1 (sequences per pass)"
-        )
-    for i, ex in enumerate(examples):
-        if len(ex.answer_ids) == 0 or len(ex.prompt_ids) == 0:
-            raise ValueError(
-                f"query[{i}] has {len(ex.prompt_ids)} prompt and {len(ex.answer_ids)} answer tokens: "
-                "scoring needs >= 1 of each (the first answer token is predicted from the prompt)"
-            )
-    if choices is not None:
-        _check_classification(examples, choices)
-
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            if choices is None:
-                return _score_generation(model, examples, pad_id, micro_batch_size)
-            return _score_classification(model, examples, choices, pad_id, micro_batch_size)
-    finally:
-        model.train(was_training)
+    del pad_id
+    return score_query_sets(model, [QuerySet.of(episode_or_examples, choices)],
+                            micro_batch_size=micro_batch_size)[0]
 
 
-def score_passes(
-    episode_or_examples: Episode | Sequence[Example],
-    *,
-    choices: Sequence[Sequence[int]] | None = None,
-    micro_batch_size: int = 8,
-) -> int:
-    """The number of forward passes :func:`score_query` runs with the same arguments.
+def score_passes(sets: Sequence[QuerySet], *, micro_batch_size: int = 8) -> int:
+    """The number of forward passes :func:`score_query_sets` runs with the same arguments (the
+    largest set's number of chunks; :func:`score_query` is one set).
 
     Known before scoring, so ranks of a ZeRO-3 run can agree on how many passes to run (the one
     with fewer pads with dummy passes) before any of them starts.
     """
-    if isinstance(episode_or_examples, Episode):
-        examples: Sequence[Example] = episode_or_examples.query
-        if choices is None:
-            choices = episode_or_examples.choices
-    else:
-        examples = episode_or_examples
-
-    def passes(n: int) -> int:
-        return -(-n // micro_batch_size)
-
-    if choices is None:
-        return passes(len(examples))
-    n = passes(len(examples) * len(choices))
-    gold_is_choice = all(
-        ex.label is not None and 0 <= ex.label < len(choices)
-        and tuple(ex.answer_ids) == tuple(choices[ex.label])
-        for ex in examples
-    )
-    return n if gold_is_choice else n + passes(len(examples))
-
-
-def _score_generation(
-    model: nn.Module, examples: Sequence[Example], pad_id: int, micro_batch_size: int
-) -> QueryScore:
-    s = _score_sequences(model, examples, pad_id, micro_batch_size)
-    n_tok = int(s.n_tokens.sum())
-    return QueryScore(
-        loss=float(-s.logprob.sum() / n_tok),
-        accuracy=float(s.all_argmax.float().mean()),
-        n=len(examples),
-        n_answer_tokens=n_tok,
-    )
-
-
-def _score_classification(
-    model: nn.Module,
-    examples: Sequence[Example],
-    choices: Sequence[Sequence[int]],
-    pad_id: int,
-    micro_batch_size: int,
-) -> QueryScore:
-    n_c = len(choices)
-    cands = [Example(ex.prompt_ids, tuple(c), ex.label) for ex in examples for c in choices]
-    s = _score_sequences(model, cands, pad_id, micro_batch_size)
-    scores = s.logprob.view(len(examples), n_c)
-    labels = torch.tensor([ex.label for ex in examples], dtype=torch.long)
-    gold = scores.gather(1, labels[:, None])
-    others = scores.clone()
-    others.scatter_(1, labels[:, None], float("-inf"))
-    correct = gold.squeeze(1) > others.max(dim=1).values
-    accuracy = float(correct.float().mean())
-
-    gold_is_choice = all(
-        ex.label is not None and tuple(ex.answer_ids) == tuple(choices[ex.label]) for ex in examples
-    )
-    if gold_is_choice:
-        # The gold answers were among the candidates: reuse their log-probabilities.
-        n_tok = int(s.n_tokens.view(len(examples), n_c).gather(1, labels[:, None]).sum())
-        loss = float(-gold.sum() / n_tok)
-    else:
-        g = _score_sequences(model, examples, pad_id, micro_batch_size)
-        n_tok = int(g.n_tokens.sum())
-        loss = float(-g.logprob.sum() / n_tok)
-    return QueryScore(loss=loss, accuracy=accuracy, n=len(examples), n_answer_tokens=n_tok)
+    return max((-(-len(qs.examples) // micro_batch_size) for qs in sets), default=0)
