@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     try:
         import_modules(args.imports)
         config_path = args.config or (run_config(args.run) if args.run is not None else None)
-        cfg = load_config(RecipeConfig, config_path, args.overrides)
+        cfg = load_config(RecipeConfig, config_path, args.overrides).on_this_machine()
         adapters = run_adapters(args.run, cfg.methods) if args.run is not None else {}
         adapters.update(named_adapters(args.adapter))
         out = args.run if args.run is not None else Path(cfg.output_dir).expanduser()
@@ -177,7 +177,7 @@ def evaluate(cfg: RecipeConfig, adapters: dict[str, Path], out: Path) -> dict[st
 
 
 def _evaluate(cfg: RecipeConfig, adapters: dict[str, Path], out: Path, report: Path) -> dict[str, Path]:
-    precision = {"float32": "fp32", "bfloat16": "bf16"}[cfg.model.dtype]
+    precision = cfg.precision
     partitioned = partitioned_build(cfg.engine, cfg.optim, precision=precision)
     base, tokenizer = build_model_and_tokenizer(cfg.model, partitioned=partitioned)
     suite = build_task_set(cfg.tasks, tokenizer, seed=cfg.train.seed)

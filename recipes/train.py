@@ -77,9 +77,6 @@ from fmmeta.tracking import MetricsLog, open_trackers, report_evaluation
 
 logger = logging.getLogger("fmmeta.train")
 
-PRECISION = {"float32": "fp32", "bfloat16": "bf16"}
-
-
 def parse_args(argv: list[str], prog: str | None = None) -> argparse.Namespace:
     """Parses ``--config`` and ``section.key=value`` overrides; ignores the launcher's --local_rank.
 
@@ -125,10 +122,10 @@ def banner(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.Modul
     per_rank = cfg.sampler.meta_batch_size / engine.world_size
     budget = cfg.sampler.tokens_per_pass or f"{cfg.sampler.micro_batch_size} x longest sequence"
     logger.info(
-        "== %s | model %s | params trainable %s / total %s (%.3f%%) | world size %d | ZeRO stage %s"
+        "== %s | model %s (%s) | params trainable %s / total %s (%.3f%%) | world size %d | ZeRO stage %s"
         " | tasks per meta-step %d (~%.1f per rank, packed into passes of %s tokens)"
         " | inner steps %d | meta-steps %d",
-        method, model_id(cfg.model), f"{trainable:,}", f"{total:,}", 100 * trainable / total,
+        method, model_id(cfg.model), cfg.model.dtype, f"{trainable:,}", f"{total:,}", 100 * trainable / total,
         engine.world_size, getattr(engine, "zero_stage", "-"), cfg.sampler.meta_batch_size,
         per_rank, budget, cfg.algorithm.inner_steps, cfg.train.meta_steps,
     )
@@ -234,7 +231,7 @@ def fresh_engine(cfg: RecipeConfig, model: torch.nn.Module, initial: list[torch.
     previous method's engine must have been closed (it removes its ZeRO-3 hooks).
     """
     scatter_adapter(adapter_tensors(model), initial)
-    return build_engine(cfg.engine, model, cfg.optim, precision=PRECISION[cfg.model.dtype])
+    return build_engine(cfg.engine, model, cfg.optim, precision=cfg.precision)
 
 
 def train_method(cfg: RecipeConfig, method: str, model: torch.nn.Module, initial: list[torch.Tensor],
@@ -339,6 +336,7 @@ def run(args: argparse.Namespace) -> int:
     if kind != "local":
         rank, _, _ = init_distributed(default_backend(), cfg.engine.collective_timeout_s)
     setup_logging(rank)
+    cfg = cfg.on_this_machine()
     # Nothing is written into output_dir before rank 0 holds its lock and has checked the resume;
     # every rank learns the outcome, so all stop together or go on together.
     lock, refused = None, None
@@ -371,7 +369,7 @@ def train_and_evaluate(cfg: RecipeConfig, out: Path, hosts: list[str]) -> int:
     torch.manual_seed(cfg.train.seed)
     t0 = time.perf_counter()
     # Under ZeRO-3 the base is partitioned as it is built; `partitioned` stays alive all run.
-    partitioned = partitioned_build(cfg.engine, cfg.optim, precision=PRECISION[cfg.model.dtype])
+    partitioned = partitioned_build(cfg.engine, cfg.optim, precision=cfg.precision)
     base, tokenizer = build_model_and_tokenizer(cfg.model, partitioned=partitioned)
     model = add_lora(base, cfg.lora, seed=cfg.train.seed)
     initial = [p.detach().clone() for p in adapter_tensors(model)]

@@ -53,8 +53,11 @@ class ModelConfig:
     """Tiny model maximum sequence length (tokens, >= 8)."""
     tiny_seed: int = 0
     """Seed of the tiny model's random weights (same seed = same weights on every rank)."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    """Weight dtype of the base model and the LoRA adapter (kept equal: mixed dtypes break ZeRO-3)."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "float32"
+    """Compute dtype: the base model's and the LoRA adapter's weights (kept equal: mixed dtypes
+    break ZeRO-3); masters, fast weights, optimizer moments and loss sums are fp32 whatever it
+    is. "auto" = bfloat16 where the hardware has native bf16 (a GPU with it, a CPU with
+    AVX512-BF16 or AMX), float32 elsewhere; a run records the dtype it chose."""
     trust_remote_code: bool = False
     """Allow a hub model to run its own Python code; never turned on implicitly."""
     gradient_checkpointing: bool = False

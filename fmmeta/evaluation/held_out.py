@@ -36,17 +36,13 @@ from typing import Any, Callable, Collection, Iterator, Mapping, Sequence
 import torch
 from torch import nn
 
-from fmmeta.algorithms.inner_loop import (
-    InnerLoopConfig,
-    InnerOptimizer,
-    adapt,
-    restore,
-    snapshot,
-)
+from fmmeta.algorithms.inner_loop import InnerLoopConfig, InnerOptimizer, adapt_tasks, restore, snapshot
+from fmmeta.algorithms.passes import PackedBatch, Pass, answer_tokens_per_task
+from fmmeta.algorithms.task_lora import TaskLoRA, stack_adapters
 from fmmeta.evaluation.lockstep import Lockstep, OneRank, Ranks, sharded
 from fmmeta.evaluation.methods import MethodSpec, needs_lr, prepare_methods
 from fmmeta.evaluation.result import EpisodeRecord, EvalResult, LrSelection, family_of
-from fmmeta.evaluation.scoring import score_passes, score_query
+from fmmeta.evaluation.scoring import QuerySet, score_passes, score_query_sets
 from fmmeta.tasks.episode import Batch, Episode, collate
 
 logger = logging.getLogger(__name__)
@@ -60,32 +56,84 @@ def support_batches(episode: Episode, pad_id: int, micro_batch_size: int) -> lis
     return [collate(s[i : i + micro_batch_size], pad_id) for i in range(0, len(s), micro_batch_size)]
 
 
-def _load(params: Sequence[torch.Tensor], state: Sequence[torch.Tensor]) -> None:
-    restore(params, [t.to(device=p.device, dtype=p.dtype) for p, t in zip(params, state)])
+def support_passes(episodes: Sequence[Episode], pad_id: int, micro_batch_size: int) -> list[Pass]:
+    """The support sets of episodes adapted together: pass ``k`` holds the ``k``-th chunk of
+    ``micro_batch_size`` rows of every episode, each row routed to its episode (task ``g``)."""
+    chunks = [[ep.support[i : i + micro_batch_size] for i in range(0, len(ep.support), micro_batch_size)]
+              for ep in episodes]
+    passes: list[Pass] = []
+    for k in range(max((len(c) for c in chunks), default=0)):
+        rows = [(g, ex) for g, c in enumerate(chunks) if k < len(c) for ex in c[k]]
+        passes.append(PackedBatch(collate([ex for _, ex in rows], pad_id),
+                                  torch.tensor([g for g, _ in rows], dtype=torch.long)))
+    return passes
+
+
+@contextlib.contextmanager
+def adapting(
+    model: nn.Module,
+    lora: TaskLoRA,
+    params: Sequence[torch.Tensor],
+    start: Sequence[torch.Tensor],
+    support: Sequence[Pass],
+    n_answer: torch.Tensor,
+    cfg: InnerLoopConfig,
+    lrs: Sequence[float] | None = None,
+) -> Iterator[Callable[[], None]]:
+    """The model with ``T = len(n_answer)`` copies of the adapter at ``start`` as fp32 fast
+    weights inside the block (one per episode adapted together); yields the function that takes
+    one adaptation step of all of them on ``support`` (passes whose rows name their episode;
+    ``None`` entries are dummy passes; ``n_answer[g]`` is episode ``g``'s support answer tokens).
+
+    This is training's inner loop (:func:`~fmmeta.algorithms.inner_loop.adapt_tasks` over
+    stacked weights routed by ``lora``), so each episode's trajectory is the one it has alone.
+    The adapter parameters are never written: with a bf16 model an in-place step of
+    ``lr * grad`` is often below half a unit in the last place of a bf16 weight and would be
+    lost, while the fast weights, the inner optimizer's moments and the loss sums stay fp32 and
+    only the forward casts.
+    """
+    n_tasks = max(1, int(n_answer.numel()))
+    n = n_answer if n_answer.numel() else torch.zeros(1, dtype=torch.float64)
+    fast = stack_adapters([t.detach().to(p.device) for p, t in zip(params, start)], n_tasks)
+    opt = InnerOptimizer(cfg, fast, lrs)
+
+    def step() -> None:
+        adapt_tasks(model, fast, support, n, cfg, lora=lora, steps=1, optimizer=opt)
+
+    with lora.active(fast):
+        lora.rows = None
+        yield step
+
+
+def _route(lora: TaskLoRA) -> Callable[[torch.Tensor], None]:
+    def route(rows: torch.Tensor) -> None:
+        lora.rows = rows
+    return route
 
 
 def _score(
-    model: nn.Module, episode: Episode | None, pad_id: int, micro_batch_size: int, lockstep: Lockstep,
-    icl_max_length: int | None,
-) -> tuple[float, float, int] | None:
-    """Scores the query as it is now: plain, or with the support in context when
-    ``icl_max_length`` is given (``None`` for a rank without an episode)."""
-    ep = episode
-    if ep is None:
-        s = lockstep.score(0, None)
-    else:
-        query = ep.query if icl_max_length is None else ep.in_context_query(icl_max_length)
-        s = lockstep.score(
-            score_passes(query, choices=ep.choices, micro_batch_size=micro_batch_size),
-            lambda: score_query(model, query, pad_id, choices=ep.choices, micro_batch_size=micro_batch_size),
-        )
-    return None if s is None else (s.loss, s.accuracy, s.n)
+    model: nn.Module, lora: TaskLoRA, episodes: Sequence[Episode], micro_batch_size: int,
+    lockstep: Lockstep, icl_max_length: int | None,
+) -> list[tuple[float, float, int]]:
+    """Scores the episodes' queries as they are now, episode ``g`` through fast weights ``g``:
+    plain, or with the support in context when ``icl_max_length`` is given (no episodes: a rank
+    with nothing left runs dummy passes)."""
+    sets = [QuerySet(ep.query if icl_max_length is None else ep.in_context_query(icl_max_length),
+                     ep.choices) for ep in episodes]
+    s = lockstep.score(
+        score_passes(sets, micro_batch_size=micro_batch_size),
+        (lambda: score_query_sets(model, sets, micro_batch_size=micro_batch_size,
+                                  route=_route(lora))) if sets else None,
+    )
+    return [(q.loss, q.accuracy, q.n) for q in s or []]
 
 
 def _adapt_and_score(
     model: nn.Module,
+    lora: TaskLoRA,
     params: Sequence[torch.Tensor],
-    episode: Episode | None,
+    start: Sequence[torch.Tensor],
+    episodes: Sequence[Episode],
     cfg: InnerLoopConfig,
     steps: int,
     pad_id: int,
@@ -95,28 +143,33 @@ def _adapt_and_score(
     icl_max_length: int | None = None,
     score_steps: Collection[int] | None = None,
     lrs: Sequence[float] | None = None,
-) -> list[tuple[int, float, float, int]]:
-    """Adapts on the support step by step; returns ``(step, loss, accuracy, n)`` per scored step.
+) -> list[list[tuple[int, float, float, int]]]:
+    """Adapts the episodes together, step by step from ``start``; returns per episode
+    ``(step, loss, accuracy, n)`` per scored step.
 
-    One :class:`InnerOptimizer` carries the trajectory across the one-step ``adapt`` calls, so
-    stepping and scoring in between gives exactly the weights of ``adapt(steps=k)``. ``episode``
-    ``None`` runs only the dummy passes that keep this rank in step with the others. With
+    One inner optimizer carries the trajectories across the steps (:func:`adapting`), so stepping
+    and scoring in between gives exactly the weights of ``steps`` steps in a row. No episodes
+    runs only the dummy passes that keep this rank in step with the others. With
     ``icl_max_length`` every query is scored with the support prepended as demonstrations;
     ``score_steps`` limits scoring to those steps (``None``: every step; the last one always);
     ``lrs`` gives every adapter tensor its own step size.
     """
-    out: list[tuple[int, float, float, int]] = []
-    support = [] if episode is None or steps == 0 else support_batches(episode, pad_id, micro_batch_size)
-    support = lockstep.support(support) if steps else []
-    opt = InnerOptimizer(cfg, params, lrs)
-    for step in range(steps + 1):
-        if step > 0:
-            adapt(model, params, support, cfg, steps=1, optimizer=opt)
-        if score_steps is None or step in score_steps or step == steps:
-            s = _score(model, episode, pad_id, micro_batch_size, lockstep, icl_max_length)
-            if s is not None:
-                out.append((step, *s))
+    out: list[list[tuple[int, float, float, int]]] = [[] for _ in episodes]
+    support = lockstep.support(support_passes(episodes, pad_id, micro_batch_size)) if steps else []
+    n_answer = answer_tokens_per_task(support, len(episodes))
+    with adapting(model, lora, params, start, support, n_answer, cfg, lrs) as adapt_step:
+        for step in range(steps + 1):
+            if step > 0:
+                adapt_step()
+            if score_steps is None or step in score_steps or step == steps:
+                scored = _score(model, lora, episodes, micro_batch_size, lockstep, icl_max_length)
+                for o, sc in zip(out, scored):
+                    o.append((step, *sc))
     return out
+
+
+def _groups(episodes: Sequence[Episode], size: int) -> list[list[Episode]]:
+    return [list(episodes[i : i + size]) for i in range(0, len(episodes), size)]
 
 
 def _check_draws(episodes_per_seed: Sequence[Sequence[Episode]], max_steps: int, min_seeds: int) -> None:
@@ -165,20 +218,23 @@ def _progress(show: bool, total: int) -> Iterator[Any]:
 def _records(
     method: str,
     episodes_per_seed: Sequence[Sequence[Episode]],
-    one: Callable[[Episode | None], list[tuple[int, float, float, int]]],
+    one: Callable[[list[Episode] | None], list[list[tuple[int, float, float, int]]]],
     ranks: Ranks,
     domains: Mapping[str, str],
+    episodes_per_pass: int,
 ) -> list[EpisodeRecord]:
-    """``one`` run on every episode of every seed (split over ``ranks``), as records."""
+    """``one`` run on every group of ``episodes_per_pass`` episodes of every seed (the groups
+    split over ``ranks``), as records in episode order."""
     records: list[EpisodeRecord] = []
     for seed, episodes in enumerate(episodes_per_seed):
-        for i, (ep, scored) in enumerate(zip(episodes, sharded(ranks, episodes, one))):
+        scored = [sc for group in sharded(ranks, _groups(episodes, episodes_per_pass), one) for sc in group]
+        for i, (ep, sc) in enumerate(zip(episodes, scored)):
             records.extend(
                 EpisodeRecord(
                     method=method, seed=seed, episode=i, task=ep.task, family=family_of(ep),
                     domain=domains.get(ep.task, ""), step=step, loss=loss, accuracy=acc, n=n,
                 )
-                for step, loss, acc, n in scored
+                for step, loss, acc, n in sc
             )
     return records
 
@@ -201,6 +257,7 @@ def evaluate_methods(
     domains: Mapping[str, str] | None = None,
     icl_max_length: int = 1024,
     score_steps: Sequence[int] | None = None,
+    episodes_per_pass: int = 8,
 ) -> EvalResult:
     """Adapts each method on each held-out episode for 0..``max_steps`` steps and scores the query.
 
@@ -217,7 +274,8 @@ def evaluate_methods(
         max_steps: largest number of adaptation steps to score (>= 0).
         pad_id: padding token id.
         inner_lrs: adaptation lr per method (from :func:`select_inner_lr`); missing = ``inner.inner_lr``.
-        micro_batch_size: sequences per forward pass for support and query.
+        micro_batch_size: support rows, and queries (with their candidates, as one row), of one
+            episode per forward pass.
         min_seeds: fewest episode draws accepted (3 by default; a worst case over fewer says little).
         lr_selection: recorded in the result so the report can show how lrs were chosen.
         progress: show a tqdm bar over (method, episode) pairs (turn on for rank 0 only).
@@ -230,6 +288,10 @@ def evaluate_methods(
             headline step, is always scored); ``None`` scores every step. Scoring a query costs
             about as much as an adaptation step, so a long adaptation scored at a few steps
             costs about half as much to evaluate.
+        episodes_per_pass: episodes adapted and scored together, each through its own fp32
+            fast weights (:class:`~fmmeta.algorithms.task_lora.TaskLoRA`): a pass holds their
+            rows side by side. Every score equals the one-episode-at-a-time score up to float
+            rounding; few-shot passes are small, so bigger ones cost less per token.
 
     Returns:
         All records and their summary.
@@ -252,6 +314,7 @@ def evaluate_methods(
     lrs = {m: (inner_lrs or {}).get(m, inner.inner_lr) for m in needs_lr(specs)}
     ranks = ranks or OneRank()
     lockstep = Lockstep(model, params, ranks)
+    lora = TaskLoRA(model, params)
     records: list[EpisodeRecord] = []
     total = len(specs) * sum(len(e) for e in episodes_per_seed)
     with _eval_mode(model, params) as theta, _progress(progress, total) as bar:
@@ -263,16 +326,16 @@ def evaluate_methods(
             logger.info("evaluating %s (lr %s) on %d seeds", method,
                         "learned" if spec.inner_lrs is not None else lrs.get(method), len(episodes_per_seed))
 
-            def one(ep: Episode | None) -> list[tuple[int, float, float, int]]:
-                _load(params, start)
-                scored = _adapt_and_score(model, params, ep, cfg, steps, pad_id, micro_batch_size,
-                                          lockstep, icl_max_length=icl, score_steps=score_steps,
-                                          lrs=spec.inner_lrs)
+            def one(group: list[Episode] | None) -> list[list[tuple[int, float, float, int]]]:
+                scored = _adapt_and_score(model, lora, params, start, group or [], cfg, steps,
+                                          pad_id, micro_batch_size, lockstep, icl_max_length=icl,
+                                          score_steps=score_steps, lrs=spec.inner_lrs)
                 if bar is not None:
-                    bar.update(ranks.world_size if ep is not None else 0)
+                    bar.update(min(len(group or []) * ranks.world_size, bar.total - bar.n))
                 return scored
 
-            records.extend(_records(method, episodes_per_seed, one, ranks, domains or {}))
+            records.extend(_records(method, episodes_per_seed, one, ranks, domains or {},
+                                    episodes_per_pass))
     return EvalResult(
         records=records,
         methods=list(specs),
@@ -299,6 +362,7 @@ def select_inner_lr(
     micro_batch_size: int = 8,
     ranks: Ranks | None = None,
     icl_max_length: int = 1024,
+    episodes_per_pass: int = 8,
 ) -> LrSelection:
     """Chooses each method's adaptation lr on meta-validation episodes (never held-out ones).
 
@@ -317,9 +381,9 @@ def select_inner_lr(
         steps: adaptation steps to choose the lr for (the largest step count reported).
         pad_id: padding token id.
         lr_grid: candidate lrs, each > 0.
-        micro_batch_size: sequences per forward pass.
+        micro_batch_size: as for :func:`evaluate_methods`.
         ranks: split the episodes over the ranks of this engine (as for :func:`evaluate_methods`).
-        icl_max_length: as for :func:`evaluate_methods`.
+        icl_max_length, episodes_per_pass: as for :func:`evaluate_methods`.
 
     Raises:
         ValueError: on no validation episodes, an empty grid or a non-positive lr.
@@ -336,6 +400,7 @@ def select_inner_lr(
     specs = prepare_methods(params, methods)
     ranks = ranks or OneRank()
     lockstep = Lockstep(model, params, ranks)
+    lora = TaskLoRA(model, params)
     val_loss: dict[str, dict[float, float]] = {}
     chosen: dict[str, float] = {}
     with _eval_mode(model, params) as theta:
@@ -347,15 +412,15 @@ def select_inner_lr(
             for lr in sorted(lr_grid):
                 cfg = dataclasses.replace(inner, inner_lr=lr)
 
-                def final_loss(ep: Episode | None) -> float:
-                    _load(params, start)
+                def final_loss(group: list[Episode] | None) -> list[float]:
                     scored = _adapt_and_score(
-                        model, params, ep, cfg, steps, pad_id, micro_batch_size, lockstep,
-                        icl_max_length=icl, score_steps=(),
+                        model, lora, params, start, group or [], cfg, steps, pad_id,
+                        micro_batch_size, lockstep, icl_max_length=icl, score_steps=(),
                     )
-                    return scored[0][1] if scored else math.nan
+                    return [sc[0][1] for sc in scored]
 
-                losses = sharded(ranks, validation_episodes, final_loss)
+                groups = _groups(validation_episodes, episodes_per_pass)
+                losses = [x for g in sharded(ranks, groups, final_loss) for x in g]
                 mean = sum(losses) / len(losses)
                 table[lr] = mean if math.isfinite(mean) else math.inf
             val_loss[method] = table
@@ -387,6 +452,7 @@ def evaluate_held_out(
     domains: Mapping[str, str] | None = None,
     icl_max_length: int = 1024,
     score_steps: Sequence[int] | None = None,
+    episodes_per_pass: int = 8,
 ) -> EvalResult:
     """Chooses lrs on validation tasks, then evaluates on held-out tasks: the whole honest protocol.
 
@@ -395,7 +461,8 @@ def evaluate_held_out(
 
     Args:
         model, params, methods, inner, max_steps, pad_id, micro_batch_size, min_seeds, progress,
-            ranks, domains, icl_max_length, score_steps: as for :func:`evaluate_methods`.
+            ranks, domains, icl_max_length, score_steps, episodes_per_pass: as for
+            :func:`evaluate_methods`.
         validation_episodes: episodes of meta-validation tasks, for :func:`select_inner_lr`.
         test_episodes_per_seed: held-out episodes, one list per seed of episode draws.
         lr_grid: candidate adaptation lrs; each method's is chosen at ``max_steps`` steps.
@@ -420,11 +487,11 @@ def evaluate_held_out(
     sel = select_inner_lr(
         model, params, methods, validation_episodes, inner,
         steps=max_steps, pad_id=pad_id, lr_grid=lr_grid, micro_batch_size=micro_batch_size,
-        ranks=ranks, icl_max_length=icl_max_length,
+        ranks=ranks, icl_max_length=icl_max_length, episodes_per_pass=episodes_per_pass,
     )
     return evaluate_methods(
         model, params, methods, test_episodes_per_seed, inner, max_steps, pad_id,
         inner_lrs=sel.chosen, micro_batch_size=micro_batch_size, min_seeds=min_seeds,
         lr_selection=sel, progress=progress, ranks=ranks, domains=domains,
-        icl_max_length=icl_max_length, score_steps=score_steps,
+        icl_max_length=icl_max_length, score_steps=score_steps, episodes_per_pass=episodes_per_pass,
     )

@@ -168,7 +168,7 @@ def evaluate_run(
         micro_batch_size=cfg.eval.micro_batch_size, min_seeds=min(3, cfg.eval.seeds),
         ranks=engine, icl_max_length=cfg.algorithm.icl_max_length,
         domains={t.name: t.domain for t in suite.meta_test if t.domain != t.name},
-        score_steps=cfg.eval.score_steps or None,
+        score_steps=cfg.eval.score_steps or None, episodes_per_pass=cfg.eval.episodes_per_pass,
     )
     result.notes = budget_notes(cfg)
     if query is not None:

@@ -4,7 +4,7 @@ A few-shot method can only beat a baseline through adaptation if its inner loop 
 support set in the steps it is given: when the support accuracy after ``k`` steps is still at
 chance, the query cannot be better, and every method's query accuracy sits at chance whatever
 meta-training did. :func:`support_fit` measures exactly that, with the project's one inner loop
-(:func:`fmmeta.algorithms.inner_loop.adapt`), on episodes the caller chooses (meta-validation
+(:func:`fmmeta.evaluation.held_out.adapting`: fp32 fast weights, as in evaluation), on episodes the caller chooses (meta-validation
 ones when the result chooses settings): the support and query loss and accuracy after each scored
 step, averaged over episodes, for one start (an adapter state) and one inner-loop setting.
 ``scripts/support_fit.py`` runs it over a grid of settings from a recipe config.
@@ -18,8 +18,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from fmmeta.algorithms.inner_loop import InnerLoopConfig, InnerOptimizer, adapt, restore, snapshot
-from fmmeta.evaluation.held_out import support_batches
+from fmmeta.algorithms.inner_loop import InnerLoopConfig, restore, snapshot
+from fmmeta.algorithms.task_lora import TaskLoRA
+from fmmeta.algorithms.passes import answer_tokens_per_task
+from fmmeta.evaluation.held_out import adapting, support_passes
 from fmmeta.evaluation.scoring import score_query
 from fmmeta.tasks.episode import Episode
 
@@ -71,22 +73,23 @@ def support_fit(
         raise ValueError(f"score_steps={list(score_steps or [])} is invalid: each must be in 0..{steps}")
     sums = {s: torch.zeros(4, dtype=torch.float64) for s in wanted}
     theta = snapshot(params)
+    lora = TaskLoRA(model, params)
     was_training = model.training
     model.eval()
     try:
         for ep in episodes:
-            restore(params, theta)
-            support = support_batches(ep, pad_id, micro_batch_size)
-            opt = InnerOptimizer(inner, params)
-            for step in range(steps + 1):
-                if step:
-                    adapt(model, params, support, inner, steps=1, optimizer=opt)
-                if step in sums:
-                    s = score_query(model, ep.support, pad_id, choices=ep.choices,
-                                    micro_batch_size=micro_batch_size)
-                    q = score_query(model, ep, pad_id, micro_batch_size=micro_batch_size)
-                    sums[step] += torch.tensor([s.loss, s.accuracy, q.loss, q.accuracy],
-                                               dtype=torch.float64)
+            support = support_passes([ep], pad_id, micro_batch_size)
+            n_answer = answer_tokens_per_task(support, 1)
+            with adapting(model, lora, params, theta, support, n_answer, inner) as adapt_step:
+                for step in range(steps + 1):
+                    if step:
+                        adapt_step()
+                    if step in sums:
+                        s = score_query(model, ep.support, pad_id, choices=ep.choices,
+                                        micro_batch_size=micro_batch_size)
+                        q = score_query(model, ep, pad_id, micro_batch_size=micro_batch_size)
+                        sums[step] += torch.tensor([s.loss, s.accuracy, q.loss, q.accuracy],
+                                                   dtype=torch.float64)
     finally:
         restore(params, theta)
         model.train(was_training)

@@ -29,6 +29,7 @@ from torch import nn
 
 from fmmeta.config import EMBEDDED_MODEL, LoraConfig, ModelConfig, model_source_problems
 from fmmeta.errors import UserInputError
+from fmmeta.models.precision import resolve_dtype, use_fp32_attention
 from fmmeta.tasks.task import ensure_pad_token
 
 __all__ = [
@@ -95,12 +96,12 @@ class ModelOrigin:
 
 
 def torch_dtype(name: str) -> torch.dtype:
-    """``"bfloat16" -> torch.bfloat16``; the config restricts names to float32/bfloat16."""
+    """``"bfloat16" -> torch.bfloat16``; ``"auto"`` is this machine's choice (:mod:`.precision`)."""
     try:
-        return _DTYPES[name]
+        return _DTYPES[resolve_dtype(name)]
     except KeyError as err:
         raise ModelBuildError(
-            f"model.dtype={name!r} is invalid: allowed values are {', '.join(_DTYPES)}"
+            f"model.dtype={name!r} is invalid: allowed values are auto, {', '.join(_DTYPES)}"
         ) from err
 
 
@@ -291,6 +292,7 @@ def build_model_and_tokenizer(
         partitioned.check_partitioned(model)
     if getattr(model.config, "pad_token_id", None) is None:
         model.config.pad_token_id = tokenizer.pad_token_id
+    use_fp32_attention(model)  # bf16 SDPA's backward is slow on CPU (see .precision)
     if cfg.gradient_checkpointing:
         enable_activation_checkpointing(model)
     model.train()

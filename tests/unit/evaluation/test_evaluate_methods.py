@@ -287,3 +287,32 @@ def test_scoring_a_few_steps_gives_the_same_scores_at_those_steps() -> None:
     assert "(scored after [1, 3])" in text and "| 1 step | 3 steps |" in text and "0 steps" not in text
     with pytest.raises(ValueError, match="score_steps=\\[4\\] is invalid"):
         evaluate_methods(model, params, methods, eps, inner, 3, PAD, score_steps=(4,))
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_episodes_adapted_together_score_as_one_at_a_time(optimizer: str) -> None:
+    """Groups of episodes share passes (rows routed to each episode's own fast weights): the
+    records equal one episode per pass (rel 1e-5), with uneven groups (5 episodes per seed in
+    groups of 2), support sets of different sizes split into several passes, learned step sizes,
+    demonstrations and per-episode clipping."""
+    model = tiny_lora_llama(seed=0)
+    params = lora_params(model)
+    trained = random_state(params, seed=1)
+    learned = [0.05 * (1 + i % 3) for i in range(len(params))]
+    g = torch.Generator().manual_seed(7)
+    eps = [[random_episode(g, f"t{i}", classification=i % 2 == 0, shots=1 + i % 3, n_query=1 + i % 2)
+            for i in range(5)] for _ in range(3)]
+    methods = {"base": None, "trained+demos": EvalMethod(trained, demonstrations=True),
+               "learned": EvalMethod(trained, inner_lrs=learned)}
+    inner = InnerLoopConfig(inner_steps=2, inner_lr=0.2, inner_optimizer=optimizer, inner_clip_norm=0.5)
+
+    def run(per_pass: int) -> dict:
+        res = evaluate_methods(model, params, methods, eps, inner, 2, PAD, micro_batch_size=2,
+                               episodes_per_pass=per_pass)
+        return {(r.method, r.seed, r.episode, r.step): r for r in res.records}
+
+    alone, together = run(1), run(2)
+    assert alone.keys() == together.keys() and len(alone) == 3 * 5 * 3 * 3
+    for key, r in alone.items():
+        assert together[key].loss == pytest.approx(r.loss, rel=1e-5, abs=1e-6), key
+        assert together[key].accuracy == r.accuracy, key

@@ -1,0 +1,213 @@
+"""Benchmark: what held-out evaluation costs, against the path it replaced and the machine's peak.
+
+Runs on the default run's model (SmolLM2-135M, embedded, no download) and its real held-out
+episodes (the CLDR suite, real tokenizer), or with ``--tiny`` on a small random model (what
+``make test`` runs). Every figure is a ratio of medians of runs interleaved in one process, so the
+noise of a shared machine mostly cancels. Prints a few human lines and, as the last line, one JSON
+object:
+
+* ``classification_scoring_speedup``: one episode's query set scored one padded sequence per
+  label word (the old path: ``micro_batch_size`` sequences per pass) / scored as one prefix tree
+  per pass (``fmmeta.evaluation.scoring``), fp32 (target >= 2.5).
+* ``in_context_scoring_speedup``: the same for the query with the support set as demonstrations
+  (the old path encodes the demonstrations once per candidate; target >= 5).
+* ``grouped_speedup``: a method's whole evaluation of ``--episodes`` episodes (adaptation for
+  ``--steps`` steps, scoring at steps 0 and ``--steps``) one episode per pass / ``--group``
+  episodes per pass, in the compute dtype.
+* ``bf16_speedup``: the grouped evaluation in fp32 / in bf16 (CPU: bf16 only where the CPU has
+  native bf16, see ``fmmeta.models.precision``; ``null`` elsewhere).
+* ``tokens_per_s``: tokens (padding included) per second of the grouped evaluation of each
+  kind of row: ``adapted_row`` (adaptation and scoring) and ``in_context_row`` (the support as
+  demonstrations, scoring only), per dtype.
+* ``model_flops_per_s`` and ``peak_flops_per_s``: achieved model FLOP/s of the grouped evaluation
+  (2 x non-embedding parameters x tokens per forward, 6 x per forward + backward) and a matmul of
+  the model's shapes in the same dtype, measured in this run; ``mfu`` their ratio.
+
+Usage:
+    python benchmarks/evaluation.py [--tiny] [--reps 3] [--episodes 16] [--group 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fmmeta.algorithms.answer_loss import answer_logits
+from fmmeta.algorithms.inner_loop import InnerLoopConfig
+from fmmeta.config import LoraConfig, ModelConfig
+from fmmeta.evaluation.held_out import evaluate_methods
+from fmmeta.evaluation.methods import IN_CONTEXT
+from fmmeta.evaluation.run import draw_episodes, evaluation_tasks
+from fmmeta.evaluation.scoring import score_query
+from fmmeta.models import add_lora, build_model_and_tokenizer
+from fmmeta.models.precision import native_bf16
+from fmmeta.tasks.config import TasksConfig, build_task_set
+from fmmeta.tasks.episode import Example, collate
+
+
+def one_sequence_per_candidate(model: torch.nn.Module, examples: Sequence[Example],
+                               choices: Sequence[Sequence[int]], pad_id: int, micro_batch_size: int
+                               ) -> tuple[float, float]:
+    """The scoring this project used before prefix trees, as its best configuration: every
+    (query, label word) pair one padded sequence, ``micro_batch_size`` sequences per pass, the LM
+    head on answer positions only. Returns (loss of the gold answers, accuracy)."""
+    cands = [Example(ex.prompt_ids, tuple(c), ex.label) for ex in examples for c in choices]
+    logprob = []
+    with torch.no_grad():
+        for i in range(0, len(cands), micro_batch_size):
+            batch = collate(cands[i : i + micro_batch_size], pad_id)
+            logits, tgt, rows = answer_logits(model, batch, use_cache=False)
+            lp = F.log_softmax(logits.float(), -1).gather(1, tgt[:, None]).squeeze(1)
+            logprob.append(torch.zeros(batch.input_ids.shape[0]).index_add_(0, rows, lp))
+    scores = torch.cat(logprob).view(len(examples), len(choices))
+    labels = torch.tensor([ex.label for ex in examples])
+    gold = scores.gather(1, labels[:, None]).squeeze(1)
+    others = scores.scatter(1, labels[:, None], float("-inf")).max(dim=1).values
+    return float(-gold.sum()), float((gold > others).float().mean())
+
+
+def median_times(fns: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
+    """Median wall seconds of each function, runs interleaved (rotating order) after a warm-up."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    names = list(fns)
+    for r in range(reps):
+        for k in names[r % len(names):] + names[: r % len(names)]:
+            t0 = time.perf_counter()
+            fns[k]()
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+class PassCounter:
+    """Tokens (padding included) of the model's forward passes, with and without gradient."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.tokens = {"adapt": 0, "score": 0}
+        model.register_forward_pre_hook(self._count, with_kwargs=True)
+
+    def _count(self, _module: object, args: tuple, kwargs: dict) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None:
+            self.tokens["adapt" if torch.is_grad_enabled() else "score"] += int(ids.numel())
+
+
+def matmul_peak(hidden: int, inner: int, tokens: int, dtype: torch.dtype, reps: int) -> float:
+    """FLOP/s of ``[tokens, hidden] @ [hidden, inner]`` in ``dtype`` (the model's MLP shape)."""
+    a, b = torch.randn(tokens, hidden, dtype=dtype), torch.randn(hidden, inner, dtype=dtype)
+    t = median_times({"mm": lambda: [a @ b for _ in range(10)]}, reps)["mm"]
+    return 10 * 2 * tokens * hidden * inner / t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tiny", action="store_true", help="small random model (a smoke size)")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--episodes", type=int, default=16, help="held-out episodes per evaluation")
+    ap.add_argument("--group", type=int, default=8, help="episodes per pass")
+    ap.add_argument("--steps", type=int, default=6, help="adaptation steps")
+    ap.add_argument("--micro-batch", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    tiny = {"tiny": True, "tokenizer": "bytes"} if args.tiny else {}
+    dtypes = ["float32"] + (["bfloat16"] if native_bf16()[0] else [])
+    built = {}
+    for dt in dtypes:
+        base, tok = build_model_and_tokenizer(ModelConfig(dtype=dt, **tiny))
+        model = add_lora(base, LoraConfig(r=4) if args.tiny else LoraConfig(), seed=0).eval()
+        built[dt] = (model, [p for p in model.parameters() if p.requires_grad])
+    suite = build_task_set(TasksConfig(), tok, seed=0)
+    episodes = draw_episodes(evaluation_tasks(suite.meta_test, None), 0, 1, 1)
+    classification = [ep for ep in episodes if ep.choices is not None]
+    episodes = (episodes * (1 + args.episodes // len(episodes)))[: args.episodes]
+    pad = tok.pad_token_id
+    cfg = next(iter(built.values()))[0].base_model.model.config
+    non_embedding = sum(p.numel() for n, p in built["float32"][0].named_parameters()
+                        if "embed" not in n and "lm_head" not in n)
+    print(f"model {'tiny' if args.tiny else 'SmolLM2-135M'}: {non_embedding:,} non-embedding "
+          f"parameters; {len(episodes)} episodes, {len(classification)} classification; "
+          f"dtypes {dtypes}; threads {torch.get_num_threads()}")
+
+    # 1. Scoring one classification episode, plain and with demonstrations, fp32.
+    m32 = built["float32"][0]
+    ep = classification[0]
+    icl = ep.in_context_query(1024)
+    t = median_times({
+        "old": lambda: one_sequence_per_candidate(m32, ep.query, ep.choices, pad, args.micro_batch),
+        "new": lambda: score_query(m32, ep, pad, micro_batch_size=args.micro_batch),
+        "old_icl": lambda: one_sequence_per_candidate(m32, icl, ep.choices, pad, args.micro_batch),
+        "new_icl": lambda: score_query(m32, icl, pad, choices=ep.choices,
+                                       micro_batch_size=args.micro_batch),
+    }, args.reps)
+    old_loss, old_acc = one_sequence_per_candidate(m32, icl, ep.choices, pad, args.micro_batch)
+    new = score_query(m32, icl, pad, choices=ep.choices, micro_batch_size=args.micro_batch)
+    print(f"scoring one episode: {t['old']:.3f}s -> {t['new']:.3f}s; in context "
+          f"{t['old_icl']:.3f}s -> {t['new_icl']:.3f}s (losses {old_loss / new.n_answer_tokens:.5f} "
+          f"vs {new.loss:.5f}, accuracy {old_acc:.3f} vs {new.accuracy:.3f})")
+
+    # 2. A method's whole evaluation: one episode per pass vs grouped, fp32 vs bf16; and the
+    #    in-context row (scoring only) of the same episodes.
+    inner = InnerLoopConfig(inner_lr=0.1, inner_clip_norm=1.0)
+    counters = {dt: PassCounter(built[dt][0]) for dt in dtypes}
+
+    def evaluation(dt: str, group: int, method: str = "base") -> Callable[[], object]:
+        model, params = built[dt]
+        return lambda: evaluate_methods(
+            model, params, {method: None}, [episodes], inner, args.steps, pad, min_seeds=1,
+            micro_batch_size=args.micro_batch, score_steps=[0], episodes_per_pass=group)
+
+    runs = {"float32/1": evaluation("float32", 1)}
+    runs.update({f"{dt}/{args.group}": evaluation(dt, args.group) for dt in dtypes})
+    runs.update({f"{dt}/{args.group}/in_context": evaluation(dt, args.group, IN_CONTEXT)
+                 for dt in dtypes})
+    t_eval = median_times(runs, args.reps)
+    tokens_per_s: dict[str, dict[str, float]] = {}
+    flops: dict[str, float] = {}
+    for dt in dtypes:
+        tokens_per_s[dt] = {}
+        for kind, key in (("adapted_row", f"{dt}/{args.group}"),
+                          ("in_context_row", f"{dt}/{args.group}/in_context")):
+            counters[dt].tokens = {"adapt": 0, "score": 0}
+            runs[key]()  # once more, counting its passes' tokens
+            tok = counters[dt].tokens
+            tokens_per_s[dt][kind] = (tok["adapt"] + tok["score"]) / t_eval[key]
+            if kind == "adapted_row":
+                flops[dt] = (6 * tok["adapt"] + 2 * tok["score"]) * non_embedding / t_eval[key]
+    peak = {dt: matmul_peak(cfg.hidden_size, cfg.intermediate_size, 512,
+                            getattr(torch, dt), args.reps) for dt in dtypes}
+    for k, v in t_eval.items():
+        print(f"evaluation {k} (dtype/episodes per pass): {v:.2f}s")
+    for dt in dtypes:
+        print(f"{dt}: adapted row {flops[dt] / 1e9:.1f} model GFLOP/s of a {peak[dt] / 1e9:.1f} "
+              f"GFLOP/s matmul peak (mfu {flops[dt] / peak[dt]:.2f}); tokens/s {tokens_per_s[dt]}")
+    result = {
+        "device": "cpu", "threads": torch.get_num_threads(), "tiny": args.tiny,
+        "classification_scoring_speedup": round(t["old"] / t["new"], 2),
+        "in_context_scoring_speedup": round(t["old_icl"] / t["new_icl"], 2),
+        "grouped_speedup": round(t_eval["float32/1"] / t_eval[f"float32/{args.group}"], 2),
+        "bf16_speedup": (round(t_eval[f"float32/{args.group}"] / t_eval[f"bfloat16/{args.group}"], 2)
+                         if "bfloat16" in dtypes else None),
+        "seconds": {k: round(v, 3) for k, v in t_eval.items()},
+        "tokens_per_s": {dt: {k: round(v, 1) for k, v in d.items()} for dt, d in tokens_per_s.items()},
+        "model_flops_per_s": {dt: round(v) for dt, v in flops.items()},
+        "peak_flops_per_s": {dt: round(v) for dt, v in peak.items()},
+        "mfu": {dt: round(flops[dt] / peak[dt], 3) for dt in dtypes},
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
