@@ -47,8 +47,8 @@ class EvalConfig:
     micro_batch_size: int = 8
     """Support rows, and queries (each with all its candidates, as one row), of one episode per
     forward pass during evaluation (>= 1)."""
-    episodes_per_pass: int = 8
-    """Episodes adapted and scored together (>= 1), each through its own fp32 fast weights, so a
+    episodes_per_pass: int = 16
+    """Episodes adapted and scored together (>= 1; across seeds), each through its own fp32 fast weights, so a
     pass holds all their rows: scores as one episode at a time up to float rounding, and on
     few-shot episodes several times faster (bigger passes cost less per token)."""
     query: int | None = None
@@ -109,10 +109,12 @@ class RecipeConfig:
     # measurement on SmolLM2 found what works (outer lr 3e-3 from the calibration in
     # docs/design.md; the inner loop from docs/adaptation_sweep.md). "diversity" puts both task
     # families in every meta-batch: the language-id family has 3 of the 33 meta-training tasks
-    # and would be rare under uniform.
+    # and would be rare under uniform. Passes of up to 32 rows: CLDR rows are ~12 tokens, and a
+    # pass of a few hundred tokens is mostly per-operation overhead on a CPU ("Compute on a CPU"
+    # in docs/design.md); the sums are the same whatever the passes hold.
     sampler: SamplerConfig = field(
         default_factory=lambda: SamplerConfig(
-            meta_batch_size=4, micro_batch_size=8, strategy="diversity"
+            meta_batch_size=4, micro_batch_size=32, strategy="diversity"
         )
     )
     """How meta-batches are chosen and planned over ranks."""

@@ -11,6 +11,13 @@ report's stratified bootstrap intervals. The last line is the same figures as on
 
     python scripts/compare_rows.py runs/sweep/val/eval-*/eval.json \\
         --pair reptile@40:multitask@40 --pair reptile@80:multitask@80
+
+Two runs of the same config that differ in something else (the compute dtype, say) score the
+same episodes under the same row names: ``PATH=SUFFIX`` appends ``SUFFIX`` to every row of that
+file, so the rows can be paired::
+
+    python scripts/compare_rows.py runs/fp32/eval/eval.json runs/bf16/eval/eval.json=@bf16 \\
+        --pair fomaml@bf16:fomaml --pair multitask@bf16:multitask
 """
 
 from __future__ import annotations
@@ -26,18 +33,19 @@ from fmmeta.evaluation.intervals import Interval
 from fmmeta.evaluation.result import EpisodeRecord, EvalResult
 
 
-def pooled_result(paths: list[Path]) -> EvalResult:
-    """Every file's records in one :class:`EvalResult`; a row present in several files is taken
-    from the first. Raises ValueError if two files drew different tasks for one episode."""
+def pooled_result(paths: list[Path], suffixes: list[str] | None = None) -> EvalResult:
+    """Every file's records in one :class:`EvalResult`, each file's rows renamed with its suffix
+    (none by default); a row present in several files is taken from the first. Raises ValueError
+    if two files drew different tasks for one episode."""
     records: dict[tuple[str, int, int, int], EpisodeRecord] = {}
     tasks: dict[tuple[int, int], str] = {}
     methods: list[str] = []
     max_steps = n_seeds = 0
-    for path in paths:
+    for path, suffix in zip(paths, suffixes or [""] * len(paths)):
         data = json.loads(path.read_text())
         max_steps, n_seeds = max(max_steps, data["max_steps"]), max(n_seeds, data["n_seeds"])
         for raw in data["records"]:
-            rec = EpisodeRecord(**raw)
+            rec = EpisodeRecord(**{**raw, "method": raw["method"] + suffix})
             task = tasks.setdefault((rec.seed, rec.episode), rec.task)
             if task != rec.task:
                 raise ValueError(f"{path}: seed {rec.seed} episode {rec.episode} is {rec.task}, "
@@ -55,12 +63,14 @@ def _cell(interval: Interval) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("files", nargs="+", type=Path, help="eval.json files of one config")
+    parser.add_argument("files", nargs="+", help="eval.json files of one config, each PATH or "
+                        "PATH=SUFFIX (SUFFIX appended to every row name of that file)")
     parser.add_argument("--pair", action="append", default=[], metavar="ROW:BASELINE",
                         help="a paired difference to print (repeatable)")
     args = parser.parse_args(argv)
+    files = [f.partition("=") for f in args.files]
     try:
-        result = pooled_result(args.files)
+        result = pooled_result([Path(p) for p, _, _ in files], [suffix for _, _, suffix in files])
     except (OSError, ValueError, KeyError, TypeError) as err:  # unreadable, or not an eval.json
         parser.error(f"cannot pool {[str(f) for f in args.files]}: {err!r}")
     pairs = [tuple(p.split(":", 1)) for p in args.pair]

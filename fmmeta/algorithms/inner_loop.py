@@ -177,13 +177,25 @@ class InnerOptimizer:
             :mod:`fmmeta.algorithms.meta_sgd`); ``None`` uses ``cfg.inner_lr`` for every tensor.
             Both rules are linear in the step size, which is what makes the first-order gradient
             of the query loss with respect to it exact (see that module).
+        task_lrs: one step size per task of stacked ``[T, ...]`` params instead (several lrs
+            of a grid tried side by side in one pass); not together with ``lrs``.
     """
 
     def __init__(self, cfg: InnerLoopConfig, params: Sequence[torch.Tensor],
-                 lrs: Sequence[float] | None = None) -> None:
+                 lrs: Sequence[float] | None = None, task_lrs: Sequence[float] | None = None) -> None:
         raise_if_invalid(cfg)  # every adaptation builds one: the check no caller can skip
+        if lrs is not None and task_lrs is not None:
+            raise ValueError("pass lrs (per tensor) or task_lrs (per task), not both")
         self.cfg = cfg
         self.lrs = check_lrs(lrs, len(params)) if lrs is not None else [cfg.inner_lr] * len(params)
+        self._task_lrs: torch.Tensor | None = None
+        if task_lrs is not None:
+            check_lrs(task_lrs, len(task_lrs))
+            if any(p.shape[0] != len(task_lrs) for p in params):
+                raise ValueError(f"task_lrs has {len(task_lrs)} lrs; the stacked params have "
+                                 f"{sorted({p.shape[0] for p in params})} tasks")
+            self._task_lrs = torch.tensor(list(task_lrs), dtype=torch.float32)
+            self.lrs = [1.0] * len(params)
         self.t = 0
         self._m: list[torch.Tensor] | None = None
         self._v: list[torch.Tensor] | None = None
@@ -193,11 +205,12 @@ class InnerOptimizer:
 
     @torch.no_grad()
     def step(self, params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]) -> None:
-        """Applies one update ``params[i] <- params[i] - lrs[i] * direction(grads[i])``."""
+        """Applies one update ``params[i] <- params[i] - lrs[i] * direction(grads[i])`` (each
+        task's slice times its own lr with ``task_lrs``)."""
         self.t += 1
         if self._m is None or self._v is None:
             for p, g, lr in zip(params, grads, self.lrs, strict=True):
-                p.add_(g.to(p.dtype), alpha=-lr)
+                p.add_(self._per_task(g.to(p.dtype)), alpha=-lr)
             return
         b1, b2 = self.cfg.adam_betas
         c1 = 1.0 - b1**self.t
@@ -207,7 +220,13 @@ class InnerOptimizer:
             m.mul_(b1).add_(g, alpha=1.0 - b1)
             v.mul_(b2).addcmul_(g, g, value=1.0 - b2)
             denom = (v / c2).sqrt_().add_(self.cfg.adam_eps)
-            p.addcdiv_(m, denom, value=-lr / c1)
+            p.addcdiv_(self._per_task(m), denom, value=-lr / c1)
+
+    def _per_task(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` with each task's slice scaled by its lr (as it is without ``task_lrs``)."""
+        if self._task_lrs is None:
+            return t
+        return t * self._task_lrs.to(t.device).view(-1, *[1] * (t.dim() - 1))
 
 
 @dataclass

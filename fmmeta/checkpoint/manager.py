@@ -304,6 +304,10 @@ class CheckpointManager:
             logger.warning("no usable checkpoint in %s (unusable: %s)", self.root, ", ".join(skipped))
         return None
 
+    def step_folders(self) -> list[Path]:
+        """Every ``step_*`` folder, complete or not, newest first."""
+        return [p for _, p in self._step_dirs()]
+
     def complete_steps(self) -> list[int]:
         """Steps of the folders that have a manifest (not verified), newest first."""
         return [s for s, p in self._step_dirs() if (p / MANIFEST).is_file()]

@@ -97,6 +97,27 @@ def find_resume_checkpoint(train: Any, method_dir: Path) -> Checkpoint | None:
     return ckpts.latest() if train.resume == "auto" else ckpts.open(Path(train.resume).expanduser())
 
 
+def _unusable_problem(cfg: Any, output_dir: Path, method: str) -> list[str]:
+    """A refusal when ``method`` has checkpoint folders of which none verifies: starting it from
+    step 0 would overwrite its adapter, checkpoints and metrics (a half-written manifest after a
+    crash or a full disk must not cost a finished run)."""
+    method_dir = output_dir / method
+    ckpts = CheckpointManager(method_dir / "checkpoints", keep_last=max(2, cfg.train.keep_last))
+    found = ckpts.step_folders()
+    if not found:
+        return []
+    why = "; ".join(f"{p.name}: {(ckpts.verify(p) or ['unreadable'])[0]}" for p in found[:3])
+    intact = [str(p) for p in (method_dir / "adapter", output_dir / "metrics.jsonl",
+                               output_dir / "eval") if p.exists()]
+    return [
+        f"{method}: {len(found)} checkpoint folder(s) in {str(method_dir / 'checkpoints')!r} and "
+        f"none verifies ({why}), so it cannot resume, and starting it from step 0 would "
+        f"overwrite what is there (intact: {', '.join(intact) or 'nothing else'}). To start "
+        "over, rerun with train.resume=never (its checkpoints, adapter and metrics are then "
+        "written anew) or with a new output_dir"
+    ]
+
+
 def resume_problems(cfg: Any, output_dir: Path) -> list[str]:
     """Every reason the run ``cfg`` may not resume what ``train.resume`` selects, one per method.
 
@@ -115,6 +136,8 @@ def resume_problems(cfg: Any, output_dir: Path) -> list[str]:
         except CheckpointError as err:
             problems.append(f"{method}: {err}")
             continue
+        if ckpt is None and cfg.train.resume == "auto":
+            problems.extend(_unusable_problem(cfg, output_dir, method))
         if ckpt is None or RESUME_FACTS not in ckpt.meta:
             continue  # nothing to resume, or a checkpoint written before the facts were recorded
         diffs = resume_differences(ckpt.meta[RESUME_FACTS], resume_facts(cfg, method),

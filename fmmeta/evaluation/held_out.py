@@ -3,16 +3,19 @@
 Every method is an adapter state (the tensors of the LoRA parameters): the base model (zero LoRA B,
 i.e. the initial adapter), the FOMAML- and Reptile-trained adapters, the multi-task baseline, ...
 Each is adapted on every held-out episode's support set with the project's one inner loop
-(:func:`fmmeta.algorithms.inner_loop.adapt`) for 0..k steps and scored on the query set after each
-step, so "0 steps" is the zero-shot score and the curve shows what adaptation buys. The special
+(:func:`fmmeta.algorithms.inner_loop.adapt_tasks`, on fp32 fast weights as in training) for 0..k
+steps and scored on the query set after each step, so "0 steps" is the zero-shot score and the
+curve shows what adaptation buys. Several episodes are adapted and scored together
+(``episodes_per_pass``), each through its own fast weights: a few-shot pass is small, and on a
+CPU its cost is mostly per-operation overhead, so one pass for 8 episodes costs far less than 8. The special
 method ``"in_context"`` scores its adapter state (normally the base) with the support set as
 in-context demonstrations (:meth:`Episode.in_context_query`) and no adaptation; it has a step-0 score
 only.
 
 What keeps it honest:
 
-* the same inner loop, support set and step budget for every method; the adapter is restored
-  bit-exactly after each episode, and the caller's parameters after the whole evaluation;
+* the same inner loop, support set and step budget for every method; the adapter parameters are
+  never written while adapting, and are restored bit-exactly after the whole evaluation;
 * the adaptation learning rate is chosen per method on meta-*validation* tasks from a small grid
   (:func:`select_inner_lr`; inner-loop SGD on LoRA is fragile, docs/design.md, so one shared lr
   would favour whichever method it happens to suit), never on the held-out tasks;
@@ -79,11 +82,13 @@ def adapting(
     n_answer: torch.Tensor,
     cfg: InnerLoopConfig,
     lrs: Sequence[float] | None = None,
+    task_lrs: Sequence[float] | None = None,
 ) -> Iterator[Callable[[], None]]:
     """The model with ``T = len(n_answer)`` copies of the adapter at ``start`` as fp32 fast
     weights inside the block (one per episode adapted together); yields the function that takes
     one adaptation step of all of them on ``support`` (passes whose rows name their episode;
     ``None`` entries are dummy passes; ``n_answer[g]`` is episode ``g``'s support answer tokens).
+    ``lrs`` gives every adapter tensor its own step size, ``task_lrs`` every episode its own.
 
     This is training's inner loop (:func:`~fmmeta.algorithms.inner_loop.adapt_tasks` over
     stacked weights routed by ``lora``), so each episode's trajectory is the one it has alone.
@@ -95,7 +100,7 @@ def adapting(
     n_tasks = max(1, int(n_answer.numel()))
     n = n_answer if n_answer.numel() else torch.zeros(1, dtype=torch.float64)
     fast = stack_adapters([t.detach().to(p.device) for p, t in zip(params, start)], n_tasks)
-    opt = InnerOptimizer(cfg, fast, lrs)
+    opt = InnerOptimizer(cfg, fast, lrs, task_lrs=task_lrs if n_answer.numel() else None)
 
     def step() -> None:
         adapt_tasks(model, fast, support, n, cfg, lora=lora, steps=1, optimizer=opt)
@@ -143,6 +148,7 @@ def _adapt_and_score(
     icl_max_length: int | None = None,
     score_steps: Collection[int] | None = None,
     lrs: Sequence[float] | None = None,
+    task_lrs: Sequence[float] | None = None,
 ) -> list[list[tuple[int, float, float, int]]]:
     """Adapts the episodes together, step by step from ``start``; returns per episode
     ``(step, loss, accuracy, n)`` per scored step.
@@ -152,12 +158,12 @@ def _adapt_and_score(
     runs only the dummy passes that keep this rank in step with the others. With
     ``icl_max_length`` every query is scored with the support prepended as demonstrations;
     ``score_steps`` limits scoring to those steps (``None``: every step; the last one always);
-    ``lrs`` gives every adapter tensor its own step size.
+    ``lrs`` gives every adapter tensor its own step size, ``task_lrs`` every episode its own.
     """
     out: list[list[tuple[int, float, float, int]]] = [[] for _ in episodes]
     support = lockstep.support(support_passes(episodes, pad_id, micro_batch_size)) if steps else []
     n_answer = answer_tokens_per_task(support, len(episodes))
-    with adapting(model, lora, params, start, support, n_answer, cfg, lrs) as adapt_step:
+    with adapting(model, lora, params, start, support, n_answer, cfg, lrs, task_lrs) as adapt_step:
         for step in range(steps + 1):
             if step > 0:
                 adapt_step()
@@ -223,20 +229,19 @@ def _records(
     domains: Mapping[str, str],
     episodes_per_pass: int,
 ) -> list[EpisodeRecord]:
-    """``one`` run on every group of ``episodes_per_pass`` episodes of every seed (the groups
-    split over ``ranks``), as records in episode order."""
-    records: list[EpisodeRecord] = []
-    for seed, episodes in enumerate(episodes_per_seed):
-        scored = [sc for group in sharded(ranks, _groups(episodes, episodes_per_pass), one) for sc in group]
-        for i, (ep, sc) in enumerate(zip(episodes, scored)):
-            records.extend(
-                EpisodeRecord(
-                    method=method, seed=seed, episode=i, task=ep.task, family=family_of(ep),
-                    domain=domains.get(ep.task, ""), step=step, loss=loss, accuracy=acc, n=n,
-                )
-                for step, loss, acc, n in sc
-            )
-    return records
+    """``one`` run on every group of ``episodes_per_pass`` episodes (taken in seed, then episode
+    order, across seeds; the groups split over ``ranks``), as records in that order."""
+    flat = [(seed, i, ep) for seed, episodes in enumerate(episodes_per_seed) for i, ep in enumerate(episodes)]
+    groups = _groups([ep for _, _, ep in flat], episodes_per_pass)
+    scored = [sc for group in sharded(ranks, groups, one) for sc in group]
+    return [
+        EpisodeRecord(
+            method=method, seed=seed, episode=i, task=ep.task, family=family_of(ep),
+            domain=domains.get(ep.task, ""), step=step, loss=loss, accuracy=acc, n=n,
+        )
+        for (seed, i, ep), sc in zip(flat, scored)
+        for step, loss, acc, n in sc
+    ]
 
 
 def evaluate_methods(
@@ -257,7 +262,7 @@ def evaluate_methods(
     domains: Mapping[str, str] | None = None,
     icl_max_length: int = 1024,
     score_steps: Sequence[int] | None = None,
-    episodes_per_pass: int = 8,
+    episodes_per_pass: int = 16,
 ) -> EvalResult:
     """Adapts each method on each held-out episode for 0..``max_steps`` steps and scores the query.
 
@@ -362,7 +367,7 @@ def select_inner_lr(
     micro_batch_size: int = 8,
     ranks: Ranks | None = None,
     icl_max_length: int = 1024,
-    episodes_per_pass: int = 8,
+    episodes_per_pass: int = 16,
 ) -> LrSelection:
     """Chooses each method's adaptation lr on meta-validation episodes (never held-out ones).
 
@@ -408,20 +413,23 @@ def select_inner_lr(
             spec = specs[method]
             start = theta if spec.state is None else [t.detach() for t in spec.state]
             icl = icl_max_length if spec.demonstrations else None
+            # Every (lr, episode) pair of the grid is one task: the lrs are tried side by side.
+            pairs = [(lr, ep) for lr in sorted(lr_grid) for ep in validation_episodes]
+
+            def final_loss(group: list[tuple[float, Episode]] | None) -> list[float]:
+                scored = _adapt_and_score(
+                    model, lora, params, start, [ep for _, ep in group or []], inner, steps,
+                    pad_id, micro_batch_size, lockstep, icl_max_length=icl, score_steps=(),
+                    task_lrs=[lr for lr, _ in group or []] if steps else None,
+                )
+                return [sc[0][1] for sc in scored]
+
+            groups = [pairs[i : i + episodes_per_pass] for i in range(0, len(pairs), episodes_per_pass)]
+            losses = [x for g in sharded(ranks, groups, final_loss) for x in g]
             table: dict[float, float] = {}
             for lr in sorted(lr_grid):
-                cfg = dataclasses.replace(inner, inner_lr=lr)
-
-                def final_loss(group: list[Episode] | None) -> list[float]:
-                    scored = _adapt_and_score(
-                        model, lora, params, start, group or [], cfg, steps, pad_id,
-                        micro_batch_size, lockstep, icl_max_length=icl, score_steps=(),
-                    )
-                    return [sc[0][1] for sc in scored]
-
-                groups = _groups(validation_episodes, episodes_per_pass)
-                losses = [x for g in sharded(ranks, groups, final_loss) for x in g]
-                mean = sum(losses) / len(losses)
+                mine = [x for (p_lr, _), x in zip(pairs, losses) if p_lr == lr]
+                mean = sum(mine) / len(mine)
                 table[lr] = mean if math.isfinite(mean) else math.inf
             val_loss[method] = table
             chosen[method] = min(table, key=lambda lr: (table[lr], lr))
@@ -452,7 +460,7 @@ def evaluate_held_out(
     domains: Mapping[str, str] | None = None,
     icl_max_length: int = 1024,
     score_steps: Sequence[int] | None = None,
-    episodes_per_pass: int = 8,
+    episodes_per_pass: int = 16,
 ) -> EvalResult:
     """Chooses lrs on validation tasks, then evaluates on held-out tasks: the whole honest protocol.
 

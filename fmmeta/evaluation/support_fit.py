@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 from fmmeta.algorithms.inner_loop import InnerLoopConfig, restore, snapshot
-from fmmeta.algorithms.task_lora import TaskLoRA
 from fmmeta.algorithms.passes import answer_tokens_per_task
+from fmmeta.algorithms.task_lora import TaskLoRA
 from fmmeta.evaluation.held_out import adapting, support_passes
 from fmmeta.evaluation.scoring import score_query
 from fmmeta.tasks.episode import Episode

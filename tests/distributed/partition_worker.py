@@ -114,9 +114,11 @@ def evaluate(engine: Any) -> dict[str, Any]:
     inner = InnerLoopConfig(inner_steps=2, inner_lr=0.05)
     result = evaluate_held_out(engine.model, params, methods, val, test, inner, 2, 0,
                                lr_grid=(0.01, 0.05), micro_batch_size=1, ranks=engine)
-    # scoring fewer steps runs fewer passes; every rank must still run the same ones
+    # scoring fewer steps runs fewer passes; every rank must still run the same ones. Groups of
+    # 2 episodes: rank 0 adapts two together while rank 1 adapts one (other pass counts).
     few = evaluate_held_out(engine.model, params, methods, val, test, inner, 2, 0,
-                            lr_grid=(0.01, 0.05), micro_batch_size=1, ranks=engine, score_steps=(1,))
+                            lr_grid=(0.01, 0.05), micro_batch_size=1, ranks=engine, score_steps=(1,),
+                            episodes_per_pass=2)
     return {**result.to_dict(), "few_records": few.to_dict()["records"]}
 
 

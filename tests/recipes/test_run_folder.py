@@ -120,3 +120,42 @@ def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tmp_path: Path) -> None:
                      r"\(after meta-step \d+\)\. Rerun the same command to resume", text), text[-3000:]
     assert "Traceback" not in text
     assert not (out / ".fmmeta.lock").exists()
+
+
+@pytest.mark.timeout(300)
+def test_a_finished_run_whose_checkpoints_do_not_verify_is_not_restarted(
+    tmp_path: Path, local_short: Path
+) -> None:
+    """A crash or a full disk can leave every checkpoint's manifest half-written: the rerun must
+    refuse (exit 2) and leave the finished adapter, the checkpoints and the metrics untouched,
+    not start from step 0 over them."""
+    out = tmp_path / "run"
+    shutil.copytree(local_short, out)
+    manifests = sorted(out.glob("fomaml/checkpoints/step_*/manifest.json"))
+    assert manifests
+    for m in manifests:
+        m.write_bytes(m.read_bytes()[: len(m.read_bytes()) // 2])
+    before = _snapshot(out)
+    done = _recipe.run("python", [*_recipe.SHORT, f"output_dir={out}"], timeout_s=60, check=False)
+    assert done.returncode == 2, done.stdout[-3000:]
+    assert "none verifies" in done.stdout and "train.resume=never" in done.stdout, done.stdout[-3000:]
+    assert "fomaml/adapter" in done.stdout and "Traceback" not in done.stdout
+    assert _snapshot(out) == before
+
+
+@pytest.mark.timeout(120)
+def test_a_folder_that_is_not_a_run_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """The user's own config.yaml and metrics.jsonl are not a run's: refused, byte-identical."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "config.yaml").write_text("learning_rate: 3e-4\nepochs: 2\n")
+    (out / "metrics.jsonl").write_text('{"loss": 1.0}\n')
+    (out / "notes").mkdir()
+    before = _snapshot(out)
+    done = _recipe.run("python", [*_recipe.SHORT, f"output_dir={out}"], timeout_s=60, check=False)
+    assert done.returncode == 2, done.stdout[-3000:]
+    assert re.search(r"holds files no fmmeta run wrote \(config\.yaml, metrics\.jsonl, notes/\)",
+                     done.stdout), done.stdout[-3000:]
+    assert "Traceback" not in done.stdout
+    assert _snapshot(out) == before and sorted(p.name for p in out.iterdir()) == [
+        "config.yaml", "metrics.jsonl", "notes"]

@@ -53,3 +53,14 @@ def test_files_with_other_episodes_are_refused(tmp_path: Path) -> None:
     other = _eval_json(tmp_path / "2.json", _records("multitask@40", 0.0, ["b", "a"]))
     with pytest.raises(ValueError, match="not the same episodes"):
         _script().pooled_result([one, other])
+
+
+def test_a_suffix_pairs_two_runs_rows_of_one_name(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    tasks = ["a", "a", "b", "b"]
+    fp32 = _eval_json(tmp_path / "fp32.json", _records("fomaml", 0.0, tasks))
+    bf16 = _eval_json(tmp_path / "bf16.json", _records("fomaml", 0.1, tasks))
+    assert _script().main([str(fp32), f"{bf16}=@bf16", "--pair", "fomaml@bf16:fomaml"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    diff = out["classification"]["pairs"]["fomaml@bf16:fomaml"]["accuracy"]
+    assert diff["estimate"] == pytest.approx(0.1)
+    assert set(out["classification"]["rows"]) == {"fomaml", "fomaml@bf16"}

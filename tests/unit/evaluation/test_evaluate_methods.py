@@ -155,13 +155,16 @@ def test_lr_selection_never_touches_held_out_episodes() -> None:
         evaluate_held_out(rec, params, methods, val, [[val[0]]] * 3, inner, 1, PAD, lr_grid=grid)
 
 
-def test_lr_selection_table_equals_direct_validation_loss() -> None:
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_lr_selection_table_equals_direct_validation_loss(optimizer: str) -> None:
+    """The grid's lrs are tried side by side (one task per (lr, episode)), each equal to
+    adapting at that lr alone."""
     model = tiny_lora_llama(seed=7)
     params = lora_params(model)
     model.eval()
     before = snapshot(params)
     val = _episodes(8, n_seeds=1, prefix="val")[0]
-    inner = InnerLoopConfig(inner_steps=2, inner_lr=0.1)
+    inner = InnerLoopConfig(inner_steps=2, inner_lr=0.1, inner_optimizer=optimizer)
     sel = select_inner_lr(model, params, {"base": None}, val, inner, steps=2, pad_id=PAD,
                           lr_grid=(0.05, 1.0))
     for p, q in zip(params, before):
