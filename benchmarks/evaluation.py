@@ -24,7 +24,7 @@ object:
   the model's shapes in the same dtype, measured in this run; ``mfu`` their ratio.
 
 Usage:
-    python benchmarks/evaluation.py [--tiny] [--reps 3] [--episodes 16] [--group 8]
+    python benchmarks/evaluation.py [--tiny] [--reps 3] [--episodes 32] [--group 16]
 """
 
 from __future__ import annotations
@@ -114,8 +114,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tiny", action="store_true", help="small random model (a smoke size)")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--episodes", type=int, default=16, help="held-out episodes per evaluation")
-    ap.add_argument("--group", type=int, default=8, help="episodes per pass")
+    ap.add_argument("--episodes", type=int, default=32, help="held-out episodes per evaluation")
+    ap.add_argument("--group", type=int, default=16, help="episodes per pass (eval.episodes_per_pass)")
     ap.add_argument("--steps", type=int, default=6, help="adaptation steps")
     ap.add_argument("--micro-batch", type=int, default=8)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")

@@ -29,6 +29,9 @@ import sys
 import time
 from pathlib import Path
 
+from fmmeta.startup import ctrl_c_raises  # first: Ctrl-C during the imports below is a message
+
+# isort: split
 from fmmeta.config import ConfigError, describe_config, load_config
 from fmmeta.engine.build import build_engine, resolve_engine_kind
 from fmmeta.engine.distributed import (
@@ -78,6 +81,7 @@ def parse_args(argv: list[str], prog: str | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Exit codes: 0 done, 2 bad input (arguments, config, run folder, adapters)."""
+    ctrl_c_raises()
     args = parse_args(sys.argv[1:] if argv is None else argv, prog)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         force=True)

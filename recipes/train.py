@@ -32,6 +32,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from fmmeta.startup import ctrl_c_raises  # first: Ctrl-C during the imports below is a message
+
+# isort: split
 import torch
 from tqdm import tqdm
 
@@ -308,6 +311,7 @@ def _train(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.Modul
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Exit codes: 0 done, 2 bad input (config, data, run folder, resume), 3 non-finite loss
     (``train.nonfinite=stop``), 130 interrupted; anything else is a bug and keeps its traceback."""
+    ctrl_c_raises()
     args = parse_args(sys.argv[1:] if argv is None else argv, prog)
     try:
         import_modules(args.imports)

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from fmmeta.errors import UserInputError
+
 logger = logging.getLogger(__name__)
 
 _BACKENDS = ("gloo", "nccl")
@@ -129,6 +131,14 @@ def init_distributed(
         os.environ["LOCAL_RANK"] = "0"
         os.environ.setdefault("LOCAL_WORLD_SIZE", "1")
     os.environ.setdefault("LOCAL_RANK", str(local_rank))
+    missing = [v for v in ("RANK", "MASTER_ADDR", "MASTER_PORT") if not os.environ.get(v)]
+    if missing:
+        raise UserInputError(
+            f"WORLD_SIZE={os.environ['WORLD_SIZE']} is set but {', '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not: a launcher (deepspeed, torchrun, "
+            "accelerate launch) sets them all for every process. Launch with one, or unset "
+            "WORLD_SIZE to run in this one process"
+        )
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
     dist.init_process_group(
@@ -158,12 +168,12 @@ def refuse_bare_multiprocess_launch() -> None:
     and train alone, writing into the same folder as the others.
 
     Raises:
-        RuntimeError: naming the launcher and the ways to launch that work.
+        UserInputError: naming the launcher and the ways to launch that work.
     """
     for var, launcher in _BARE_LAUNCHERS.items():
         count = os.environ.get(var, "1")
         if count.isdigit() and int(count) > 1:
-            raise RuntimeError(
+            raise UserInputError(
                 f"{var}={count}: {launcher} started {count} copies of this script without setting "
                 "WORLD_SIZE/RANK, so each would train alone. Start one launcher per node instead: "
                 "`torchrun --nnodes N --node_rank I ...` or `deepspeed --hostfile FILE --no_ssh "

@@ -159,3 +159,17 @@ def test_a_folder_that_is_not_a_run_is_refused_before_anything_is_written(tmp_pa
     assert "Traceback" not in done.stdout
     assert _snapshot(out) == before and sorted(p.name for p in out.iterdir()) == [
         "config.yaml", "metrics.jsonl", "notes"]
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_while_the_recipe_imports_is_a_message(tmp_path: Path) -> None:
+    """Ctrl-C in the first second (torch, transformers and DeepSpeed still importing): exit 130
+    with one line, no traceback from inside an import, and no output folder."""
+    log = tmp_path / "log"
+    proc = _start([*_recipe.SHORT, f"output_dir={tmp_path / 'run'}"], log)
+    time.sleep(1.0)
+    os.killpg(proc.pid, signal.SIGINT)
+    assert proc.wait(timeout=60) == 130, log.read_text()[-3000:]
+    text = log.read_text()
+    assert "stopped by Ctrl-C while starting up; nothing was written" in text, text[-3000:]
+    assert "Traceback" not in text and not (tmp_path / "run").exists()

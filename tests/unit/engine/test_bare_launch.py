@@ -11,7 +11,8 @@ from fmmeta.engine.distributed import all_gather_object, init_distributed, refus
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"):
+    for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+                "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"):
         monkeypatch.delenv(var, raising=False)
 
 
@@ -37,6 +38,22 @@ def test_the_recipe_refuses_them_even_for_a_local_engine(monkeypatch: pytest.Mon
         resolve_engine_kind(EngineConfig(kind="local"))
     monkeypatch.setenv("WORLD_SIZE", "4")  # srun around a launcher: its workers know their world
     assert resolve_engine_kind(EngineConfig(kind="local")) == "local"
+
+
+def test_world_size_without_a_launcher_is_a_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``WORLD_SIZE=2 python recipes/train.py`` (no launcher): refused with the fix, not a raw
+    ValueError from torch's env:// rendezvous."""
+    from fmmeta.errors import UserInputError
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(UserInputError, match=r"WORLD_SIZE=2 is set but RANK, MASTER_ADDR, "
+                                             r"MASTER_PORT are not.*unset WORLD_SIZE"):
+        init_distributed("gloo", 5.0)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    with pytest.raises(UserInputError, match="MASTER_PORT is not"):
+        init_distributed("gloo", 5.0)
+    assert not dist.is_initialized()
 
 
 def test_one_copy_or_a_real_launcher_passes(monkeypatch: pytest.MonkeyPatch) -> None:

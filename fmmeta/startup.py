@@ -1,0 +1,33 @@
+"""Ctrl-C while a recipe starts up: a message and exit code 130, not an import traceback.
+
+The recipes import torch, transformers, peft and DeepSpeed before their ``main`` runs (seconds),
+and a Ctrl-C there would print a traceback from deep inside an import. Importing this module
+first (before those imports) installs a handler that exits at once; nothing has been written by
+then (the output folder is claimed in ``main``), and ``main`` puts Python's own handler back.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from types import FrameType
+
+__all__ = ["ctrl_c_raises"]
+
+
+def _exit_quietly(signum: int, frame: FrameType | None) -> None:
+    del signum, frame
+    sys.stderr.write("stopped by Ctrl-C while starting up; nothing was written\n")
+    raise SystemExit(130)
+
+
+def ctrl_c_raises() -> None:
+    """Ctrl-C raises ``KeyboardInterrupt`` again (the recipes' ``main`` handles it)."""
+    if signal.getsignal(signal.SIGINT) is _exit_quietly:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+# Only where Ctrl-C would raise: a shell that starts the recipe in the background ignores SIGINT,
+# and that choice is kept.
+if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    signal.signal(signal.SIGINT, _exit_quietly)
