@@ -163,6 +163,14 @@ class RecipeConfig:
                 f"eval.with_demonstrations={list(self.eval.with_demonstrations)} is invalid: "
                 f"{unknown} not among base and the run's methods {list(self.methods)}"
             )
+        budget = self.sampler.tokens_per_pass
+        if 0 < budget < self.tasks.max_length:
+            problems.append(
+                f"sampler.tokens_per_pass={budget} is below one sequence (tasks.max_length="
+                f"{self.tasks.max_length}): a pass always holds at least one row, so it would not "
+                f"bound anything; use >= {self.tasks.max_length}, or 0 for micro_batch_size x the "
+                "longest sequence"
+            )
         problems.extend(self._launch_problems())
         return problems
 

@@ -74,7 +74,7 @@ def claim_output_dir(cfg: Any) -> RunLock:
             f"output_dir={cfg.output_dir!r} cannot be a folder: {err.filename!r} is a file. "
             "Give output_dir a path that is a folder or does not exist yet"
         ) from None
-    except PermissionError as err:
+    except OSError as err:  # no permission, a read-only file system, a name too long, ...
         raise UserInputError(
             f"output_dir={cfg.output_dir!r} cannot be created ({err.strerror}: {err.filename!r}): "
             "choose a folder you can write to"

@@ -351,6 +351,7 @@ def add_lora(model: nn.Module, cfg: LoraConfig, *, seed: int = 0) -> nn.Module:
             f"lora.target_modules={list(cfg.target_modules)} is invalid: {missing} match no module "
             f"of this model; its linear layers are: {', '.join(linear)}"
         )
+    _check_lora_targets(model, cfg)
     base_dtype = next(model.parameters()).dtype
     peft_cfg = PeftLoraConfig(
         r=cfg.r,
@@ -367,6 +368,41 @@ def add_lora(model: nn.Module, cfg: LoraConfig, *, seed: int = 0) -> nn.Module:
         if param.requires_grad and param.dtype != base_dtype:
             param.data = param.data.to(base_dtype)
     return peft_model
+
+
+def _check_lora_targets(model: nn.Module, cfg: LoraConfig) -> None:
+    """Refuses targets the task-batched LoRA cannot route (anything but a linear layer, and the
+    LM head, which runs on answer positions only, flattened across rows); warns when ``r`` is at
+    or above a target layer's width, where a low-rank update is no longer low-rank.
+
+    Raises:
+        ModelBuildError: naming the target and the layers that can take it.
+    """
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
+                     if isinstance(m, nn.Linear) and m is not head})
+    widths: dict[str, int] = {}
+    for name, module in model.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf not in cfg.target_modules:
+            continue
+        if module is head or not isinstance(module, nn.Linear):
+            what = ("the LM head" if module is head
+                    else f"a module of type {type(module).__name__}, not a linear layer")
+            raise ModelBuildError(
+                f"lora.target_modules={list(cfg.target_modules)} is invalid: {leaf!r} is {what}; "
+                "fmmeta's per-task LoRA routes rows through linear layers of the transformer "
+                f"body only: choose among {', '.join(linear)}"
+            )
+        widths[leaf] = min(widths.get(leaf, module.in_features), module.in_features, module.out_features)
+    wide = {leaf: w for leaf, w in widths.items() if cfg.r >= w}
+    if wide:
+        logger.warning(
+            "lora.r=%d is at or above the width of %s: the update is no longer low-rank (it costs "
+            "more than training those layers outright); use r well below it, e.g. %d",
+            cfg.r, ", ".join(f"{leaf} ({w})" for leaf, w in sorted(wide.items())),
+            max(1, min(wide.values()) // 8),
+        )
 
 
 def count_parameters(model: nn.Module) -> tuple[int, int]:

@@ -31,6 +31,12 @@ def template_fields(template: str, *, key: str) -> list[str]:
             )
         if base not in fields:
             fields.append(base)
+    if not fields:
+        raise ValueError(
+            f"{key}={template!r} refers to no column ('{{{{' and '}}}}' are escaped braces, "
+            "printed as they are), so every prompt would be the same text: name the column in "
+            "single braces, e.g. 'Review: {text}'"
+        )
     return fields
 
 

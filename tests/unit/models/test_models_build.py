@@ -228,3 +228,23 @@ def test_real_smollm2_loads() -> None:
     assert tok.pad_token is not None
     peft_model = add_lora(model, LoraConfig(r=8, target_modules=("q_proj", "v_proj")))
     assert count_parameters(peft_model)[0] > 0
+
+
+@pytest.mark.parametrize("target,what", [("lm_head", "the LM head"),
+                                         ("embed_tokens", "a module of type Embedding, not a linear layer")])
+def test_lora_targets_that_cannot_be_routed_are_refused(target: str, what: str) -> None:
+    model, _ = build_model_and_tokenizer(_tiny())
+    with pytest.raises(ModelBuildError, match=f"'{target}' is {what}.*choose among .*q_proj"):
+        add_lora(model, LoraConfig(target_modules=(target,)))
+
+
+def test_a_lora_rank_at_the_layer_width_warns(caplog: pytest.LogCaptureFixture) -> None:
+    model, _ = build_model_and_tokenizer(_tiny())  # hidden 64: q_proj is 64 x 64
+    with caplog.at_level("WARNING", logger="fmmeta.models.build"):
+        add_lora(model, LoraConfig(r=64, target_modules=("q_proj",)))
+    assert "lora.r=64 is at or above the width of q_proj (64)" in caplog.text
+    caplog.clear()
+    model, _ = build_model_and_tokenizer(_tiny())
+    with caplog.at_level("WARNING", logger="fmmeta.models.build"):
+        add_lora(model, LoraConfig(r=8, target_modules=("q_proj",)))
+    assert "no longer low-rank" not in caplog.text

@@ -85,6 +85,11 @@ CASES = {
         ["tasks.collection[2] (path=", "qa.jsonl", "column(s) ['question'] not found",
          "pass the right column name(s)"],
     ),
+    "template that never shows its data": (
+        lambda p: _with(p, 2, template="Question: {{input}}"),
+        ["tasks.collection[2] (path=", "template='Question: {{input}}' refers to no column",
+         "every prompt would be the same text", "name the column in single braces"],
+    ),
     "unknown builder": (
         lambda p: _with(p, 1, builder="clasification"),
         ["tasks.collection[1].builder='clasification' is invalid: allowed values are "
