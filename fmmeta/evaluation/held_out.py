@@ -59,17 +59,28 @@ def support_batches(episode: Episode, pad_id: int, micro_batch_size: int) -> lis
     return [collate(s[i : i + micro_batch_size], pad_id) for i in range(0, len(s), micro_batch_size)]
 
 
+SUPPORT_PASS_TOKENS = 2048
+"""Padded tokens per support pass of a group of episodes (or one row, if longer). Rows are
+sorted by length before they are cut into passes, so a pass pads its rows to a similar length;
+a few thousand tokens keep a CPU pass compute-bound (below that, per-operation overhead
+dominates) while bounding activation memory."""
+
+
 def support_passes(episodes: Sequence[Episode], pad_id: int, micro_batch_size: int) -> list[Pass]:
-    """The support sets of episodes adapted together: pass ``k`` holds the ``k``-th chunk of
-    ``micro_batch_size`` rows of every episode, each row routed to its episode (task ``g``)."""
-    chunks = [[ep.support[i : i + micro_batch_size] for i in range(0, len(ep.support), micro_batch_size)]
-              for ep in episodes]
-    passes: list[Pass] = []
-    for k in range(max((len(c) for c in chunks), default=0)):
-        rows = [(g, ex) for g, c in enumerate(chunks) if k < len(c) for ex in c[k]]
-        passes.append(PackedBatch(collate([ex for _, ex in rows], pad_id),
-                                  torch.tensor([g for g, _ in rows], dtype=torch.long)))
-    return passes
+    """The support sets of episodes adapted together, every row routed to its episode (task
+    ``g``): all rows sorted by length and cut into passes of at most ``micro_batch_size`` rows
+    per episode and :data:`SUPPORT_PASS_TOKENS` padded tokens (a pass mixes episodes; each
+    episode's gradient sums over the passes its rows are in)."""
+    rows = sorted(((ex.n_tokens, g, i) for g, ep in enumerate(episodes) for i, ex in enumerate(ep.support)))
+    max_rows = micro_batch_size * max(1, len(episodes))
+    cuts: list[list[tuple[int, int, int]]] = []
+    for row in rows:  # ascending length: the row joining a pass is its longest
+        if cuts and len(cuts[-1]) < max_rows and (len(cuts[-1]) + 1) * row[0] <= SUPPORT_PASS_TOKENS:
+            cuts[-1].append(row)
+        else:
+            cuts.append([row])
+    return [PackedBatch(collate([episodes[g].support[i] for _, g, i in cut], pad_id),
+                        torch.tensor([g for _, g, _ in cut], dtype=torch.long)) for cut in cuts]
 
 
 @contextlib.contextmanager
@@ -178,6 +189,17 @@ def _groups(episodes: Sequence[Episode], size: int) -> list[list[Episode]]:
     return [list(episodes[i : i + size]) for i in range(0, len(episodes), size)]
 
 
+def _by_length(episodes: Sequence[Episode]) -> list[int]:
+    """Episode indices ordered by their longest support and query rows, so the episodes of a
+    group (and the rows of its passes) have similar lengths and little padding; the order is
+    a pure function of the episodes, the same on every rank."""
+    def key(i: int) -> tuple[int, int, int]:
+        ep = episodes[i]
+        return (max((ex.n_tokens for ex in ep.support), default=0),
+                max((ex.n_tokens for ex in ep.query), default=0), i)
+    return sorted(range(len(episodes)), key=key)
+
+
 def _check_draws(episodes_per_seed: Sequence[Sequence[Episode]], max_steps: int, min_seeds: int) -> None:
     """Refuses a step budget or episode draws that give no mean and worst case to report."""
     if max_steps < 0:
@@ -229,11 +251,16 @@ def _records(
     domains: Mapping[str, str],
     episodes_per_pass: int,
 ) -> list[EpisodeRecord]:
-    """``one`` run on every group of ``episodes_per_pass`` episodes (taken in seed, then episode
-    order, across seeds; the groups split over ``ranks``), as records in that order."""
+    """``one`` run on every group of ``episodes_per_pass`` episodes (across seeds, episodes of
+    similar lengths together; the groups split over ``ranks``), as records in seed, then
+    episode order."""
     flat = [(seed, i, ep) for seed, episodes in enumerate(episodes_per_seed) for i, ep in enumerate(episodes)]
-    groups = _groups([ep for _, _, ep in flat], episodes_per_pass)
-    scored = [sc for group in sharded(ranks, groups, one) for sc in group]
+    order = _by_length([ep for _, _, ep in flat])
+    groups = _groups([flat[j][2] for j in order], episodes_per_pass)
+    done = [sc for group in sharded(ranks, groups, one) for sc in group]
+    scored: list[list[tuple[int, float, float, int]]] = [[] for _ in flat]
+    for j, sc in zip(order, done):
+        scored[j] = sc
     return [
         EpisodeRecord(
             method=method, seed=seed, episode=i, task=ep.task, family=family_of(ep),
@@ -414,7 +441,8 @@ def select_inner_lr(
             start = theta if spec.state is None else [t.detach() for t in spec.state]
             icl = icl_max_length if spec.demonstrations else None
             # Every (lr, episode) pair of the grid is one task: the lrs are tried side by side.
-            pairs = [(lr, ep) for lr in sorted(lr_grid) for ep in validation_episodes]
+            pairs = [(lr, validation_episodes[j]) for j in _by_length(validation_episodes)
+                     for lr in sorted(lr_grid)]
 
             def final_loss(group: list[tuple[float, Episode]] | None) -> list[float]:
                 scored = _adapt_and_score(

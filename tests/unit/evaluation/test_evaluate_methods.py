@@ -319,3 +319,26 @@ def test_episodes_adapted_together_score_as_one_at_a_time(optimizer: str) -> Non
     for key, r in alone.items():
         assert together[key].loss == pytest.approx(r.loss, rel=1e-5, abs=1e-6), key
         assert together[key].accuracy == r.accuracy, key
+
+
+def test_support_passes_sort_rows_by_length_within_the_token_budget(monkeypatch) -> None:
+    """Every support row of the group exactly once, routed to its episode, passes padded to
+    similar lengths and never over the budget (one row longer than it still gets a pass)."""
+    from fmmeta.evaluation import held_out
+
+    monkeypatch.setattr(held_out, "SUPPORT_PASS_TOKENS", 40)
+    g = torch.Generator().manual_seed(3)
+    eps = [random_episode(g, f"t{i}", classification=False, shots=2 + i % 3, prompt_len=2 + 3 * i)
+           for i in range(4)]
+    passes = held_out.support_passes(eps, PAD, micro_batch_size=8)
+    seen = []
+    for p in passes:
+        lengths = p.batch.attention_mask.sum(dim=1).tolist()
+        width = p.batch.input_ids.shape[1]
+        assert width * len(lengths) <= 40 or len(lengths) == 1
+        for row, task, n in zip(p.batch.input_ids.tolist(), p.rows.tolist(), lengths):
+            seen.append((task, tuple(row[:n])))
+    want = [(t, tuple(ex.prompt_ids) + tuple(ex.answer_ids)) for t, ep in enumerate(eps) for ex in ep.support]
+    assert sorted(seen) == sorted(want) and len(passes) > 1
+    longest = [p.batch.input_ids.shape[1] for p in passes]
+    assert longest == sorted(longest)  # short rows together, long rows together
