@@ -171,7 +171,7 @@ def test_zero3_with_fp16_is_refused(tmp_path: Path) -> None:
 
 def test_ds_json_conflicting_with_recipe_is_refused(tmp_path: Path) -> None:
     path = _ds_json(tmp_path, gradient_clipping=0.5, bf16={"enabled": True})
-    msg = _problems([f"engine.deepspeed_config={path}", "optim.grad_clip=1.0"])
+    msg = _problems([f"engine.deepspeed_config={path}", "optim.grad_clip=1.0", "model.dtype=float32"])
     assert "gradient_clipping: DeepSpeed JSON has 0.5 but the recipe config has 1.0" in msg
     assert "bf16.enabled: DeepSpeed JSON has True but the recipe config has False" in msg
     assert 'set "gradient_clipping" to "auto"' in msg
@@ -512,7 +512,7 @@ def test_trust_remote_code_is_never_implicit(monkeypatch: pytest.MonkeyPatch, tm
     folder = tmp_path / "model"
     folder.mkdir()
     (folder / "config.json").write_text("{}")
-    cfg = load_config(RecipeConfig, None, [f"model.name_or_path={folder}"]).model
+    cfg = load_config(RecipeConfig, None, [f"model.name_or_path={folder}", "model.dtype=float32"]).model
     with pytest.raises(_Stop):
         build_model_and_tokenizer(cfg)
     assert calls["tokenizer"] == {"trust_remote_code": False}
