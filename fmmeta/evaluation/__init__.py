@@ -5,6 +5,9 @@
 * :func:`evaluate_held_out` / :func:`evaluate_methods` / :func:`select_inner_lr` (``held_out``):
   every method adapted on each held-out episode's support for 0..k steps with the project's one
   inner loop, adaptation lr chosen per method on validation tasks only.
+* ``adaptation``: a group of episodes adapted and scored together, each through its own fp32
+  fast weights (what :func:`evaluate_methods` runs per group).
+* ``prefix_tree``: query sets laid out as token tries, each shared prefix encoded once.
 * :class:`EvalMethod` (``methods``): what one row of the report is and how it is scored.
 * :class:`EvalResult` (``result``): the records, mean and worst case over seeds, paired
   differences between methods on the same episodes.

@@ -4,7 +4,7 @@ A few-shot method can only beat a baseline through adaptation if its inner loop 
 support set in the steps it is given: when the support accuracy after ``k`` steps is still at
 chance, the query cannot be better, and every method's query accuracy sits at chance whatever
 meta-training did. :func:`support_fit` measures exactly that, with the project's one inner loop
-(:func:`fmmeta.evaluation.held_out.adapting`: fp32 fast weights, as in evaluation), on episodes the caller chooses (meta-validation
+(:func:`fmmeta.evaluation.adaptation.adapting`: fp32 fast weights, as in evaluation), on episodes the caller chooses (meta-validation
 ones when the result chooses settings): the support and query loss and accuracy after each scored
 step, averaged over episodes, for one start (an adapter state) and one inner-loop setting.
 ``scripts/support_fit.py`` runs it over a grid of settings from a recipe config.
@@ -21,7 +21,7 @@ from torch import nn
 from fmmeta.algorithms.inner_loop import InnerLoopConfig, restore, snapshot
 from fmmeta.algorithms.passes import answer_tokens_per_task
 from fmmeta.algorithms.task_lora import TaskLoRA
-from fmmeta.evaluation.held_out import adapting, support_passes
+from fmmeta.evaluation.adaptation import adapting, support_passes
 from fmmeta.evaluation.scoring import score_query
 from fmmeta.tasks.episode import Episode
 

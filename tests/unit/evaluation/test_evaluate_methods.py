@@ -324,13 +324,13 @@ def test_episodes_adapted_together_score_as_one_at_a_time(optimizer: str) -> Non
 def test_support_passes_sort_rows_by_length_within_the_token_budget(monkeypatch) -> None:
     """Every support row of the group exactly once, routed to its episode, passes padded to
     similar lengths and never over the budget (one row longer than it still gets a pass)."""
-    from fmmeta.evaluation import held_out
+    from fmmeta.evaluation import adaptation
 
-    monkeypatch.setattr(held_out, "SUPPORT_PASS_TOKENS", 40)
+    monkeypatch.setattr(adaptation, "SUPPORT_PASS_TOKENS", 40)
     g = torch.Generator().manual_seed(3)
     eps = [random_episode(g, f"t{i}", classification=False, shots=2 + i % 3, prompt_len=2 + 3 * i)
            for i in range(4)]
-    passes = held_out.support_passes(eps, PAD, micro_batch_size=8)
+    passes = adaptation.support_passes(eps, PAD, micro_batch_size=8)
     seen = []
     for p in passes:
         lengths = p.batch.attention_mask.sum(dim=1).tolist()

@@ -1,0 +1,175 @@
+"""Adapting and scoring a group of episodes together, each through its own fp32 fast weights.
+
+Held-out evaluation adapts every method on every episode's support set and scores its query.
+A few-shot pass is small, and on a CPU its cost is mostly per-operation overhead, so episodes
+are adapted in groups: the group's support rows share passes, each row routed to its episode's
+slice of stacked fast weights by :class:`~fmmeta.algorithms.task_lora.TaskLoRA`, with
+per-episode loss normalisation and clipping as in training (this is training's inner loop,
+:func:`~fmmeta.algorithms.inner_loop.adapt_tasks`), and the group's query sets share scoring
+passes (:func:`~fmmeta.evaluation.scoring.score_query_sets`). Every score equals the one the
+episode gets alone, up to float rounding. Under several ranks, every phase is padded to the
+busiest rank's pass count (:class:`~fmmeta.evaluation.lockstep.Lockstep`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Collection, Iterator, Sequence
+
+import torch
+from torch import nn
+
+from fmmeta.algorithms.inner_loop import InnerLoopConfig, InnerOptimizer, adapt_tasks
+from fmmeta.algorithms.passes import PackedBatch, Pass, answer_tokens_per_task
+from fmmeta.algorithms.task_lora import TaskLoRA, stack_adapters
+from fmmeta.evaluation.lockstep import Lockstep
+from fmmeta.evaluation.scoring import QuerySet, score_passes, score_query_sets
+from fmmeta.tasks.episode import Episode, collate
+
+Scored = list[tuple[int, float, float, int]]
+"""``(step, loss, accuracy, n)`` per scored adaptation step of one episode."""
+
+
+SUPPORT_PASS_TOKENS = 2048
+"""Padded tokens per support pass of a group of episodes (or one row, if longer). Rows are
+sorted by length before they are cut into passes, so a pass pads its rows to a similar length;
+a few thousand tokens keep a CPU pass compute-bound (below that, per-operation overhead
+dominates) while bounding activation memory."""
+
+
+def support_passes(episodes: Sequence[Episode], pad_id: int, micro_batch_size: int) -> list[Pass]:
+    """The support sets of episodes adapted together, every row routed to its episode (task
+    ``g``): all rows sorted by length and cut into passes of at most ``micro_batch_size`` rows
+    per episode and :data:`SUPPORT_PASS_TOKENS` padded tokens (a pass mixes episodes; each
+    episode's gradient sums over the passes its rows are in)."""
+    rows = sorted(((ex.n_tokens, g, i) for g, ep in enumerate(episodes) for i, ex in enumerate(ep.support)))
+    max_rows = micro_batch_size * max(1, len(episodes))
+    cuts: list[list[tuple[int, int, int]]] = []
+    for row in rows:  # ascending length: the row joining a pass is its longest
+        if cuts and len(cuts[-1]) < max_rows and (len(cuts[-1]) + 1) * row[0] <= SUPPORT_PASS_TOKENS:
+            cuts[-1].append(row)
+        else:
+            cuts.append([row])
+    return [PackedBatch(collate([episodes[g].support[i] for _, g, i in cut], pad_id),
+                        torch.tensor([g for _, g, _ in cut], dtype=torch.long)) for cut in cuts]
+
+
+@contextlib.contextmanager
+def adapting(
+    model: nn.Module,
+    lora: TaskLoRA,
+    params: Sequence[torch.Tensor],
+    start: Sequence[torch.Tensor],
+    support: Sequence[Pass],
+    n_answer: torch.Tensor,
+    cfg: InnerLoopConfig,
+    lrs: Sequence[float] | None = None,
+    task_lrs: Sequence[float] | None = None,
+) -> Iterator[Callable[[], None]]:
+    """The model with ``T = len(n_answer)`` copies of the adapter at ``start`` as fp32 fast
+    weights inside the block (one per episode adapted together); yields the function that takes
+    one adaptation step of all of them on ``support`` (passes whose rows name their episode;
+    ``None`` entries are dummy passes; ``n_answer[g]`` is episode ``g``'s support answer tokens).
+    ``lrs`` gives every adapter tensor its own step size, ``task_lrs`` every episode its own.
+
+    This is training's inner loop (:func:`~fmmeta.algorithms.inner_loop.adapt_tasks` over
+    stacked weights routed by ``lora``), so each episode's trajectory is the one it has alone.
+    The adapter parameters are never written: with a bf16 model an in-place step of
+    ``lr * grad`` is often below half a unit in the last place of a bf16 weight and would be
+    lost, while the fast weights, the inner optimizer's moments and the loss sums stay fp32 and
+    only the forward casts.
+    """
+    n_tasks = max(1, int(n_answer.numel()))
+    n = n_answer if n_answer.numel() else torch.zeros(1, dtype=torch.float64)
+    fast = stack_adapters([t.detach().to(p.device) for p, t in zip(params, start)], n_tasks)
+    opt = InnerOptimizer(cfg, fast, lrs, task_lrs=task_lrs if n_answer.numel() else None)
+
+    def step() -> None:
+        adapt_tasks(model, fast, support, n, cfg, lora=lora, steps=1, optimizer=opt)
+
+    with lora.active(fast):
+        lora.rows = None
+        yield step
+
+
+def _route(lora: TaskLoRA) -> Callable[[torch.Tensor], None]:
+    def route(rows: torch.Tensor) -> None:
+        lora.rows = rows
+    return route
+
+
+def _score(
+    model: nn.Module, lora: TaskLoRA, episodes: Sequence[Episode], micro_batch_size: int,
+    lockstep: Lockstep, icl_max_length: int | None,
+) -> list[tuple[float, float, int]]:
+    """Scores the episodes' queries as they are now, episode ``g`` through fast weights ``g``:
+    plain, or with the support in context when ``icl_max_length`` is given (no episodes: a rank
+    with nothing left runs dummy passes)."""
+    sets = [QuerySet(ep.query if icl_max_length is None else ep.in_context_query(icl_max_length),
+                     ep.choices) for ep in episodes]
+    s = lockstep.score(
+        score_passes(sets, micro_batch_size=micro_batch_size),
+        (lambda: score_query_sets(model, sets, micro_batch_size=micro_batch_size,
+                                  route=_route(lora))) if sets else None,
+    )
+    return [(q.loss, q.accuracy, q.n) for q in s or []]
+
+
+def adapt_and_score(
+    model: nn.Module,
+    lora: TaskLoRA,
+    params: Sequence[torch.Tensor],
+    start: Sequence[torch.Tensor],
+    episodes: Sequence[Episode],
+    cfg: InnerLoopConfig,
+    steps: int,
+    pad_id: int,
+    micro_batch_size: int,
+    lockstep: Lockstep,
+    *,
+    icl_max_length: int | None = None,
+    score_steps: Collection[int] | None = None,
+    lrs: Sequence[float] | None = None,
+    task_lrs: Sequence[float] | None = None,
+) -> list[Scored]:
+    """Adapts the episodes together, step by step from ``start``; returns per episode
+    ``(step, loss, accuracy, n)`` per scored step.
+
+    One inner optimizer carries the trajectories across the steps (:func:`adapting`), so stepping
+    and scoring in between gives exactly the weights of ``steps`` steps in a row. No episodes
+    runs only the dummy passes that keep this rank in step with the others. With
+    ``icl_max_length`` every query is scored with the support prepended as demonstrations;
+    ``score_steps`` limits scoring to those steps (``None``: every step; the last one always);
+    ``lrs`` gives every adapter tensor its own step size, ``task_lrs`` every episode its own.
+    """
+    out: list[Scored] = [[] for _ in episodes]
+    support = lockstep.support(support_passes(episodes, pad_id, micro_batch_size)) if steps else []
+    n_answer = answer_tokens_per_task(support, len(episodes))
+    with adapting(model, lora, params, start, support, n_answer, cfg, lrs, task_lrs) as adapt_step:
+        for step in range(steps + 1):
+            if step > 0:
+                adapt_step()
+            if score_steps is None or step in score_steps or step == steps:
+                scored = _score(model, lora, episodes, micro_batch_size, lockstep, icl_max_length)
+                for o, sc in zip(out, scored):
+                    o.append((step, *sc))
+    return out
+
+
+def groups_of(episodes: Sequence[Episode], size: int) -> list[list[Episode]]:
+    return [list(episodes[i : i + size]) for i in range(0, len(episodes), size)]
+
+
+def by_length(episodes: Sequence[Episode]) -> list[int]:
+    """Episode indices ordered by their longest support and query rows, so the episodes of a
+    group (and the rows of its passes) have similar lengths and little padding; the order is
+    a pure function of the episodes, the same on every rank."""
+    def key(i: int) -> tuple[int, int, int]:
+        ep = episodes[i]
+        return (max((ex.n_tokens for ex in ep.support), default=0),
+                max((ex.n_tokens for ex in ep.query), default=0), i)
+    return sorted(range(len(episodes)), key=key)
+
+
+__all__ = ["SUPPORT_PASS_TOKENS", "Scored", "adapt_and_score", "adapting", "by_length", "groups_of",
+           "support_passes"]
