@@ -13,6 +13,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass, field
+from typing import Literal, cast
 
 from fmmeta.algorithms.first_order import ALGORITHMS, AlgorithmConfig
 from fmmeta.config import EngineConfig, LoraConfig, ModelConfig, TrainConfig
@@ -182,7 +183,8 @@ class RecipeConfig:
             return self
         dtype = resolve_dtype("auto")
         logger.info("model.dtype=auto -> %s: %s", dtype, native_bf16()[1])
-        return dataclasses.replace(self, model=dataclasses.replace(self.model, dtype=dtype))
+        concrete = cast(Literal["float32", "bfloat16"], dtype)
+        return dataclasses.replace(self, model=dataclasses.replace(self.model, dtype=concrete))
 
     @property
     def precision(self) -> str:

@@ -17,7 +17,6 @@ import torch
 from torch import nn
 
 from fmmeta.algorithms.inner_loop import evaluate_loss
-from fmmeta.tasks.episode import Batch
 
 
 class Ranks(Protocol):
@@ -42,6 +41,7 @@ class OneRank:
 
 
 _T = TypeVar("_T")
+_P = TypeVar("_P")  # a support pass: a Batch, or a PackedBatch of several episodes' rows
 
 
 class Lockstep:
@@ -54,7 +54,7 @@ class Lockstep:
         """The largest ``n`` over ranks (a collective when there are several)."""
         return n if self.ranks.world_size == 1 else max(self.ranks.all_gather_object(n))
 
-    def support(self, batches: list[Batch | None]) -> list[Batch | None]:
+    def support(self, batches: list[_P | None]) -> list[_P | None]:
         """``batches`` padded with dummy passes (``None``) to the longest support of the round."""
         return batches + [None] * (self.most(len(batches)) - len(batches))
 

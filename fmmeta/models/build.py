@@ -378,7 +378,8 @@ def _check_lora_targets(model: nn.Module, cfg: LoraConfig) -> None:
     Raises:
         ModelBuildError: naming the target and the layers that can take it.
     """
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    getter = getattr(model, "get_output_embeddings", None)
+    head = getter() if callable(getter) else None
     linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
                      if isinstance(m, nn.Linear) and m is not head})
     widths: dict[str, int] = {}
