@@ -23,7 +23,7 @@ from fmmeta.algorithms.inner_loop import InnerLoopConfig, InnerOptimizer, adapt_
 from fmmeta.algorithms.passes import PackedBatch, Pass, answer_tokens_per_task
 from fmmeta.algorithms.task_lora import TaskLoRA, stack_adapters
 from fmmeta.evaluation.lockstep import Lockstep
-from fmmeta.evaluation.scoring import QuerySet, score_passes, score_query_sets
+from fmmeta.evaluation.scoring import QueryScore, QuerySet, score_passes, score_query_sets
 from fmmeta.tasks.episode import Episode, collate
 
 Scored = list[tuple[int, float, float, int]]
@@ -107,11 +107,14 @@ def _score(
     with nothing left runs dummy passes)."""
     sets = [QuerySet(ep.query if icl_max_length is None else ep.in_context_query(icl_max_length),
                      ep.choices) for ep in episodes]
-    s = lockstep.score(
-        score_passes(sets, micro_batch_size=micro_batch_size),
-        (lambda: score_query_sets(model, sets, micro_batch_size=micro_batch_size,
-                                  route=_route(lora))) if sets else None,
-    )
+
+    def score() -> list[QueryScore]:
+        try:
+            return score_query_sets(model, sets, micro_batch_size=micro_batch_size, route=_route(lora))
+        finally:
+            lora.rows = None  # the lockstep's dummy passes that may follow are one row of task 0
+
+    s = lockstep.score(score_passes(sets, micro_batch_size=micro_batch_size), score if sets else None)
     return [(q.loss, q.accuracy, q.n) for q in s or []]
 
 

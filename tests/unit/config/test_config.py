@@ -127,7 +127,7 @@ def test_key_in_wrong_section_suggests_other_section() -> None:
         ("lora.r=true", "lora.r=True has the wrong type: expected int"),
         ("lora.target_modules=q_proj", "expected a list"),
         ("inner.pair=[a]", "has the wrong length: expected 2 items"),
-        ("model.dtype=fp16", "model.dtype='fp16' is invalid: allowed values are 'float32', 'bfloat16'"),
+        ("model.dtype=fp16", "model.dtype='fp16' is invalid: allowed values are 'auto', 'float32', 'bfloat16'"),
         ("inner.limit=abc", "inner.limit='abc' has the wrong type: expected int | null"),
         ("train=3", "expected a mapping"),
     ],
