@@ -13,7 +13,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Literal, cast
+from typing import Literal
 
 from fmmeta.algorithms.first_order import ALGORITHMS, AlgorithmConfig
 from fmmeta.config import EngineConfig, LoraConfig, ModelConfig, TrainConfig
@@ -181,10 +181,10 @@ class RecipeConfig:
         other hardware is checked against it."""
         if self.model.dtype != "auto":
             return self
-        dtype = resolve_dtype("auto")
-        logger.info("model.dtype=auto -> %s: %s", dtype, native_bf16()[1])
-        concrete = cast(Literal["float32", "bfloat16"], dtype)
-        return dataclasses.replace(self, model=dataclasses.replace(self.model, dtype=concrete))
+        native, why = native_bf16()
+        dtype: Literal["float32", "bfloat16"] = "bfloat16" if native else "float32"
+        logger.info("model.dtype=auto -> %s: %s", dtype, why)
+        return dataclasses.replace(self, model=dataclasses.replace(self.model, dtype=dtype))
 
     @property
     def precision(self) -> str:

@@ -14,7 +14,7 @@ busiest rank's pass count (:class:`~fmmeta.evaluation.lockstep.Lockstep`).
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Collection, Iterator, Sequence
+from typing import Callable, Collection, Iterator, Sequence, TypeVar
 
 import torch
 from torch import nn
@@ -25,6 +25,8 @@ from fmmeta.algorithms.task_lora import TaskLoRA, stack_adapters
 from fmmeta.evaluation.lockstep import Lockstep
 from fmmeta.evaluation.scoring import QueryScore, QuerySet, score_passes, score_query_sets
 from fmmeta.tasks.episode import Episode, collate
+
+_T = TypeVar("_T")
 
 Scored = list[tuple[int, float, float, int]]
 """``(step, loss, accuracy, n)`` per scored adaptation step of one episode."""
@@ -79,13 +81,13 @@ def adapting(
     lost, while the fast weights, the inner optimizer's moments and the loss sums stay fp32 and
     only the forward casts.
     """
-    n_tasks = max(1, int(n_answer.numel()))
-    n = n_answer if n_answer.numel() else torch.zeros(1, dtype=torch.float64)
-    fast = stack_adapters([t.detach().to(p.device) for p, t in zip(params, start)], n_tasks)
-    opt = InnerOptimizer(cfg, fast, lrs, task_lrs=task_lrs if n_answer.numel() else None)
+    if not n_answer.numel():  # no episodes on this rank: one idle task for the dummy passes
+        n_answer, task_lrs = torch.zeros(1, dtype=torch.float64), None
+    fast = stack_adapters([t.detach().to(p.device) for p, t in zip(params, start)], n_answer.numel())
+    opt = InnerOptimizer(cfg, fast, lrs, task_lrs=task_lrs)
 
     def step() -> None:
-        adapt_tasks(model, fast, support, n, cfg, lora=lora, steps=1, optimizer=opt)
+        adapt_tasks(model, fast, support, n_answer, cfg, lora=lora, steps=1, optimizer=opt)
 
     with lora.active(fast):
         lora.rows = None
@@ -159,8 +161,9 @@ def adapt_and_score(
     return out
 
 
-def groups_of(episodes: Sequence[Episode], size: int) -> list[list[Episode]]:
-    return [list(episodes[i : i + size]) for i in range(0, len(episodes), size)]
+def groups_of(items: Sequence[_T], size: int) -> list[list[_T]]:
+    """``items`` in consecutive groups of ``size`` (the last may be smaller)."""
+    return [list(items[i : i + size]) for i in range(0, len(items), size)]
 
 
 def by_length(episodes: Sequence[Episode]) -> list[int]:

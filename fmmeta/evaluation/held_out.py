@@ -304,7 +304,7 @@ def select_inner_lr(
                 )
                 return [sc[0][1] for sc in scored]
 
-            groups = [pairs[i : i + episodes_per_pass] for i in range(0, len(pairs), episodes_per_pass)]
+            groups = groups_of(pairs, episodes_per_pass)
             losses = [x for g in sharded(ranks, groups, final_loss) for x in g]
             table: dict[float, float] = {}
             for lr in sorted(lr_grid):

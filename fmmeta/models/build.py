@@ -336,21 +336,12 @@ def add_lora(model: nn.Module, cfg: LoraConfig, *, seed: int = 0) -> nn.Module:
         The ``PeftModel``.
 
     Raises:
-        ModelBuildError: a target module name matches no module of the model.
+        ModelBuildError: a target module name matches no module of the model, or one that is
+            not a linear layer of the transformer body.
     """
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model
 
-    leaf_names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-    missing = [m for m in cfg.target_modules if m not in leaf_names]
-    if missing:
-        linear = sorted(
-            {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)}
-        )
-        raise ModelBuildError(
-            f"lora.target_modules={list(cfg.target_modules)} is invalid: {missing} match no module "
-            f"of this model; its linear layers are: {', '.join(linear)}"
-        )
     _check_lora_targets(model, cfg)
     base_dtype = next(model.parameters()).dtype
     peft_cfg = PeftLoraConfig(
@@ -371,9 +362,10 @@ def add_lora(model: nn.Module, cfg: LoraConfig, *, seed: int = 0) -> nn.Module:
 
 
 def _check_lora_targets(model: nn.Module, cfg: LoraConfig) -> None:
-    """Refuses targets the task-batched LoRA cannot route (anything but a linear layer, and the
-    LM head, which runs on answer positions only, flattened across rows); warns when ``r`` is at
-    or above a target layer's width, where a low-rank update is no longer low-rank.
+    """Refuses targets that match no module, and those the task-batched LoRA cannot route
+    (anything but a linear layer, and the LM head, which runs on answer positions only,
+    flattened across rows); warns when ``r`` is at or above a target layer's width, where a
+    low-rank update is no longer low-rank.
 
     Raises:
         ModelBuildError: naming the target and the layers that can take it.
@@ -382,6 +374,13 @@ def _check_lora_targets(model: nn.Module, cfg: LoraConfig) -> None:
     head = getter() if callable(getter) else None
     linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
                      if isinstance(m, nn.Linear) and m is not head})
+    leaf_names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    missing = [m for m in cfg.target_modules if m not in leaf_names]
+    if missing:
+        raise ModelBuildError(
+            f"lora.target_modules={list(cfg.target_modules)} is invalid: {missing} match no module "
+            f"of this model; its linear layers are: {', '.join(linear)}"
+        )
     widths: dict[str, int] = {}
     for name, module in model.named_modules():
         leaf = name.rsplit(".", 1)[-1]
