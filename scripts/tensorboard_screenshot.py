@@ -5,10 +5,11 @@ Replays the records through the same trackers a run with ``train.report_to=tenso
 to (one TensorBoard run per method), so a finished run, or the committed default run, can be
 looked at in TensorBoard without training again. With ``--png`` it also starts TensorBoard on a
 local port and takes a screenshot with a headless Chromium (``chromium`` on PATH, or
-``--browser``), as the README's picture was made:
+``--browser``). Debian's Chromium 156 drew the charts without their lines (with or without
+SwiftShader's WebGL), so no screenshot is committed; with a browser that draws them:
 
     python scripts/tensorboard_screenshot.py docs/default_run/metrics.jsonl runs/tb-default \\
-        --png docs/default_run/tensorboard.png
+        --png runs/tb-default/tensorboard.png
 """
 
 from __future__ import annotations
