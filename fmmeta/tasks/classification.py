@@ -204,6 +204,12 @@ class ClassificationTask:
                 f"{where}: {len(prompt_ids)} prompts but {len(labels)} labels; give one per prompt"
             )
         pool = pool_answers if spec.remap_labels else ()
+        twins = _same_answers(class_answers)
+        if twins is not None:  # a tie counts as wrong: neither class could ever be scored correct
+            raise ValueError(
+                f"{where}: classes {class_names[twins[0]]!r} and {class_names[twins[1]]!r} have the "
+                "same answer tokens, so no answer could tell them apart: give each class its own word"
+            )
         longest = max(len(a) for a in [*class_answers, *pool])
         if longest + 1 > max_length:
             # The same answer words serve every example, so no example could fit: always an error.
@@ -362,6 +368,17 @@ def _check_pool(
             "add words to the pool"
         )
     return tuple(as_ids(a) for a in pool_answers)
+
+
+def _same_answers(answers: Sequence[Sequence[int]]) -> tuple[int, int] | None:
+    """The first two classes whose answer ids are identical (the tokenizer may make two written
+    words one), or None."""
+    seen: dict[tuple[int, ...], int] = {}
+    for c, ids in enumerate(answers):
+        first = seen.setdefault(tuple(ids), c)
+        if first != c:
+            return first, c
+    return None
 
 
 __all__ = ["ClassificationTask", "answer_word_ids"]

@@ -17,6 +17,8 @@ from typing import Any, Union
 
 import datasets
 
+from fmmeta.tasks.json_values import restore_mixed_columns
+
 logger = logging.getLogger(__name__)
 
 DatasetLike = Union[datasets.Dataset, datasets.DatasetDict, str, os.PathLike, Sequence[Union[str, os.PathLike]]]
@@ -144,6 +146,8 @@ def _load_files(
         )) from err
     if len(ds) == 0:  # e.g. a JSON file holding []
         raise ValueError(f"data file(s) {paths} hold no rows: add rows, or leave the file(s) out")
+    if kinds[0] == "json":  # "1" and 1 in one column must stay apart (labels would merge)
+        ds = restore_mixed_columns(ds, paths)
     logger.info("loaded %d rows from %d %s file(s)", len(ds), len(paths), kinds[0])
     return ds
 

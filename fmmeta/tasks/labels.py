@@ -42,8 +42,29 @@ def labels_to_classes(
     else:
         names = [str(v) for v in distinct]
     words = _words(distinct, names, verbalizer=verbalizer, feature_names=feature_names, key=key, where=where)
+    _check_distinct_words([str(w) for w in words], names, where=where)
     index = {v: i for i, v in enumerate(distinct)}
     return [index[v] for v in values], [str(w) for w in words], names
+
+
+def _check_distinct_words(words: list[str], names: list[str], *, where: str) -> None:
+    """Refuses two classes whose answer words are the same once spaces around them are ignored.
+
+    Why: scoring ranks the classes' answer words, and a tie counts as wrong, so two classes with
+    one word can never be told apart (neither is ever correct); words that differ only in a
+    trailing space (``'yes'`` and ``'yes '``, a typo in the data) ask the model to tell apart what
+    no reader of the prompt could.
+    """
+    seen: dict[str, int] = {}
+    for c, word in enumerate(words):
+        first = seen.setdefault(word.strip(), c)
+        if first != c:
+            same = "the same answer word" if words[first] == word else "answer words that differ only in spaces"
+            raise ValueError(
+                f"{where}: classes {names[first]!r} and {names[c]!r} have {same} "
+                f"({words[first]!r}, {word!r}), so no answer could tell them apart: give each "
+                "class its own word in the verbalizer (or fix the labels in the data)"
+            )
 
 
 def _check_label_values(values: Sequence[Any], *, key: str, where: str) -> None:

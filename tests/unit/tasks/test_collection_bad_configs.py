@@ -148,6 +148,22 @@ CASES = {
         ["tasks.collection[1] (path=", "label has a single class ['yes']: classification needs at "
          "least 2 classes"],
     ),
+    "int and str labels that read alike": (  # datasets alone would read "1" back as 1: one class
+        lambda p: _with(p, 1, path=_labeled(p, labels=(1, "1"), name="mixed.jsonl"),
+                        verbalizer={1: "one", "1": "uno"}),
+        ["tasks.collection[1] (path=", "label mixes label types ['int', 'str'] (e.g. 1, '1')",
+         "use one type for every label"],
+    ),
+    "labels that differ only in spaces": (
+        lambda p: _with(p, 1, path=_labeled(p, labels=("yes", "yes ", "no"), name="spaces.jsonl")),
+        ["tasks.collection[1] (path=", "classes 'yes' and 'yes ' have answer words that differ only "
+         "in spaces", "no answer could tell them apart"],
+    ),
+    "verbalizer giving two classes one word": (
+        lambda p: _with(p, 1, verbalizer={"yes": "ok", "no": "ok"}),
+        ["tasks.collection[1] (path=", "classes 'no' and 'yes' have the same answer word ('ok', 'ok')",
+         "give each class its own word in the verbalizer"],
+    ),
     "too few examples for an episode": (
         lambda p: _with(p, 0, shots=4, query=4),
         ["tasks.collection[0] (path=", "task 't1' has 6 examples but an episode needs shots + "

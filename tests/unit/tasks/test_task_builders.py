@@ -281,7 +281,7 @@ def test_error_answer_longer_than_budget() -> None:
 
 def test_error_label_word_longer_than_budget() -> None:
     with pytest.raises(ValueError, match=r"longest answer word takes 10 tokens .* max_length=8.*at least 11"):
-        classification_tasks(datasets.Dataset.from_list(_cls_rows()), TOK, TaskOptions(spec=SPEC3, max_length=8), verbalizer={k: "verylong" for k in LANGS})  # fmt: skip
+        classification_tasks(datasets.Dataset.from_list(_cls_rows()), TOK, TaskOptions(spec=SPEC3, max_length=8), verbalizer={k: f"verylon{i}" for i, k in enumerate(LANGS)})  # fmt: skip
 
 
 def test_error_datasetdict_needs_split() -> None:
