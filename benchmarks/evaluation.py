@@ -43,7 +43,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fmmeta.algorithms.answer_loss import answer_logits
-from fmmeta.algorithms.inner_loop import InnerLoopConfig
+from fmmeta.algorithms.config import InnerLoopConfig
 from fmmeta.config import LoraConfig, ModelConfig
 from fmmeta.evaluation.held_out import evaluate_methods
 from fmmeta.evaluation.methods import IN_CONTEXT

@@ -96,7 +96,8 @@ def worker(args: argparse.Namespace) -> None:
     """One rank: build, wrap, run meta-steps; writes ``rank<N>.json`` into ``args.out``."""
     import torch
 
-    from fmmeta.algorithms.first_order import AlgorithmConfig, build_algorithm
+    from fmmeta.algorithms.build import build_algorithm
+    from fmmeta.algorithms.config import AlgorithmConfig
     from fmmeta.algorithms.meta_step import meta_step
     from fmmeta.config import EngineConfig, LoraConfig
     from fmmeta.engine.build import build_engine

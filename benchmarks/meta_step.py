@@ -63,8 +63,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fmmeta.algorithms.first_order import AlgorithmConfig, build_algorithm
-from fmmeta.algorithms.inner_loop import InnerOptimizer, answer_loss_sum
+from fmmeta.algorithms.answer_loss import answer_loss_sum
+from fmmeta.algorithms.build import build_algorithm
+from fmmeta.algorithms.config import AlgorithmConfig
+from fmmeta.algorithms.inner_loop import InnerOptimizer
 from fmmeta.algorithms.meta_step import meta_step
 from fmmeta.algorithms.task_lora import stack_adapters
 from fmmeta.engine.local import LocalEngine

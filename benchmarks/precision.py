@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from evaluation import PassCounter, matmul_peak, median_times  # noqa: E402  (benchmarks/evaluation.py)
 
-from fmmeta.algorithms.first_order import ALGORITHMS, build_algorithm  # noqa: E402
+from fmmeta.algorithms.build import ALGORITHMS, build_algorithm  # noqa: E402
 from fmmeta.config import LoraConfig, ModelConfig  # noqa: E402
 from fmmeta.models import add_lora, build_model_and_tokenizer  # noqa: E402
 from fmmeta.recipe_config import RecipeConfig  # noqa: E402

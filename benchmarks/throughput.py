@@ -39,7 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import meta_step as bench  # noqa: E402  (benchmarks/meta_step.py: model, episodes, plans, loop)
 
-from fmmeta.algorithms.first_order import AlgorithmConfig, build_algorithm  # noqa: E402
+from fmmeta.algorithms.build import build_algorithm  # noqa: E402
+from fmmeta.algorithms.config import AlgorithmConfig  # noqa: E402
 from fmmeta.algorithms.meta_step import meta_step  # noqa: E402
 from fmmeta.engine.local import LocalEngine  # noqa: E402
 from fmmeta.engine.optim import OuterOptimConfig  # noqa: E402

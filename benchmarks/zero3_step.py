@@ -74,7 +74,8 @@ def _worker(args: argparse.Namespace) -> None:
     import numpy as np
     import torch
 
-    from fmmeta.algorithms.first_order import AlgorithmConfig, build_algorithm
+    from fmmeta.algorithms.build import build_algorithm
+    from fmmeta.algorithms.config import AlgorithmConfig
     from fmmeta.algorithms.meta_step import meta_step
     from fmmeta.engine.deepspeed_engine import DeepSpeedEngine
     from fmmeta.engine.distributed import init_distributed

@@ -15,7 +15,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Literal
 
-from fmmeta.algorithms.first_order import ALGORITHMS, AlgorithmConfig
+from fmmeta.algorithms.build import ALGORITHMS
+from fmmeta.algorithms.config import DEFAULT_LR_GRID, AlgorithmConfig
 from fmmeta.config import EngineConfig, LoraConfig, ModelConfig, TrainConfig
 from fmmeta.engine.ds_config import DSConfigError, owned_values, resolve_ds_config
 from fmmeta.engine.optim import OuterOptimConfig
@@ -43,8 +44,8 @@ class EvalConfig:
     score_steps: tuple[int, ...] = ()
     """Steps at which the query is scored, each in 0..max_steps (max_steps always is); empty =
     every step. Scoring costs about an adaptation step, so [0, max_steps] halves a long one's cost."""
-    lr_grid: tuple[float, ...] = (0.01, 0.03, 0.1)
-    """Adaptation learning rates tried on meta-validation tasks (each > 0)."""
+    lr_grid: tuple[float, ...] = DEFAULT_LR_GRID
+    """Adaptation learning rates tried on validation tasks, one chosen per method (each > 0)."""
     micro_batch_size: int = 8
     """Support rows, and queries (each with all its candidates, as one row), of one episode per
     forward pass during evaluation (>= 1)."""
@@ -119,13 +120,10 @@ class RecipeConfig:
         )
     )
     """How meta-batches are chosen and planned over ranks."""
-    # An inner loop that moves: at 3 steps of lr 0.03 clipped to norm 1.0, FOMAML's adaptation
-    # lowered the query loss by 0.33 nats and it trained almost like multi-task; 4 steps at
-    # lr 0.1 lower it by 1.74 (docs/adaptation_sweep.md).
+    # The inner loop is the section's own default (fmmeta.algorithms.config says why); the run
+    # also logs the query loss before adaptation, the number a reader compares "after" with.
     algorithm: AlgorithmConfig = field(
-        default_factory=lambda: AlgorithmConfig(
-            inner_steps=4, inner_lr=0.1, inner_clip_norm=1.0, measure_query_before=True
-        )
+        default_factory=lambda: AlgorithmConfig(measure_query_before=True)
     )
     """The inner loop every method in methods shares."""
     optim: OuterOptimConfig = field(default_factory=lambda: OuterOptimConfig(outer_lr=3e-3))
@@ -140,10 +138,9 @@ class RecipeConfig:
     # labels are learned from the support set only, and after 2 adaptation steps an adapter
     # labels just 40% of its own support set (chance 33%); 6 steps at lr 0.1 fit 58%, chosen on
     # validation languages (docs/adaptation_sweep.md). Scoring only steps 0 and max_steps saves
-    # 5 of 7 scoring passes; (0,) stays valid whatever eval.max_steps a user sets. The grid holds
-    # the lr that validation chose at 6 steps and the runner-up (0.3); 1.0 oscillated.
+    # 5 of 7 scoring passes; (0,) stays valid whatever eval.max_steps a user sets.
     eval: EvalConfig = field(
-        default_factory=lambda: EvalConfig(max_steps=6, score_steps=(0,), lr_grid=(0.1, 0.3))
+        default_factory=lambda: EvalConfig(max_steps=6, score_steps=(0,))
     )
     """Held-out evaluation after meta-training."""
 

@@ -38,9 +38,8 @@ from fmmeta.startup import ctrl_c_raises  # first: Ctrl-C during the imports bel
 import torch
 from tqdm import tqdm
 
-from fmmeta.algorithms.first_order import build_algorithm
+from fmmeta.algorithms.build import build_algorithm
 from fmmeta.algorithms.gather import gather_step
-from fmmeta.algorithms.meta_sgd import MetaSGD, save_inner_lrs
 from fmmeta.algorithms.meta_step import meta_step
 from fmmeta.algorithms.protocol import MetaAlgorithm
 from fmmeta.checkpoint import CheckpointManager, CheckpointMismatchError, load_rng_state, save_rng_state
@@ -79,6 +78,9 @@ from fmmeta.telemetry import RankWatch, save_telemetry
 from fmmeta.tracking import MetricsLog, open_trackers, report_evaluation
 
 logger = logging.getLogger("fmmeta.train")
+
+RECIPE_STATE = frozenset({"step", "prefetcher"})
+"""Keys of a checkpoint's ``state.json`` the recipe owns; every other key is the algorithm's."""
 
 def parse_args(argv: list[str], prog: str | None = None) -> argparse.Namespace:
     """Parses ``--config`` and ``section.key=value`` overrides; ignores the launcher's --local_rank.
@@ -165,11 +167,10 @@ def restore(method_dir: Path, cfg: RecipeConfig, engine: Engine, prefetcher: Pre
     engine.load_optimizer(ckpt.path)
     state = ckpt.load_json("state.json")
     prefetcher.load_state_dict(state["prefetcher"])
-    if isinstance(algorithm, MetaSGD):
-        if "step_sizes" not in state:
-            raise ValueError(f"{ckpt.path / 'state.json'} has no learned step sizes ('step_sizes'): "
-                             "not a metasgd checkpoint; use a fresh output_dir or train.resume=never")
-        algorithm.step_sizes.load_state_dict(state["step_sizes"])
+    try:
+        algorithm.load_state_dict({k: v for k, v in state.items() if k not in RECIPE_STATE})
+    except ValueError as err:
+        raise ValueError(f"{ckpt.path / 'state.json'}: {err}") from err
     load_rng_state(ckpt, engine.rank)
     logger.info("resumed from %s (meta-step %d complete)", ckpt.path, ckpt.step)
     return ckpt.step + 1
@@ -178,11 +179,13 @@ def restore(method_dir: Path, cfg: RecipeConfig, engine: Engine, prefetcher: Pre
 def save_checkpoint(ckpts: CheckpointManager, step: int, cfg: RecipeConfig, method: str,
                     engine: Engine, prefetcher: Prefetcher, model: torch.nn.Module,
                     algorithm: MetaAlgorithm) -> None:
-    """Adapter, optimizer (every rank's share), sampler state, RNG and step, written atomically;
-    for metasgd also its step sizes and their optimizer state."""
+    """Adapter, optimizer (every rank's share), sampler state, RNG and step, written atomically,
+    and whatever the algorithm learned besides the adapter (metasgd: its step sizes)."""
     state: dict[str, Any] = {"step": step, "prefetcher": prefetcher.state_dict()}
-    if isinstance(algorithm, MetaSGD):
-        state["step_sizes"] = algorithm.step_sizes.state_dict()
+    learned = algorithm.state_dict()
+    if set(learned) & RECIPE_STATE:
+        raise ValueError(f"{method}'s state_dict() uses a key the recipe owns: {sorted(set(learned) & RECIPE_STATE)}")
+    state.update(learned)
 
     def write(w: Any) -> None:
         engine.save_adapter(w.path("adapter"))
@@ -221,10 +224,8 @@ def adapter_tensors(model: torch.nn.Module) -> list[torch.nn.Parameter]:
 
 
 def save_step_sizes(algorithm: MetaAlgorithm, model: torch.nn.Module, adapter_dir: Path) -> None:
-    """metasgd: its learned inner lrs as ``inner_lrs.json`` in the adapter folder (rank 0 calls)."""
-    if isinstance(algorithm, MetaSGD):
-        names = [n for n, p in model.named_parameters() if p.requires_grad]
-        save_inner_lrs(adapter_dir, names, algorithm.step_sizes.lrs(len(names)))
+    """What the algorithm keeps next to its adapter (metasgd: ``inner_lrs.json``); rank 0 calls."""
+    algorithm.save_with_adapter(adapter_dir, [n for n, p in model.named_parameters() if p.requires_grad])
 
 
 def fresh_engine(cfg: RecipeConfig, model: torch.nn.Module, initial: list[torch.Tensor]) -> Engine:
@@ -343,10 +344,10 @@ def run(args: argparse.Namespace) -> int:
     cfg = cfg.on_this_machine()
     # Nothing is written into output_dir before rank 0 holds its lock and has checked the resume;
     # every rank learns the outcome, so all stop together or go on together.
-    lock, refused = None, None
+    claim, refused = None, None
     if rank == 0:
         try:
-            lock = claim_output_dir(cfg)
+            claim = claim_output_dir(cfg)
         except UserInputError as err:
             refused = str(err)
     refused = broadcast_from_rank0(refused)
@@ -363,13 +364,15 @@ def run(args: argparse.Namespace) -> int:
                 logger.error("%s", err)
                 return 2
             hosts = all_gather_object(hosts[0])  # once: the slow-rank warning names the host
-        return train_and_evaluate(cfg, out, hosts)
+        return train_and_evaluate(cfg, out, hosts, accept=lambda: claim and claim.accept(cfg))
     finally:
-        if lock is not None:
-            lock.release()
+        if claim is not None:
+            claim.release()
 
 
-def train_and_evaluate(cfg: RecipeConfig, out: Path, hosts: list[str]) -> int:
+def train_and_evaluate(cfg: RecipeConfig, out: Path, hosts: list[str], accept: Callable[[], Any]) -> int:
+    """Builds the model and tasks, calls ``accept`` (rank 0 writes ``config.yaml``) once nothing
+    more can be refused, then trains every method and evaluates them."""
     torch.manual_seed(cfg.train.seed)
     t0 = time.perf_counter()
     # Under ZeRO-3 the base is partitioned as it is built; `partitioned` stays alive all run.
@@ -380,6 +383,13 @@ def train_and_evaluate(cfg: RecipeConfig, out: Path, hosts: list[str]) -> int:
     suite = build_task_set(cfg.tasks, tokenizer, seed=cfg.train.seed)
     if cfg.eval.enabled:  # refused now, not after meta-training
         evaluation_tasks([*suite.meta_val, *suite.meta_test], cfg.eval.query)
+    if cfg.sampler.meta_batch_size > len(suite.meta_train):  # as each method's sampler would, but now
+        raise UserInputError(
+            f"sampler.meta_batch_size={cfg.sampler.meta_batch_size} is larger than the meta-training "
+            f"pool ({len(suite.meta_train)} tasks), so a meta-batch would hold a task twice: set "
+            f"sampler.meta_batch_size to at most {len(suite.meta_train)}, or add tasks"
+        )
+    accept()  # every input is accepted: only now is anything written into output_dir
     logger.info(
         "model and %d/%d/%d meta-train/val/test tasks ready in %.1fs",
         len(suite.meta_train), len(suite.meta_val), len(suite.meta_test), time.perf_counter() - t0,

@@ -28,7 +28,7 @@ import json
 import sys
 from pathlib import Path
 
-from fmmeta.algorithms.inner_loop import InnerLoopConfig
+from fmmeta.algorithms.config import InnerLoopConfig
 from fmmeta.evaluation.intervals import Interval
 from fmmeta.evaluation.result import EpisodeRecord, EvalResult
 

@@ -21,7 +21,8 @@ import json
 import sys
 from pathlib import Path
 
-from fmmeta.algorithms.inner_loop import InnerLoopConfig, restore
+from fmmeta.algorithms.config import InnerLoopConfig
+from fmmeta.algorithms.inner_loop import restore
 from fmmeta.config import load_config
 from fmmeta.evaluation.run import adapter_tensors, draw_episodes
 from fmmeta.evaluation.support_fit import support_fit

@@ -1,20 +1,28 @@
-"""Meta-algorithms over adapter parameters: the one inner loop, FOMAML, Meta-SGD, Reptile, multi-task,
-meta_step and the gather of every rank's step.
+"""Meta-algorithms over adapter parameters, one module per job.
+
+``config`` (the inner loop's and the algorithm section's settings), ``inner_loop`` (the one
+inner loop, training's and evaluation's), ``first_order`` (FOMAML, Reptile), ``meta_sgd`` (FOMAML
+with learned step sizes), ``baselines`` (multi-task, MetaICL), ``build`` (names, budget rules,
+the factory), ``meta_step`` and ``gather`` (one outer step and every rank's record of it).
 
 Nothing here imports DeepSpeed or accelerate; the engine (``fmmeta.engine``) hides them.
 """
 
-from fmmeta.algorithms.first_order import FOMAML, AlgorithmConfig, MultiTask, Reptile, build_algorithm
+from fmmeta.algorithms.answer_loss import answer_loss_sum
+from fmmeta.algorithms.baselines import MetaICL, MultiTask
+from fmmeta.algorithms.build import ALGORITHMS, build_algorithm
+from fmmeta.algorithms.config import AlgorithmConfig, InnerLoopConfig
+from fmmeta.algorithms.first_order import FOMAML, Reptile
 from fmmeta.algorithms.gather import GatheredStep, gather_step
-from fmmeta.algorithms.inner_loop import InnerLoopConfig, adapt, answer_loss_sum, restore, snapshot
+from fmmeta.algorithms.inner_loop import adapt, restore, snapshot
 from fmmeta.algorithms.meta_sgd import MetaSGD, StepSizes, load_inner_lrs, save_inner_lrs
 from fmmeta.algorithms.meta_step import StepStats, meta_step
 from fmmeta.algorithms.protocol import MetaAlgorithm, OuterUpdate, RankResult, RankWork, prepare_rank
 from fmmeta.algorithms.task_lora import TaskLoRA, stack_adapters
 
 __all__ = [
-    "FOMAML", "AlgorithmConfig", "GatheredStep", "InnerLoopConfig", "MetaAlgorithm", "MetaSGD", "MultiTask",
-    "OuterUpdate", "RankResult", "RankWork", "Reptile", "StepSizes", "StepStats", "TaskLoRA", "adapt",
-    "answer_loss_sum", "build_algorithm", "gather_step", "load_inner_lrs", "meta_step", "prepare_rank", "restore",
-    "save_inner_lrs", "snapshot", "stack_adapters",
+    "ALGORITHMS", "FOMAML", "AlgorithmConfig", "GatheredStep", "InnerLoopConfig", "MetaAlgorithm", "MetaICL",
+    "MetaSGD", "MultiTask", "OuterUpdate", "RankResult", "RankWork", "Reptile", "StepSizes", "StepStats",
+    "TaskLoRA", "adapt", "answer_loss_sum", "build_algorithm", "gather_step", "load_inner_lrs", "meta_step",
+    "prepare_rank", "restore", "save_inner_lrs", "snapshot", "stack_adapters",
 ]

@@ -10,10 +10,8 @@ either
 
 Each row's answer-loss sum (:mod:`fmmeta.algorithms.answer_loss`) is weighted by its task's scale
 (``1 / the task's answer tokens``), so each task's gradient is its own mean loss's gradient
-whatever the split into passes or the other tasks sharing them.
-
-The loss and pass names that used to live here are re-exported, so imports from this module keep
-working.
+whatever the split into passes or the other tasks sharing them. Its settings are
+:class:`~fmmeta.algorithms.config.InnerLoopConfig`.
 """
 
 from __future__ import annotations
@@ -26,79 +24,17 @@ from typing import cast
 import torch
 from torch import nn
 
-from fmmeta.algorithms.answer_loss import (
-    DUMMY_PASS_TOKENS,
-    accepts_logits_to_keep,
-    answer_logits,
-    answer_loss_rows,
-    answer_loss_sum,
-    dummy_batch,
-)
-from fmmeta.algorithms.passes import (
-    PackedBatch,
-    Pass,
-    PassResult,
-    answer_tokens,
-    answer_tokens_per_task,
-    pack_pass,
-    run_passes,
-)
+from fmmeta.algorithms.config import InnerLoopConfig
+from fmmeta.algorithms.passes import PackedBatch, Pass, answer_tokens, inverse_tokens, per_token, run_passes
 from fmmeta.algorithms.task_lora import TaskLoRA
 from fmmeta.config import raise_if_invalid
 from fmmeta.engine.optim import clip_grad_norm
 from fmmeta.tasks.episode import Batch
 
 __all__ = [
-    "DUMMY_PASS_TOKENS", "Adaptation", "InnerLoopConfig", "InnerOptimizer", "PackedBatch", "Pass",
-    "PassResult", "accepts_logits_to_keep", "adapt", "adapt_tasks", "answer_logits",
-    "answer_loss_rows", "answer_loss_sum", "answer_tokens", "answer_tokens_per_task", "check_lrs",
-    "clip_per_task", "dummy_batch", "evaluate_loss", "pack_pass", "restore", "run_passes",
-    "snapshot",
+    "Adaptation", "InnerOptimizer", "adapt", "adapt_tasks", "check_lrs", "clip_per_task",
+    "evaluate_loss", "restore", "snapshot",
 ]
-
-_INNER_OPTIMIZERS = ("sgd", "adam")
-
-
-@dataclass(frozen=True, kw_only=True)
-class InnerLoopConfig:
-    """Settings of the inner (per-task) adaptation."""
-
-    inner_steps: int = 3
-    """Optimizer steps on the support set per task (>= 0; 0 = no adaptation)."""
-    inner_lr: float = 0.03
-    """Inner learning rate (> 0). SGD on LoRA is fragile: on SmolLM2 lr 0.3 made every init worse
-    after 3 steps, so choose it on meta-validation tasks."""
-    inner_optimizer: str = "sgd"
-    """"sgd" (plain, stateless) or "adam" (fresh moments for every task)."""
-    inner_clip_norm: float | None = None
-    """Clip each inner step's gradient to this global L2 norm (> 0); None = off."""
-    adam_betas: tuple[float, float] = (0.9, 0.999)
-    """(beta1, beta2) of the inner Adam, each in [0, 1); unused for SGD."""
-    adam_eps: float = 1e-8
-    """Epsilon of the inner Adam (> 0); unused for SGD."""
-
-    def validate(self) -> list[str]:
-        """Range and choice checks, one problem per field."""
-        problems: list[str] = []
-        if self.inner_steps < 0:
-            problems.append(f"inner_steps={self.inner_steps} is invalid: must be >= 0")
-        if not self.inner_lr > 0:
-            problems.append(f"inner_lr={self.inner_lr} is invalid: must be > 0 (e.g. 0.03)")
-        if self.inner_optimizer not in _INNER_OPTIMIZERS:
-            problems.append(
-                f"inner_optimizer={self.inner_optimizer!r} is invalid: allowed {list(_INNER_OPTIMIZERS)}"
-            )
-        if self.inner_clip_norm is not None and not self.inner_clip_norm > 0:
-            problems.append(
-                f"inner_clip_norm={self.inner_clip_norm} is invalid: must be > 0, or None to turn "
-                "clipping off"
-            )
-        if len(self.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in self.adam_betas):
-            problems.append(f"adam_betas={self.adam_betas} is invalid: need two values in [0, 1)")
-        if not self.adam_eps > 0:
-            problems.append(f"adam_eps={self.adam_eps} is invalid: must be > 0")
-        return problems
-
 
 # --------------------------------------------------------------------------------------------
 # Snapshots
@@ -281,11 +217,11 @@ def adapt_tasks(
         raise ValueError("pass lrs or optimizer, not both: an InnerOptimizer carries its own lrs")
     opt = optimizer if optimizer is not None else InnerOptimizer(cfg, weights, lrs)
     n = n_answer.to(torch.float64)
-    scale = torch.where(n > 0, 1.0 / n.clamp(min=1.0), torch.zeros_like(n))
+    scale = inverse_tokens(n)
     out = Adaptation([], [])
     for _ in range(n_steps):
         res = run_passes(model, weights, support, scale, lora=lora)
-        out.losses.append(torch.where(n > 0, res.task_sums / n.clamp(min=1.0), torch.full_like(n, math.nan)))
+        out.losses.append(per_token(res.task_sums, n))
         out.seconds.append(res.seconds)
         if not bool((n > 0).any()):
             continue  # dummy passes only: they ran for lockstep, weights untouched

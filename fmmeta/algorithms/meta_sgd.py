@@ -21,7 +21,7 @@ For ``k = 1`` with SGD the direction is the support gradient at theta, which doe
 ``a`` at all (nor does its clipping coefficient), so the rule is the exact derivative; for ``k > 1``
 it is the derivative along the fixed directions, the same approximation FOMAML makes for theta.
 
-Each task's term is summed on its rank (:meth:`FOMAML.rank_gradient` with ``lrs``), the ranks'
+Each task's term is summed on its rank (:meth:`FOMAML.rank_gradient` with ``step_sizes``), the ranks'
 sums are added with one all-reduce and divided by the meta-batch's real tasks, like the adapter's
 meta-gradient; then the same small Adam step is applied on every rank. The step sizes are not
 model parameters, so no engine holds them: every rank keeps an identical copy (:class:`StepSizes`).
@@ -36,24 +36,26 @@ import json
 import logging
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 from torch import nn
 
+from fmmeta.algorithms.config import AlgorithmConfig
+from fmmeta.algorithms.first_order import FOMAML
 from fmmeta.algorithms.inner_loop import check_lrs
 from fmmeta.algorithms.protocol import RankResult, RankWork
 from fmmeta.atomic import replace_text
 from fmmeta.engine.protocol import Engine
 from fmmeta.sampling.plan import RankPlan
 
-if TYPE_CHECKING:  # first_order builds MetaSGD, so importing it here at run time would be a cycle
-    from fmmeta.algorithms.first_order import FOMAML, AlgorithmConfig
-
 logger = logging.getLogger(__name__)
 
 INNER_LRS_FILE = "inner_lrs.json"
 """Name of the learned step sizes' file inside an adapter folder."""
+
+STATE_KEY = "step_sizes"
+"""Key of the step sizes' state in a checkpoint's ``state.json``."""
 
 
 class StepSizes:
@@ -166,7 +168,7 @@ class MetaSGD:
     Example:
         >>> algo = build_algorithm("metasgd", AlgorithmConfig(inner_lr=0.03), pad_id=0)
         >>> stats = meta_step(engine, algo, plan)  # stats.outer["inner_lr_mean"], ...
-        >>> save_inner_lrs(folder, adapter_names, algo.step_sizes.lrs(len(adapter_names)))
+        >>> algo.save_with_adapter(folder, adapter_names)  # inner_lrs.json
     """
 
     name = "metasgd"
@@ -184,7 +186,25 @@ class MetaSGD:
 
     def rank_gradient(self, model: nn.Module, params: Sequence[nn.Parameter], work: RankWork) -> RankResult:
         """FOMAML's meta-gradient at the current step sizes, plus their first-order gradient."""
-        return self.fomaml.rank_gradient(model, params, work, lrs=self.step_sizes.lrs(len(params)))
+        return self.fomaml.rank_gradient(model, params, work, step_sizes=self.step_sizes.lrs(len(params)))
+
+    def state_dict(self) -> dict[str, Any]:
+        """The step sizes and their Adam state, under ``step_sizes`` (a checkpoint's
+        ``state.json`` has kept them under that key since Meta-SGD landed)."""
+        return {STATE_KEY: self.step_sizes.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restores the step sizes of a checkpoint's ``state.json`` (bitwise)."""
+        if STATE_KEY not in state:
+            raise ValueError(
+                f"no learned step sizes ({STATE_KEY!r}): not a metasgd checkpoint; use a fresh "
+                "output_dir or train.resume=never"
+            )
+        self.step_sizes.load_state_dict(state[STATE_KEY])
+
+    def save_with_adapter(self, folder: Path, names: Sequence[str]) -> None:
+        """The learned step sizes as ``inner_lrs.json`` next to the adapter, for evaluation."""
+        save_inner_lrs(folder, names, self.step_sizes.lrs(len(names)))
 
     def outer_update(self, engine: Engine, result: RankResult, n_real_tasks: int, *,
                      skipped: bool) -> dict[str, float]:
@@ -256,4 +276,4 @@ def load_inner_lrs(folder: str | Path, names: Sequence[str] | None = None) -> li
     return lrs
 
 
-__all__ = ["INNER_LRS_FILE", "MetaSGD", "StepSizes", "load_inner_lrs", "save_inner_lrs"]
+__all__ = ["INNER_LRS_FILE", "STATE_KEY", "MetaSGD", "StepSizes", "load_inner_lrs", "save_inner_lrs"]

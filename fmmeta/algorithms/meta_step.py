@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fmmeta.algorithms.inner_loop import Pass
+from fmmeta.algorithms.passes import Pass
 from fmmeta.algorithms.protocol import MetaAlgorithm, OuterUpdate, RankResult, RankWork
 from fmmeta.engine.protocol import Engine
 from fmmeta.sampling.plan import MetaBatchPlan, PackedPass

@@ -66,6 +66,17 @@ def answer_tokens_per_task(passes: Sequence[Pass], n_tasks: int) -> torch.Tensor
     return out
 
 
+def per_token(sums: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """Each task's loss sum over its answer-token count ``n``; ``nan`` where it has none."""
+    return torch.where(n > 0, sums / n.clamp(min=1.0), torch.full_like(sums, torch.nan))
+
+
+def inverse_tokens(n: torch.Tensor) -> torch.Tensor:
+    """``1 / n`` per task, ``0`` where it has no answer tokens: the weight that makes a task's
+    gradient its own mean loss's, whatever passes or neighbours it shares."""
+    return torch.where(n > 0, 1.0 / n.clamp(min=1.0), torch.zeros_like(n))
+
+
 def answer_tokens(batches: Sequence[Batch | None]) -> int:
     """Total answer tokens of the real micro-batches (a set's loss normaliser)."""
     return sum(b.n_answer_tokens for b in batches if b is not None)

@@ -1,14 +1,17 @@
 """The meta-algorithm interface: a rank's packed work in, the sum of its tasks' meta-gradients out.
 
-FOMAML, Reptile and the multi-task baseline differ only in :meth:`MetaAlgorithm.rank_gradient`;
-the plan, the collation of passes (:func:`prepare_rank`), the outer step and the observations
-live in ``fmmeta.algorithms.meta_step``.
+FOMAML, Reptile and the baselines differ only in :meth:`MetaAlgorithm.rank_gradient`; the plan,
+the collation of passes (:func:`prepare_rank`), the outer step and the observations live in
+``fmmeta.algorithms.meta_step``. An algorithm owns whatever it learns besides the adapter
+(``state_dict``/``load_state_dict``, ``save_with_adapter``), so a recipe checkpoints and saves
+every method alike and never asks which one it runs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from pathlib import Path
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 import torch
 from torch import nn
@@ -95,6 +98,21 @@ class MetaAlgorithm(Protocol):
 
     def rank_gradient(self, model: nn.Module, params: Sequence[nn.Parameter], work: RankWork) -> RankResult:
         """Runs the rank's inner loops and query passes and returns the summed meta-gradient."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the algorithm learned besides the adapter, JSON-able, for a checkpoint's
+        ``state.json`` (each key a top-level key there); ``{}`` for the stateless ones."""
+        ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restores :meth:`state_dict` from a checkpoint's ``state.json`` (which holds other keys
+        too); refuses, with the fix, a state that lacks what this algorithm needs."""
+        ...
+
+    def save_with_adapter(self, folder: Path, names: Sequence[str]) -> None:
+        """Writes what evaluation needs next to a saved adapter in ``folder`` (Meta-SGD: its step
+        sizes, one per adapter tensor of ``names``); nothing for the others. Rank 0 calls it."""
         ...
 
 

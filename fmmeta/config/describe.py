@@ -17,8 +17,19 @@ def field_docs(cls: type) -> dict[str, str]:
     """Field name -> its one-line doc (the string literal under the field in the class body).
 
     Why parse source: attribute docstrings keep each field's doc next to its default, where a
-    reader looks, without ``field(metadata=...)`` noise on every line.
+    reader looks, without ``field(metadata=...)`` noise on every line. A section that extends
+    another (``AlgorithmConfig`` the inner loop's) documents inherited fields in its base's
+    body, so every class of the MRO is read, the subclass last (its docs win).
     """
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            docs.update(_own_field_docs(klass))
+    return docs
+
+
+def _own_field_docs(cls: type) -> dict[str, str]:
+    """:func:`field_docs` of the fields written in ``cls``'s own body."""
     try:
         source = textwrap.dedent(inspect.getsource(cls))
     except (OSError, TypeError):

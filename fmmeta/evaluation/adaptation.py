@@ -19,7 +19,8 @@ from typing import Callable, Collection, Iterator, Sequence, TypeVar
 import torch
 from torch import nn
 
-from fmmeta.algorithms.inner_loop import InnerLoopConfig, InnerOptimizer, adapt_tasks
+from fmmeta.algorithms.config import InnerLoopConfig
+from fmmeta.algorithms.inner_loop import InnerOptimizer, adapt_tasks
 from fmmeta.algorithms.passes import PackedBatch, Pass, answer_tokens_per_task
 from fmmeta.algorithms.task_lora import TaskLoRA, stack_adapters
 from fmmeta.evaluation.lockstep import Lockstep

@@ -39,7 +39,8 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import torch
 from torch import nn
 
-from fmmeta.algorithms.inner_loop import InnerLoopConfig, restore, snapshot
+from fmmeta.algorithms.config import DEFAULT_LR_GRID, InnerLoopConfig
+from fmmeta.algorithms.inner_loop import restore, snapshot
 from fmmeta.algorithms.task_lora import TaskLoRA
 from fmmeta.evaluation.adaptation import Scored, adapt_and_score, by_length, groups_of
 from fmmeta.evaluation.lockstep import Lockstep, OneRank, Ranks, sharded
@@ -49,8 +50,6 @@ from fmmeta.tasks.episode import Episode
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_LR_GRID: tuple[float, ...] = (0.003, 0.01, 0.03, 0.1)
-"""Adaptation learning rates tried per method (a SmolLM2 probe found 0.01-0.1 useful; docs/design.md)."""
 
 def _check_draws(episodes_per_seed: Sequence[Sequence[Episode]], max_steps: int, min_seeds: int) -> None:
     """Refuses a step budget or episode draws that give no mean and worst case to report."""

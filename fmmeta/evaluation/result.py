@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from fmmeta.algorithms.inner_loop import InnerLoopConfig
+from fmmeta.algorithms.config import InnerLoopConfig
 from fmmeta.evaluation.intervals import Interval, bootstrap_interval
 from fmmeta.evaluation.methods import IN_CONTEXT, MULTITASK
 from fmmeta.tasks.episode import Episode

@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from fmmeta.algorithms.first_order import BUDGET_RULES
+from fmmeta.algorithms.build import BUDGET_RULES
 from fmmeta.algorithms.meta_sgd import load_inner_lrs
 from fmmeta.engine.protocol import Engine
 from fmmeta.errors import UserInputError
@@ -127,6 +127,7 @@ def budget_notes(cfg: RecipeConfig) -> list[str]:
 def evaluate_run(
     cfg: RecipeConfig, engine: Engine, tokenizer: Any, suite: Any,
     adapters: Mapping[str, Path], out: Path, report_dir: Path | None = None,
+    notes: Sequence[str] | None = None,
 ) -> dict[str, Path]:
     """Evaluates the base model, in-context demonstrations and every adapter; writes the report.
 
@@ -138,6 +139,8 @@ def evaluate_run(
             (scored as ``"base"``: LoRA B is zero).
         out: the run's folder (its ``metrics.jsonl``, if any, gives the training curves).
         report_dir: where the report goes; ``None`` = ``out/eval``.
+        notes: how each compared adapter was trained, for the report; ``None`` = every method
+            trained as ``cfg`` says (a study's chosen adapters were each trained their own way).
 
     Returns:
         Name -> path of each report file (eval.json, eval.md, PNG plots); empty on other ranks.
@@ -170,7 +173,7 @@ def evaluate_run(
         domains={t.name: t.domain for t in suite.meta_test if t.domain != t.name},
         score_steps=cfg.eval.score_steps or None, episodes_per_pass=cfg.eval.episodes_per_pass,
     )
-    result.notes = budget_notes(cfg)
+    result.notes = budget_notes(cfg) if notes is None else list(notes)
     if query is not None:
         result.notes.append(f"Every evaluation episode has {query} query examples per class (per "
                             "episode for generation tasks; eval.query), not each task's own.")

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from fmmeta.algorithms.inner_loop import InnerLoopConfig, restore, snapshot
+from fmmeta.algorithms.config import InnerLoopConfig
+from fmmeta.algorithms.inner_loop import restore, snapshot
 from fmmeta.algorithms.passes import answer_tokens_per_task
 from fmmeta.algorithms.task_lora import TaskLoRA
 from fmmeta.evaluation.adaptation import adapting, support_passes

@@ -76,7 +76,8 @@ def gathered_equal(model: torch.nn.Module, reference: dict[str, torch.Tensor]) -
 
 
 def train(engine: Any, pad_id: int, method: str) -> list[torch.Tensor]:
-    from fmmeta.algorithms.first_order import AlgorithmConfig, build_algorithm
+    from fmmeta.algorithms.build import build_algorithm
+    from fmmeta.algorithms.config import AlgorithmConfig
     from fmmeta.algorithms.meta_step import meta_step
     from tests.distributed._common import build_plan
 
@@ -102,7 +103,7 @@ def episodes(n: int, offset: int) -> list[Any]:
 
 
 def evaluate(engine: Any) -> dict[str, Any]:
-    from fmmeta.algorithms.inner_loop import InnerLoopConfig
+    from fmmeta.algorithms.config import InnerLoopConfig
     from fmmeta.evaluation import EvalMethod, evaluate_held_out
 
     params = engine.adapter_parameters()

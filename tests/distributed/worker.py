@@ -41,7 +41,8 @@ def main() -> None:
 
     from safetensors.torch import save_file
 
-    from fmmeta.algorithms.first_order import AlgorithmConfig, build_algorithm
+    from fmmeta.algorithms.build import build_algorithm
+    from fmmeta.algorithms.config import AlgorithmConfig
     from fmmeta.algorithms.gather import gather_step
     from fmmeta.algorithms.meta_step import meta_step
     from fmmeta.engine.optim import OuterOptimConfig

@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fmmeta.algorithms.first_order import AlgorithmConfig, build_algorithm
+from fmmeta.algorithms.build import build_algorithm
+from fmmeta.algorithms.config import AlgorithmConfig
 
 from ._tiny import PAD_ID, build_tiny_peft, make_rank
 

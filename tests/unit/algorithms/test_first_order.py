@@ -8,13 +8,10 @@ import dataclasses
 import pytest
 import torch
 
-from fmmeta.algorithms.first_order import (
-    FOMAML,
-    AlgorithmConfig,
-    MultiTask,
-    Reptile,
-    build_algorithm,
-)
+from fmmeta.algorithms.baselines import MultiTask
+from fmmeta.algorithms.build import build_algorithm
+from fmmeta.algorithms.config import AlgorithmConfig
+from fmmeta.algorithms.first_order import FOMAML, Reptile
 from fmmeta.algorithms.inner_loop import snapshot
 from fmmeta.algorithms.protocol import RankResult
 from fmmeta.config import ConfigError
@@ -60,7 +57,7 @@ def _close(a: list[torch.Tensor], b: list[torch.Tensor], rtol: float = 1e-5) -> 
 
 def test_fomaml_gradient_is_query_gradient_at_phi(peft_factory, episodes) -> None:
     ep = episodes[0]
-    cfg = AlgorithmConfig(inner_steps=3, inner_lr=0.1)
+    cfg = AlgorithmConfig(inner_steps=3, inner_lr=0.1, inner_clip_norm=None)  # the reference: plain SGD
     model = peft_factory(0)
     rank = make_rank([ep], 1, 2)
     res = _run(FOMAML(cfg, PAD_ID), model, rank)
@@ -98,7 +95,7 @@ def test_reptile_gradient_is_theta_minus_phi(peft_factory, episodes) -> None:
 
 def test_reptile_query_step_folds_one_query_step(peft_factory, episodes) -> None:
     ep = episodes[0]
-    cfg = AlgorithmConfig(inner_steps=2, inner_lr=0.1, reptile_query_step=True)
+    cfg = AlgorithmConfig(inner_steps=2, inner_lr=0.1, inner_clip_norm=None, reptile_query_step=True)
     model = peft_factory(0)
     res = _run(Reptile(cfg, PAD_ID), model, make_rank([ep], 2, 2))
     ref = peft_factory(0)

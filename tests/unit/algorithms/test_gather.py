@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 import torch
 
-from fmmeta.algorithms.first_order import AlgorithmConfig, build_algorithm
+from fmmeta.algorithms.build import build_algorithm
+from fmmeta.algorithms.config import AlgorithmConfig
 from fmmeta.algorithms.gather import GatheredStep, gather_step
 from fmmeta.algorithms.meta_step import StepStats, meta_step
 from fmmeta.engine.local import LocalEngine

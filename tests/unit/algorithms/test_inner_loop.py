@@ -7,18 +7,10 @@ import math
 import pytest
 import torch
 
-from fmmeta.algorithms.inner_loop import (
-    InnerLoopConfig,
-    InnerOptimizer,
-    PackedBatch,
-    adapt,
-    answer_loss_rows,
-    answer_loss_sum,
-    evaluate_loss,
-    restore,
-    run_passes,
-    snapshot,
-)
+from fmmeta.algorithms.answer_loss import answer_loss_rows, answer_loss_sum
+from fmmeta.algorithms.config import InnerLoopConfig
+from fmmeta.algorithms.inner_loop import InnerOptimizer, adapt, evaluate_loss, restore, snapshot
+from fmmeta.algorithms.passes import PackedBatch, run_passes
 from fmmeta.tasks.episode import Batch, Example, collate
 
 from ._tiny import PAD_ID, chunks
@@ -73,7 +65,7 @@ def test_dummy_entries_add_nothing(tiny_peft, episodes) -> None:
 
 
 def test_adapt_k_steps_equals_k_single_steps_sgd(peft_factory, episodes) -> None:
-    cfg = InnerLoopConfig(inner_steps=3, inner_lr=0.1)
+    cfg = InnerLoopConfig(inner_steps=3, inner_lr=0.1, inner_clip_norm=None)  # the reference: plain SGD
     ex = episodes[1].support
     m1, m2 = peft_factory(0), peft_factory(0)
     p1, p2 = _params(m1), _params(m2)
@@ -88,7 +80,7 @@ def test_adapt_k_steps_equals_k_single_steps_sgd(peft_factory, episodes) -> None
 
 def test_adapt_equals_manual_sgd_with_backward(peft_factory, episodes) -> None:
     """Independent reference: HF's mean loss on the whole support set, .backward(), p -= lr*grad."""
-    cfg = InnerLoopConfig(inner_steps=2, inner_lr=0.05)
+    cfg = InnerLoopConfig(inner_steps=2, inner_lr=0.05, inner_clip_norm=None)
     ex = episodes[0].support
     m1, ref = peft_factory(0), peft_factory(0)
     adapt(m1, _params(m1), chunk_batches(ex, chunks(len(ex), 1), PAD_ID), cfg)

@@ -22,8 +22,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fmmeta.algorithms.first_order import AlgorithmConfig, build_algorithm
-from fmmeta.algorithms.inner_loop import InnerLoopConfig, InnerOptimizer, adapt, restore, snapshot
+from fmmeta.algorithms.build import build_algorithm
+from fmmeta.algorithms.config import AlgorithmConfig, InnerLoopConfig
+from fmmeta.algorithms.inner_loop import InnerOptimizer, adapt, restore, snapshot
 from fmmeta.algorithms.meta_sgd import MetaSGD, StepSizes, load_inner_lrs, save_inner_lrs
 from fmmeta.algorithms.meta_step import meta_step
 from fmmeta.algorithms.protocol import RankResult
@@ -128,7 +129,7 @@ def test_step_size_gradient_matches_finite_differences(episodes, steps, optimize
     algo = build_algorithm("metasgd", cfg, PAD_ID)
     assert isinstance(algo, MetaSGD)
     work = algo.prepare(make_mixed_rank(episodes[:2], 3))  # two tasks sharing passes
-    res = algo.fomaml.rank_gradient(model, params, work, lrs=lrs)
+    res = algo.fomaml.rank_gradient(model, params, work, step_sizes=lrs)
     assert res.step_size_grad is not None and res.step_size_grad.shape == (len(params),)
     fd = _fd_step_size_grad(model, episodes[:2], lrs, steps, optimizer, clip)
     got = res.step_size_grad.double()
@@ -177,7 +178,7 @@ def test_fixed_lrs_are_bitwise_the_default_and_per_tensor_lrs_apply(episodes) ->
     theta = snapshot(params)
     lrs = _lrs(len(params), 0.1)
     grads = [g.float() for g in _grad64(build_tiny_peft(0, torch.float64), ep.support)]
-    adapt(model, params, [collate(list(ep.support), PAD_ID)], InnerLoopConfig(inner_steps=1), lrs=lrs)
+    adapt(model, params, [collate(list(ep.support), PAD_ID)], InnerLoopConfig(inner_steps=1, inner_clip_norm=None), lrs=lrs)
     for p, t, g, lr in zip(params, theta, grads, lrs):
         torch.testing.assert_close(p.detach(), t - lr * g, rtol=1e-5, atol=1e-7)
     restore(params, theta)

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from fmmeta.algorithms.first_order import AlgorithmConfig, build_algorithm
+from fmmeta.algorithms.build import build_algorithm
+from fmmeta.algorithms.config import AlgorithmConfig
 from fmmeta.algorithms.inner_loop import snapshot
 from fmmeta.algorithms.meta_step import meta_step
 from fmmeta.engine.local import LocalEngine
@@ -86,7 +87,8 @@ def test_reptile_sgd_outer_step_moves_theta_by_lr_times_mean_delta(peft_factory,
     outer_lr, inner_lr, k = 0.5, 0.1, 2
     engine = SGDEngine(peft_factory(0), outer_lr)
     theta = snapshot(engine.adapter_parameters())
-    algo = build_algorithm("reptile", AlgorithmConfig(inner_steps=k, inner_lr=inner_lr), PAD_ID)
+    algo = build_algorithm("reptile", AlgorithmConfig(inner_steps=k, inner_lr=inner_lr, inner_clip_norm=None),
+                           PAD_ID)
     meta_step(engine, algo, make_plan([make_mixed_rank(episodes, 5)]))
     phis = [_manual_phi(peft_factory(0), ep.support, inner_lr, k) for ep in episodes]
     for i, (p, t) in enumerate(zip(engine.adapter_parameters(), theta)):

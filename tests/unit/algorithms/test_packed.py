@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from fmmeta.algorithms.first_order import AlgorithmConfig, build_algorithm
+from fmmeta.algorithms.build import build_algorithm
+from fmmeta.algorithms.config import AlgorithmConfig
 from fmmeta.algorithms.inner_loop import snapshot
 from fmmeta.algorithms.meta_step import meta_step
 from fmmeta.algorithms.task_lora import TaskLoRA, stack_adapters

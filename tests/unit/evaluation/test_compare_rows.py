@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fmmeta.algorithms.inner_loop import InnerLoopConfig
+from fmmeta.algorithms.config import InnerLoopConfig
 from fmmeta.evaluation.result import EpisodeRecord, EvalResult
 
 SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "compare_rows.py"

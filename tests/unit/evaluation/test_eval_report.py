@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from matplotlib.image import imread
 
-from fmmeta.algorithms.inner_loop import InnerLoopConfig
+from fmmeta.algorithms.config import InnerLoopConfig
 from fmmeta.evaluation import IN_CONTEXT, EpisodeRecord, EvalResult, LrSelection
 from fmmeta.evaluation.report import format_markdown, plot_training_curves, write_report
 

@@ -9,7 +9,8 @@ import torch
 from eval_helpers import PAD, lora_params, random_episode, random_state, tiny_lora_llama
 from torch import nn
 
-from fmmeta.algorithms.inner_loop import InnerLoopConfig, adapt, restore, snapshot
+from fmmeta.algorithms.config import InnerLoopConfig
+from fmmeta.algorithms.inner_loop import adapt, restore, snapshot
 from fmmeta.evaluation import (
     IN_CONTEXT,
     EpisodeRecord,

@@ -10,7 +10,8 @@ import pytest
 import torch
 from eval_helpers import PAD, lora_params, random_episode, random_state, tiny_lora_llama
 
-from fmmeta.algorithms.inner_loop import InnerLoopConfig, adapt, restore, snapshot
+from fmmeta.algorithms.config import InnerLoopConfig
+from fmmeta.algorithms.inner_loop import adapt, restore, snapshot
 from fmmeta.evaluation import evaluate_methods, score_query, support_fit
 from fmmeta.tasks.episode import collate
 

@@ -1,0 +1,131 @@
+"""The meta-algorithms' settings: one inner-loop config, one set of defaults.
+
+:class:`InnerLoopConfig` is what the one inner loop (:mod:`fmmeta.algorithms.inner_loop`) reads,
+in training and in evaluation alike. :class:`AlgorithmConfig` is the recipe's ``algorithm``
+section: the inner-loop fields plus the few that only meta-training reads. It extends
+:class:`InnerLoopConfig` instead of repeating its fields, so each inner-loop field has one
+default and one doc, and every one of them (``adam_betas`` and ``adam_eps`` included) can be set
+from YAML as ``algorithm.<field>``.
+
+The defaults are the inner loop the default run uses: measured on SmolLM2 (at 3 steps of lr 0.03 clipped to
+norm 1.0, FOMAML's adaptation lowered the query loss by 0.33 nats and it trained almost like
+multi-task; 4 steps at lr 0.1 lower it by 1.74; docs/adaptation_sweep.md).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+__all__ = ["DEFAULT_LR_GRID", "INNER_OPTIMIZERS", "AlgorithmConfig", "InnerLoopConfig"]
+
+INNER_OPTIMIZERS = ("sgd", "adam")
+"""The inner update rules :class:`~fmmeta.algorithms.inner_loop.InnerOptimizer` implements."""
+
+DEFAULT_LR_GRID: tuple[float, ...] = (0.1, 0.3)
+"""Adaptation learning rates evaluation tries per method on validation tasks (each > 0).
+
+At 6 adaptation steps validation chose 0.1 and 0.3 came second; 1.0 oscillated
+(docs/adaptation_sweep.md). The one default: ``eval.lr_grid`` and the evaluation functions'
+``lr_grid`` both start from it."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class InnerLoopConfig:
+    """Settings of the inner (per-task) adaptation, identical on every rank.
+
+    Example:
+        >>> InnerLoopConfig(inner_steps=6, inner_lr=0.3).validate()
+        []
+    """
+
+    inner_steps: int = 4
+    """Optimizer steps on the support set per task (>= 0; 0 = no adaptation)."""
+    inner_lr: float = 0.1
+    """Inner learning rate (> 0). SGD on LoRA is fragile (on SmolLM2 lr 0.3 made every init worse
+    after 3 steps): choose it on validation tasks."""
+    inner_optimizer: str = "sgd"
+    """"sgd" (plain, stateless) or "adam" (fresh moments for every task)."""
+    inner_clip_norm: float | None = 1.0
+    """Clip each inner step's gradient to this global L2 norm (> 0); null = off."""
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    """(beta1, beta2) of the inner Adam, each in [0, 1); unused for SGD."""
+    adam_eps: float = 1e-8
+    """Epsilon of the inner Adam (> 0); unused for SGD."""
+
+    def validate(self) -> list[str]:
+        """Range and choice checks, one problem per field."""
+        problems: list[str] = []
+        if self.inner_steps < 0:
+            problems.append(f"inner_steps={self.inner_steps} is invalid: must be >= 0")
+        if not self.inner_lr > 0:
+            problems.append(f"inner_lr={self.inner_lr} is invalid: must be > 0 (e.g. 0.1)")
+        if self.inner_optimizer not in INNER_OPTIMIZERS:
+            problems.append(
+                f"inner_optimizer={self.inner_optimizer!r} is invalid: allowed {list(INNER_OPTIMIZERS)}"
+            )
+        if self.inner_clip_norm is not None and not self.inner_clip_norm > 0:
+            problems.append(
+                f"inner_clip_norm={self.inner_clip_norm} is invalid: must be > 0, or null to turn "
+                "clipping off"
+            )
+        if len(self.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in self.adam_betas):
+            problems.append(f"adam_betas={list(self.adam_betas)} is invalid: need two values in [0, 1)")
+        if not self.adam_eps > 0:
+            problems.append(f"adam_eps={self.adam_eps} is invalid: must be > 0 (e.g. 1e-8)")
+        return problems
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlgorithmConfig(InnerLoopConfig):
+    """The recipe's ``algorithm`` section: the inner loop plus what only meta-training reads.
+
+    Which algorithm runs is not a field: the recipe trains every method it lists (``methods``),
+    each built by :func:`~fmmeta.algorithms.build.build_algorithm` from its name and this config.
+
+    Example:
+        >>> AlgorithmConfig(inner_steps=5, adam_betas=(0.8, 0.99)).inner_loop.adam_betas
+        (0.8, 0.99)
+    """
+
+    pad_to_multiple_of: int | None = None
+    """Pad each micro-batch's length to a multiple of this (>= 1); null = exact lengths."""
+    measure_query_before: bool = False
+    """Also measure the query loss at theta (one extra forward pass per query pass). Equal on
+    every rank (under ZeRO-3 every forward is a collective)."""
+    reptile_query_step: bool = False
+    """Reptile only: after the support steps take one more inner step on the query set, so
+    theta - phi includes it; the query loss after adaptation then comes free with its forward."""
+    multitask_match_passes: bool = True
+    """MultiTask only: run FOMAML's pass count (support passes inner_steps times each, query once)
+    so the baseline spends the same compute (see fmmeta.algorithms.baselines)."""
+    icl_max_length: int = 1024
+    """MetaICL (training and in-context scoring): longest sequence of demonstrations + query in
+    tokens (>= 2); longer ones lose their oldest demonstration tokens."""
+    step_size_lr: float = 0.01
+    """metasgd only: Adam learning rate of the log inner step sizes (> 0); one meta-step changes
+    each step size by at most about this fraction (0.01: 1%)."""
+
+    def validate(self) -> list[str]:
+        """The inner loop's checks, then this section's own."""
+        problems = InnerLoopConfig.validate(self)
+        if self.pad_to_multiple_of is not None and self.pad_to_multiple_of < 1:
+            problems.append(
+                f"pad_to_multiple_of={self.pad_to_multiple_of} is invalid: must be >= 1, or null"
+            )
+        if not self.icl_max_length >= 2:
+            problems.append(
+                f"icl_max_length={self.icl_max_length} is invalid: must be >= 2 (tokens of "
+                "demonstrations + query; MetaICL used 1024)"
+            )
+        if not (math.isfinite(self.step_size_lr) and self.step_size_lr > 0):
+            problems.append(
+                f"step_size_lr={self.step_size_lr} is invalid: must be > 0 (Adam lr of metasgd's "
+                "log inner step sizes, e.g. 0.01)"
+            )
+        return problems
+
+    @property
+    def inner_loop(self) -> InnerLoopConfig:
+        """The inner-loop part alone (what evaluation records and adapts with)."""
+        return InnerLoopConfig(**{f.name: getattr(self, f.name) for f in fields(InnerLoopConfig)})
