@@ -1,7 +1,7 @@
-"""The ``fmmeta`` command: ``fmmeta train ...`` and ``fmmeta evaluate ...``.
+"""The ``fmmeta`` command: ``fmmeta train ...``, ``fmmeta evaluate ...`` and ``fmmeta study ...``.
 
 Each subcommand hands its arguments to a recipe's ``cli`` (``recipes/train.py``,
-``recipes/evaluate.py``, installed as ``fmmeta.recipes``), which is what ``python recipes/train.py``
+``recipes/evaluate.py``, ``recipes/study.py``, installed as ``fmmeta.recipes``), which is what ``python recipes/train.py``
 and ``python -m fmmeta.recipes.train`` run too: one entry point per recipe, whatever starts it.
 Under a launcher that runs a program rather than a Python file, e.g.
 ``torchrun --nproc_per_node 2 --no-python fmmeta train ...``, every rank runs this command.
@@ -17,9 +17,10 @@ __all__ = ["main"]
 COMMANDS = {
     "train": ("fmmeta.recipes.train", "meta-train LoRA adapters, then evaluate them on held-out tasks"),
     "evaluate": ("fmmeta.recipes.evaluate", "evaluate saved adapters (or a finished run) on held-out tasks"),
+    "study": ("fmmeta.recipes.study", "search how to meta-train on validation tasks, then score the choice once held out"),
 }
 
-USAGE = "usage: fmmeta {train,evaluate} [--help] [ARGS ...]\n\n" + "\n".join(
+USAGE = "usage: fmmeta {train,evaluate,study} [--help] [ARGS ...]\n\n" + "\n".join(
     f"  {name:<9} {about}" for name, (_, about) in COMMANDS.items()
 ) + "\n\n`fmmeta COMMAND --help` lists the command's options and every config key."
 
@@ -32,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if args else 2
     command, rest = args[0], args[1:]
     if command not in COMMANDS:
-        print(f"{USAGE}\n\nerror: unknown command {command!r}: use train or evaluate", file=sys.stderr)
+        print(f"{USAGE}\n\nerror: unknown command {command!r}: use train, evaluate or study", file=sys.stderr)
         return 2
     recipe = importlib.import_module(COMMANDS[command][0])
     return int(recipe.cli(rest, prog=f"fmmeta {command}"))

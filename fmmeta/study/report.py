@@ -1,0 +1,133 @@
+"""The study's choice and its one report: ``study.json`` (everything) and ``study.md`` (to read).
+
+The choice per method is the finished trial with the best validation score (ties to the earlier
+folder); the report says why, next to every trial, and then the held-out table: each chosen
+configuration, the base model and in-context demonstrations on the very same held-out episodes,
+with stratified bootstrap intervals and paired differences against multi-task and in-context
+(:mod:`fmmeta.evaluation.intervals`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from fmmeta.atomic import replace_text
+from fmmeta.config import to_dict
+from fmmeta.errors import UserInputError
+from fmmeta.study.config import StudyConfig
+from fmmeta.study.search import DIVERGED, FOLDER
+
+__all__ = ["choose", "format_study", "trial_rows", "write_study"]
+
+
+def trial_rows(opt_study: Any) -> list[dict[str, Any]]:
+    """Every trial of one method's Optuna study as plain data, in trial order."""
+    rows = []
+    for t in opt_study.get_trials(deepcopy=False):
+        state = t.state.name.lower()
+        if state == "fail":
+            state = "diverged" if t.user_attrs.get(DIVERGED) else "interrupted (run again)"
+        rows.append({
+            "number": t.number, "folder": t.user_attrs.get(FOLDER), "state": state,
+            "params": dict(t.params), "value": t.value,
+            "curve": {str(k): v for k, v in sorted(t.intermediate_values.items())},
+            **({"rerun_of": t.user_attrs["rerun_of"]} if "rerun_of" in t.user_attrs else {}),
+        })
+    return rows
+
+
+def choose(method: str, rows: Sequence[Mapping[str, Any]], study: StudyConfig) -> dict[str, Any]:
+    """The chosen trial of ``method`` by its validation score alone, with the reason in words.
+
+    Raises:
+        UserInputError: no trial of the method finished complete (all pruned or diverged).
+    """
+    complete = [r for r in rows if r["state"] == "complete"]
+    if not complete:
+        raise UserInputError(f"no trial of {method} finished ({len(rows)} pruned, diverged or "
+                             "interrupted): widen the space or raise trials")
+    sign = -1.0 if study.metric == "accuracy" else 1.0  # best first; ties to the earlier folder
+    ordered = sorted(complete, key=lambda r: (sign * r["value"], str(r["folder"])))
+    best, runner = ordered[0], (ordered[1] if len(ordered) > 1 else None)
+    what = (f"{'highest' if study.metric == 'accuracy' else 'lowest'} mean validation {study.metric} "
+            f"({study.family}, {study.seeds} seeds of episode draws) of {len(complete)} complete trials")
+    why = f"{best['folder']}: {what}, {best['value']:.4f}"
+    if runner is not None:
+        why += f"; next {runner['folder']} at {runner['value']:.4f} ({best['value'] - runner['value']:+.4f})"
+    return {"folder": best["folder"], "params": best["params"], "value": best["value"], "why": why}
+
+
+def write_study(folder: Path, study: StudyConfig, trials: Mapping[str, list[dict[str, Any]]],
+                choice: Mapping[str, Any], held_out: Mapping[str, Any] | None,
+                held_out_tasks: Sequence[str]) -> dict[str, Path]:
+    """Writes ``study.json`` and ``study.md``; ``held_out`` is the held-out ``eval.json``."""
+    data = {"study": to_dict(study), "trials": trials, "choice": choice,
+            "held_out_tasks": list(held_out_tasks), "held_out": held_out}
+    return {
+        "study.json": replace_text(folder / "study.json", json.dumps(data, indent=2, default=str) + "\n"),
+        "study.md": replace_text(folder / "study.md", format_study(data)),
+    }
+
+
+def _value(v: Any) -> str:
+    return "-" if v is None else f"{v:.4f}"
+
+
+def _interval(i: Mapping[str, Any], signed: bool = False) -> str:
+    f = "+.3f" if signed else ".3f"
+    return f"{i['estimate']:{f}} [{i['low']:{f}}, {i['high']:{f}}]"
+
+
+def format_study(data: Mapping[str, Any]) -> str:
+    """``study.md``: the protocol, every trial, the choice and why, the held-out table."""
+    s = data["study"]
+    lines = ["# Study", "",
+             f"Trials of the train recipe (base config {s['config'] or 'the embedded default'}"
+             f"{', overrides ' + ' '.join(s['overrides']) if s['overrides'] else ''}), each scored on "
+             f"meta-validation tasks only: mean {s['metric']} on {s['family']} episodes over "
+             f"{s['seeds']} seeds of episode draws x {s['episodes_per_task']} episode(s) per task. "
+             "The choice per method was made on that score alone, before any held-out episode was "
+             "drawn; the chosen configurations were then scored once on the held-out tasks "
+             f"({', '.join(data['held_out_tasks'])}).", ""]
+    for method, rows in data["trials"].items():
+        keys = sorted({k for r in rows for k in r["params"]})
+        lines += [f"## {method}", "", "| trial | state | " + " | ".join(keys) + " | curve | score |",
+                  "|---" * (len(keys) + 4) + "|"]
+        for r in rows:
+            curve = ", ".join(f"{k}: {_value(v)}" for k, v in r["curve"].items())
+            lines.append(f"| {r['folder']} | {r['state']} | "
+                         + " | ".join(f"{r['params'].get(k, '-'):.4g}" if isinstance(r['params'].get(k), float)
+                                      else str(r["params"].get(k, "-")) for k in keys)
+                         + f" | {curve} | {_value(r['value'])} |")
+        lines += ["", f"Chosen: {data['choice'][method]['why']}.", ""]
+    lines += _held_out_lines(data["held_out"])
+    return "\n".join(lines) + "\n"
+
+
+def _held_out_lines(held_out: Mapping[str, Any] | None) -> list[str]:
+    if held_out is None:
+        return ["## Held-out", "", "Not scored yet.", ""]
+    lines = ["## Held-out (scored once)", "",
+             f"{held_out['n_seeds']} seeds of episode draws; each row at its headline step "
+             "(accuracy, 95% stratified bootstrap interval).", ""]
+    for family in sorted({f for m in held_out["summary"].values() for f in m}):
+        lines += [f"### {family}", "", "| method | step | accuracy | worst seed | loss |", "|---|---|---|---|---|"]
+        for method, by_family in held_out["summary"].items():
+            cells = by_family.get(family)
+            if not cells:
+                continue
+            step = max(cells, key=int)
+            c = cells[step]
+            lines.append(f"| {method} | {step} | {_interval(c['accuracy_interval'])} | "
+                         f"{c['accuracy_worst']:.3f} | {c['loss_mean']:.3f} |")
+        pairs = [c for c in held_out["comparisons"] if c["family"] == family]
+        if pairs:
+            lines += ["", "| paired difference | accuracy | loss |", "|---|---|---|"]
+            lines += [f"| {c['method']} - {c['baseline']} | {_interval(c['accuracy'], True)}"
+                      + (" (excludes 0)" if c["accuracy"]["low"] > 0 or c["accuracy"]["high"] < 0 else "")
+                      + f" | {_interval(c['loss'], True)} |" for c in pairs]
+        lines.append("")
+    lines += [f"- {n}" for n in held_out.get("notes", [])]
+    return lines

@@ -1,0 +1,123 @@
+"""A trial's adapter scored on meta-validation tasks; the chosen adapters scored on held-out ones.
+
+:class:`Scorer` builds the base model, its adapter, the task suite and one engine once per study:
+none of them is searched (the model, the adapter's shape and the task split are not searchable
+keys), so every trial and the final held-out scoring see the very same tasks and episodes.
+
+Validation scoring is the held-out protocol of :mod:`fmmeta.evaluation` with the meta-validation
+tasks in place of the held-out ones: the adaptation lr is chosen on the validation draw the
+evaluation chooses it on (draw 0), and the trial is scored on ``seeds`` other draws of the same
+validation tasks (draws 1..seeds). The held-out scoring is :func:`evaluate_run`, the very call a
+run of the train recipe ends with. Nothing here draws an episode of a held-out task except
+:meth:`Scorer.held_out`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from fmmeta.algorithms import load_inner_lrs
+from fmmeta.engine.build import build_engine
+from fmmeta.engine.partition import partitioned_build
+from fmmeta.errors import UserInputError
+from fmmeta.evaluation.held_out import evaluate_methods, select_inner_lr
+from fmmeta.evaluation.result import EvalResult
+from fmmeta.evaluation.run import (
+    adapter_tensors,
+    draw_episodes,
+    eval_methods,
+    evaluate_run,
+    evaluation_tasks,
+)
+from fmmeta.models import add_lora, build_model_and_tokenizer
+from fmmeta.recipe_config import RecipeConfig
+from fmmeta.tasks.config import build_task_set
+
+__all__ = ["Scorer", "score_of"]
+
+logger = logging.getLogger(__name__)
+
+
+class Scorer:
+    """The model, suite and engine a study scores with (one process).
+
+    Args:
+        cfg: the study's base train-recipe config (its eval section is the scoring protocol).
+        seeds: validation draws each trial is scored over.
+        episodes_per_task: validation episodes per task per draw.
+        family: the family whose validation episodes score a trial (checked against the suite).
+    """
+
+    def __init__(self, cfg: RecipeConfig, *, seeds: int, episodes_per_task: int, family: str) -> None:
+        self.cfg = cfg
+        self.seeds = seeds
+        self.episodes_per_task = episodes_per_task
+        partitioned = partitioned_build(cfg.engine, cfg.optim, precision=cfg.precision)
+        base, self.tokenizer = build_model_and_tokenizer(cfg.model, partitioned=partitioned)
+        self.suite = build_task_set(cfg.tasks, self.tokenizer, seed=cfg.train.seed)
+        if not self.suite.meta_val:
+            raise UserInputError("the task suite has no validation tasks: a study chooses on them; "
+                                 "give the suite validation tasks (tasks.validation_fraction > 0)")
+        families = {"overall", *(t.domain for t in self.suite.meta_val)}
+        kinds = {"classification" if ep.choices is not None else "generation"
+                 for ep in self._validation_draw(0)}
+        if family not in families | kinds:
+            raise UserInputError(f"family={family!r} is invalid: the validation tasks have "
+                                 f"{sorted(families | kinds)}; choose one of them")
+        self.model = add_lora(base, cfg.lora, seed=cfg.train.seed)
+        self.engine = build_engine(cfg.engine, self.model, cfg.optim, precision=cfg.precision)
+
+    def held_out_tasks(self) -> list[str]:
+        """Names of the held-out tasks (for the report; no episode is drawn)."""
+        return [t.name for t in self.suite.meta_test]
+
+    def _validation_draw(self, draw: int, per_task: int | None = None) -> list[Any]:
+        tasks = evaluation_tasks(self.suite.meta_val, self.cfg.eval.query)
+        return draw_episodes(tasks, self.cfg.train.seed, draw,
+                             per_task or self.cfg.eval.val_episodes_per_task)
+
+    def validation(self, method: str, adapter_dir: Path) -> EvalResult:
+        """``method``'s adapter in ``adapter_dir`` scored on validation tasks over ``seeds`` draws,
+        its adaptation lr chosen on another draw, as held-out evaluation chooses it."""
+        cfg = dataclasses.replace(self.cfg, eval=dataclasses.replace(self.cfg.eval, with_demonstrations=()))
+        names = [n for n, p in self.model.named_parameters() if p.requires_grad]
+        lrs = load_inner_lrs(adapter_dir, names)
+        methods = eval_methods(cfg, {method: adapter_tensors(self.model, adapter_dir)},
+                               {method: lrs} if lrs is not None else None)
+        params = self.engine.adapter_parameters()
+        e, a = cfg.eval, cfg.algorithm
+        common: dict[str, Any] = dict(micro_batch_size=e.micro_batch_size, ranks=self.engine,
+                                      icl_max_length=a.icl_max_length, episodes_per_pass=e.episodes_per_pass)
+        pad = self.tokenizer.pad_token_id
+        selection = select_inner_lr(self.model, params, methods, self._validation_draw(0), a.inner_loop,
+                                    steps=e.max_steps, pad_id=pad, lr_grid=e.lr_grid, **common)
+        draws = [self._validation_draw(1 + s, self.episodes_per_task) for s in range(self.seeds)]
+        return evaluate_methods(
+            self.model, params, methods, draws, a.inner_loop, e.max_steps, pad,
+            inner_lrs=selection.chosen, lr_selection=selection, min_seeds=3,
+            domains={t.name: t.domain for t in self.suite.meta_val if t.domain != t.name},
+            score_steps=e.score_steps or None, **common,
+        )
+
+    def held_out(self, adapters: Mapping[str, Path], report_dir: Path, notes: Sequence[str]) -> dict[str, Path]:
+        """The chosen adapters, the base model and in-context demonstrations scored once on the
+        held-out tasks by the train recipe's own evaluation; the report goes to ``report_dir``."""
+        return evaluate_run(self.cfg, self.engine, self.tokenizer, self.suite, dict(adapters),
+                            report_dir.parent, report_dir=report_dir, notes=list(notes))
+
+    def close(self) -> None:
+        """Releases the engine (every engine has ``close``; the protocol does not name it)."""
+        close = getattr(self.engine, "close", None)
+        if callable(close):
+            close()
+
+
+def score_of(result: EvalResult, method: str, metric: str, family: str) -> float:
+    """A trial's score: the mean over seeds of ``metric`` on ``family``'s validation episodes at
+    the method's headline step (the most adaptation steps scored; 0 for MetaICL)."""
+    step = result.steps_of(method)[-1]
+    cell = result.get(method, step, family)
+    return cell.accuracy_mean if metric == "accuracy" else cell.loss_mean

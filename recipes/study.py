@@ -1,0 +1,228 @@
+#!/usr/bin/env python
+"""Study how to meta-train: search on validation tasks, choose, then score the choice once held out.
+
+    fmmeta study --config my_study.yaml                     # installed
+    python recipes/study.py --config my_study.yaml trials=4
+    fmmeta study --config recipes/configs/study_smoke.yaml output_dir=studies/smoke
+
+The YAML declares the space (fmmeta.study.config): per method, which meta-training keys are
+searched and over what range, on top of a train recipe config. The story, top to bottom: check
+the declaration and every trial it could run; claim the study folder (refused once its held-out
+tasks were scored); build the model and the task suite once; then per method, one Optuna study:
+each trial is a normal run of the train recipe into its own folder, trained in segments of
+``report_every`` meta-steps, each segment resuming the last one's checkpoint and scored on
+meta-validation tasks over several seeds of episode draws, so the pruner can stop a trial whose
+validation curve trails. The choice per method (validation score alone) is written before any
+held-out episode is drawn; then the chosen configurations, the base model and in-context
+demonstrations are scored once on the held-out tasks, paired, and ``study.md`` / ``study.json``
+say what was tried, what was chosen and why, and what it scored.
+
+A killed study resumes where it stopped: rerun the same command. Optuna's storage
+(``study.db``) keeps the finished trials; a trial killed mid-run is run again with the same
+values into the same folder, where the train recipe resumes its checkpoints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from fmmeta.startup import ctrl_c_raises  # first: Ctrl-C during the imports below is a message
+
+# isort: split
+from fmmeta.atomic import replace_text
+from fmmeta.config import ConfigError, describe_config, load_config
+from fmmeta.errors import UserInputError
+from fmmeta.recipe_args import IMPORT_HELP, import_modules
+from fmmeta.recipe_config import RecipeConfig
+from fmmeta.recipes import train as train_recipe
+from fmmeta.shipped import shipped_path
+from fmmeta.strict_json import dumps_strict
+from fmmeta.study import StudyConfig, recipe_problems, searched_keys
+from fmmeta.study.config import trial_overrides
+from fmmeta.study.folder import CHOICE_FILE, claim_study_dir, start_held_out
+from fmmeta.study.report import choose, trial_rows, write_study
+from fmmeta.study.scoring import Scorer, score_of
+from fmmeta.study.search import (
+    DIVERGED,
+    FOLDER,
+    finished,
+    import_optuna,
+    next_folder,
+    open_study,
+    requeue_interrupted,
+    seed_sampler,
+    suggest,
+)
+
+logger = logging.getLogger("fmmeta.study")
+
+NONFINITE_EXIT = 3
+"""The train recipe's exit code for a non-finite loss: the trial diverged (a result, not a bug)."""
+
+
+def parse_args(argv: list[str], prog: str | None = None) -> argparse.Namespace:
+    """``--config`` (the study's YAML), ``--import`` modules and ``key=value`` overrides."""
+    parser = argparse.ArgumentParser(
+        prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Search how to meta-train on validation tasks (Optuna), choose per method, "
+        "then score the choice once on held-out tasks; writes study.md and study.json.",
+        epilog="study keys (key=value; defaults shown):\n" + describe_config(StudyConfig()),
+    )
+    parser.add_argument("--config", help="the study's YAML (the space, the trials, the scoring)")
+    parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                        help=IMPORT_HELP)
+    parser.add_argument("overrides", nargs="*", help="key=value, e.g. trials=4")
+    args = parser.parse_args(argv)
+    args.config = None if args.config is None else shipped_path(args.config)
+    return args
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """Exit codes: 0 done, 2 bad input or a refusal (held-out tasks already scored), 130 stopped."""
+    ctrl_c_raises()
+    args = parse_args(sys.argv[1:] if argv is None else argv, prog)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        force=True)
+    try:
+        import_modules(args.imports)
+        return run(load_config(StudyConfig, args.config, args.overrides))
+    except (ConfigError, UserInputError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        logger.warning("stopped; rerun the same command to resume the study")
+        return 130
+
+
+def run(study: StudyConfig) -> int:
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        raise UserInputError("fmmeta study runs in one process (its trials are one-process runs): "
+                             "start it without a launcher")
+    optuna = import_optuna()
+    problems = recipe_problems(study)
+    if problems:
+        raise ConfigError(problems)
+    folder, lock = claim_study_dir(study)
+    try:
+        base = load_config(RecipeConfig, _config(study), [
+            *study.overrides, f"methods=[{','.join(study.space)}]", f"output_dir={folder}",
+        ]).on_this_machine()
+        scorer = Scorer(base, seeds=study.seeds, episodes_per_task=study.episodes_per_task,
+                        family=study.family)
+        try:
+            trials = {m: search(optuna, study, m, folder, scorer) for m in study.space}
+            choice = {m: choose(m, rows, study) for m, rows in trials.items()}
+            # The choice is on disk before the first held-out episode is drawn.
+            replace_text(folder / CHOICE_FILE, json.dumps(choice, indent=2) + "\n")
+            write_study(folder, study, trials, choice, None, scorer.held_out_tasks())
+            report_dir = start_held_out(folder, choice)
+            adapters = {m: folder / m / c["folder"] / m / "adapter" for m, c in choice.items()}
+            paths = scorer.held_out(adapters, report_dir, budget_notes(study, choice))
+            held_out = json.loads(paths["eval.json"].read_text(encoding="utf-8"))
+            paths = write_study(folder, study, trials, choice, held_out, scorer.held_out_tasks())
+        finally:
+            scorer.close()
+    finally:
+        lock.release()
+    logger.info("study done: %s", paths["study.md"])
+    return 0
+
+
+def _config(study: StudyConfig) -> str | None:
+    return None if study.config is None else shipped_path(study.config)
+
+
+def search(optuna: Any, study: StudyConfig, method: str, folder: Path, scorer: Scorer) -> list[dict]:
+    """Runs ``method``'s trials until ``study.trials`` have finished; returns every trial."""
+    opt = open_study(optuna, folder, method, study)
+    for number in requeue_interrupted(optuna, opt):
+        logger.warning("%s trial %d was interrupted by a kill: running it again", method, number)
+    while len(finished(optuna, opt)) < study.trials:
+        seed_sampler(optuna, opt, study, method, len(finished(optuna, opt)))
+        trial = opt.ask()
+        name = trial.user_attrs.get(FOLDER) or next_folder(opt)
+        trial.set_user_attr(FOLDER, name)
+        values = suggest(trial, searched_keys(study.space[method]))
+        outcome, score = run_trial(study, method, values, folder / method / name, scorer, trial)
+        if outcome == "complete":
+            opt.tell(trial, score)
+        elif outcome == "pruned":
+            opt.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        else:
+            trial.set_user_attr(DIVERGED, True)
+            opt.tell(trial, state=optuna.trial.TrialState.FAIL)
+        logger.info("%s %s: %s, validation %s %s | %s", method, name, outcome, study.metric,
+                    "-" if score is None else f"{score:.4f}", values)
+    return trial_rows(opt)
+
+
+def rungs(total: int, every: int) -> list[int]:
+    """The meta-steps after which a trial is scored: every ``every`` (0: none) and the last."""
+    return [*range(every, total, every), total] if every else [total]
+
+
+def run_trial(study: StudyConfig, method: str, values: dict[str, float], trial_dir: Path,
+              scorer: Scorer, trial: Any) -> tuple[str, float | None]:
+    """Trains and scores one trial segment by segment; ``("complete" | "pruned" | "diverged", score)``."""
+    total = int(values.get("train.meta_steps", study.meta_steps))
+    score: float | None = None
+    for steps in rungs(total, study.report_every):
+        score = segment(study, method, values, steps, trial_dir, scorer)
+        if score is None:
+            return "diverged", None
+        trial.report(score, steps)
+        if steps < total and trial.should_prune():
+            return "pruned", score
+    return "complete", score
+
+
+def segment(study: StudyConfig, method: str, values: dict[str, float], steps: int, trial_dir: Path,
+            scorer: Scorer) -> float | None:
+    """The trial trained to ``steps`` meta-steps (resuming its last checkpoint) and scored on
+    validation tasks; None if it diverged. A segment scored before a kill is read back."""
+    scored = trial_dir / "validation" / f"step_{steps:06d}.json"
+    if scored.is_file():
+        return float(json.loads(scored.read_text(encoding="utf-8"))["score"])
+    config = _config(study)
+    argv = [*(["--config", config] if config else []),
+            *trial_overrides(study, method, values, steps, trial_dir)]
+    rc = train_recipe.main(argv, prog="fmmeta train")
+    if rc == NONFINITE_EXIT:
+        return None
+    if rc == 130:
+        raise KeyboardInterrupt
+    if rc != 0:
+        raise UserInputError(f"the train recipe refused trial {str(trial_dir)!r} (exit {rc}); its "
+                             "message is above")
+    result = scorer.validation(method, trial_dir / method / "adapter")
+    score = score_of(result, method, study.metric, study.family)
+    scored.parent.mkdir(parents=True, exist_ok=True)
+    replace_text(scored, dumps_strict({"step": steps, "metric": study.metric, "family": study.family,
+                                       "score": score, "validation": result.to_dict()}) + "\n")
+    return score
+
+
+def budget_notes(study: StudyConfig, choice: dict[str, dict]) -> list[str]:
+    """How each chosen adapter was trained, for the held-out report."""
+    notes = [f"{m}: {c['folder']} of the study, chosen on validation ({study.metric} "
+             f"{c['value']:.4f}), trained with {c['params'] or 'the base config'}"
+             + ("" if "train.meta_steps" in c["params"] else f", {study.meta_steps} meta-steps")
+             for m, c in choice.items()]
+    return notes + ["base / in_context: the initial adapter (LoRA B = 0), no meta-training."]
+
+
+def cli(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """What every entry point runs: ``python recipes/study.py``, ``python -m fmmeta.recipes.study``
+    and ``fmmeta study``."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return main(argv, prog)
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
