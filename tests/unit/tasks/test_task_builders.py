@@ -138,11 +138,11 @@ def test_tasks_from_datasets_from_every_kind_of_data(kind: str, tmp_path: Path) 
 
 
 def test_readme_custom_task_set() -> None:
-    # --- the README's "Build your own task set" snippet, verbatim apart from the tokenizer ---
+    # --- docs/tasks.md's "A task set from Python" snippet, verbatim apart from the tokenizer ---
     from fmmeta.tasks import EpisodeSpec, TaskOptions, collate, ensure_pad_token, split_tasks
     from fmmeta.tasks.builders import tasks_from_examples
 
-    tokenizer = tiny_tokenizer()  # README: AutoTokenizer.from_pretrained(...)
+    tokenizer = tiny_tokenizer()  # docs/tasks.md: AutoTokenizer.from_pretrained(...)
     ensure_pad_token(tokenizer)
     options = TaskOptions(spec=EpisodeSpec(shots=4, query=4))
 
