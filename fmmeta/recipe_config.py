@@ -20,7 +20,7 @@ from fmmeta.algorithms.config import DEFAULT_LR_GRID, AlgorithmConfig
 from fmmeta.config import EngineConfig, LoraConfig, ModelConfig, TrainConfig
 from fmmeta.engine.ds_config import DSConfigError, owned_values, resolve_ds_config
 from fmmeta.engine.optim import OuterOptimConfig
-from fmmeta.models.precision import native_bf16, resolve_dtype
+from fmmeta.models.precision import auto_dtype, engine_precision
 from fmmeta.sampling.sampler import SamplerConfig
 from fmmeta.tasks.config import TasksConfig
 
@@ -178,15 +178,15 @@ class RecipeConfig:
         other hardware is checked against it."""
         if self.model.dtype != "auto":
             return self
-        native, why = native_bf16()
-        dtype: Literal["float32", "bfloat16"] = "bfloat16" if native else "float32"
+        name, why = auto_dtype()
+        dtype: Literal["float32", "bfloat16"] = "bfloat16" if name == "bfloat16" else "float32"
         logger.info("model.dtype=auto -> %s: %s", dtype, why)
         return dataclasses.replace(self, model=dataclasses.replace(self.model, dtype=dtype))
 
     @property
     def precision(self) -> str:
         """The engine's precision for ``model.dtype``: ``"bf16"`` or ``"fp32"``."""
-        return "bf16" if resolve_dtype(self.model.dtype) == "bfloat16" else "fp32"
+        return engine_precision(self.model.dtype)
 
     def _launch_problems(self) -> list[str]:
         """Checks that need the launch (world size) or the DeepSpeed JSON, done before any rank

@@ -19,6 +19,7 @@ from fmmeta.config import EngineConfig
 from fmmeta.engine.distributed import default_backend, refuse_bare_multiprocess_launch
 from fmmeta.engine.optim import OuterOptimConfig
 from fmmeta.engine.protocol import Engine
+from fmmeta.models.precision import precision_dtype
 
 DEFAULT_DS_CONFIG = {
     "zero_optimization": {
@@ -83,7 +84,7 @@ def build_engine(
         from fmmeta.engine.local import LocalEngine
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        return LocalEngine(model.to(_dtype(precision)), optim_cfg, device=device)
+        return LocalEngine(model.to(precision_dtype(precision)), optim_cfg, device=device)
     backend = default_backend()
     if kind == "accelerate":
         from fmmeta.engine.accelerate_engine import build_accelerate_engine
@@ -100,5 +101,3 @@ def build_engine(
     )
 
 
-def _dtype(precision: str) -> torch.dtype:
-    return torch.bfloat16 if precision == "bf16" else torch.float32

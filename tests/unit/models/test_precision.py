@@ -7,7 +7,16 @@ import torch
 
 from fmmeta.config import ModelConfig
 from fmmeta.models import build_model_and_tokenizer, torch_dtype
-from fmmeta.models.precision import FP32_ATTENTION, cpu_flags, native_bf16, resolve_dtype
+from fmmeta.engine.build import build_engine
+from fmmeta.engine.optim import OuterOptimConfig
+from fmmeta.models.precision import (
+    FP32_ATTENTION,
+    cpu_flags,
+    engine_precision,
+    native_bf16,
+    precision_dtype,
+    resolve_dtype,
+)
 from fmmeta.recipe_config import RecipeConfig
 
 torch.set_num_threads(1)
@@ -24,6 +33,20 @@ def test_auto_follows_the_cpu_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not native and "avx512_bf16" in why and "emulated" in why
     assert resolve_dtype("float32", frozenset({"avx512_bf16"})) == "float32"  # explicit wins
     assert resolve_dtype("bfloat16", frozenset()) == "bfloat16"
+
+
+def test_one_table_maps_dtype_names_engine_precisions_and_torch_dtypes() -> None:
+    """The model's dtype, the engine's precision and the local engine's cast agree for each name."""
+    for name, dtype, precision in (("float32", torch.float32, "fp32"), ("bfloat16", torch.bfloat16, "bf16")):
+        assert torch_dtype(name) is dtype and engine_precision(name) == precision
+        assert precision_dtype(precision) is dtype
+        cfg = RecipeConfig(model=ModelConfig(dtype=name))
+        assert cfg.precision == precision
+        engine = build_engine(cfg.engine, torch.nn.Linear(2, 2), OuterOptimConfig(), precision=cfg.precision)
+        assert next(engine.model.parameters()).dtype is dtype
+        engine.close()
+    with pytest.raises(ValueError, match="precision='fp16' is invalid"):
+        precision_dtype("fp16")
 
 
 def test_cpu_flags_reads_the_flags_line(tmp_path) -> None:
