@@ -63,24 +63,27 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from fmmeta.sampling.cost import CostModel
-from fmmeta.sampling.lengths import LENGTHS
-from fmmeta.sampling.one_task import assign_balanced, plan_one_task_per_pass
-from fmmeta.sampling.plan import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks.one_task` from any folder
+
+from benchmarks.one_task import assign_balanced, plan_one_task_per_pass  # noqa: E402
+from fmmeta.sampling.cost import CostModel  # noqa: E402
+from fmmeta.sampling.lengths import LENGTHS  # noqa: E402
+from fmmeta.sampling.plan import (  # noqa: E402
     DUMMY_PASS,
     MetaBatchPlan,
     PackedPass,
     RankPlan,
     TaskSlot,
 )
-from fmmeta.sampling.planner import plan_meta_batch, plan_stats
-from fmmeta.sampling.sampler import CostAwareSampler, SamplerConfig
-from fmmeta.sampling.synthetic import SyntheticTask, bimodal_pool, lognormal_pool
-from fmmeta.tasks.episode import Episode
+from fmmeta.sampling.planner import plan_meta_batch, plan_stats  # noqa: E402
+from fmmeta.sampling.sampler import CostAwareSampler, SamplerConfig  # noqa: E402
+from fmmeta.sampling.synthetic import SyntheticTask, bimodal_pool, lognormal_pool  # noqa: E402
+from fmmeta.tasks.episode import Episode  # noqa: E402
 
 try:  # transformers 5 keeps it in trainer_pt_utils; other versions may move it
     from transformers.trainer_pt_utils import get_length_grouped_indices

@@ -4,7 +4,7 @@ Under ZeRO-3 every forward and backward all-gathers each layer's parameters, so 
 other inside every pass: a meta-step costs about the sum over passes of the slowest rank's pass.
 This runs both plans of the *same* episodes, step after step on the same engine, and times them:
 
-* ``one_task_per_pass``: today's plan before packing (``fmmeta.sampling.plan_one_task_per_pass``:
+* ``one_task_per_pass``: today's plan before packing (``benchmarks/one_task.py``:
   equal task counts, balanced per-rank totals, each pass one task's micro-batch of
   ``--micro-batch`` rows);
 * ``packed``: the sampler's plan (``fmmeta.sampling.plan_meta_batch``: tasks balanced by work,
@@ -74,19 +74,14 @@ def _worker(args: argparse.Namespace) -> None:
     import numpy as np
     import torch
 
+    from benchmarks.one_task import plan_one_task_per_pass
     from fmmeta.algorithms.build import build_algorithm
     from fmmeta.algorithms.config import AlgorithmConfig
     from fmmeta.algorithms.meta_step import meta_step
     from fmmeta.engine.deepspeed_engine import DeepSpeedEngine
     from fmmeta.engine.distributed import init_distributed
     from fmmeta.engine.optim import OuterOptimConfig
-    from fmmeta.sampling import (
-        CostAwareSampler,
-        CostModel,
-        SamplerConfig,
-        plan_one_task_per_pass,
-        plan_stats,
-    )
+    from fmmeta.sampling import CostAwareSampler, CostModel, SamplerConfig, plan_stats
     from fmmeta.sampling.synthetic import bimodal_pool, lognormal_pool
 
     torch.set_num_threads(1)

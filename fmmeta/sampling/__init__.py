@@ -1,7 +1,6 @@
 """Task sampling: which tasks run each meta-step, on which rank, packed into which passes."""
 
 from fmmeta.sampling.cost import CostModel
-from fmmeta.sampling.one_task import plan_one_task_per_pass
 from fmmeta.sampling.plan import DUMMY_PASS, MetaBatchPlan, PackedPass, RankPlan, TaskSlot
 from fmmeta.sampling.planner import PlanStats, assign_tasks, plan_meta_batch, plan_stats
 from fmmeta.sampling.prefetch import Prefetched, Prefetcher
@@ -37,6 +36,5 @@ __all__ = [
     "assign_tasks",
     "observation_from_dict",
     "plan_meta_batch",
-    "plan_one_task_per_pass",
     "plan_stats",
 ]

@@ -7,8 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
+from benchmarks.one_task import assign_balanced, chunk_sets, plan_one_task_per_pass
 from fmmeta.sampling.cost import CostModel
-from fmmeta.sampling.one_task import assign_balanced, chunk_sets, plan_one_task_per_pass
 from fmmeta.tasks.episode import Episode
 
 from .conftest import make_example

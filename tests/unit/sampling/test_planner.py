@@ -8,8 +8,8 @@ import itertools
 import numpy as np
 import pytest
 
+from benchmarks.one_task import plan_one_task_per_pass
 from fmmeta.sampling.cost import CostModel
-from fmmeta.sampling.one_task import plan_one_task_per_pass
 from fmmeta.sampling.plan import DUMMY_PASS, MetaBatchPlan, PackedPass, RankPlan, TaskSlot
 from fmmeta.sampling.planner import assign_tasks, plan_meta_batch, plan_stats
 from fmmeta.sampling.synthetic import lognormal_pool

@@ -1,12 +1,16 @@
 """One task per pass: the plan fmmeta made before packing, kept as the baseline packing is measured against.
 
+Not part of the library (training plans with :mod:`fmmeta.sampling.planner`): the benchmarks
+(``benchmarks/sampler.py``, ``benchmarks/zero3_step.py``) and the planner's tests import it as
+``benchmarks.one_task`` from the repository root.
+
 Every rank gets the same number of tasks and every task the same number of support and query
 chunks (``K = max ceil(n / micro_batch_size)`` over the meta-batch), so pass counts match
 across ranks; each pass carries one task's chunk. Under ZeRO-3's lockstep this costs the sum
 over passes of the slowest rank's pass, and tasks of one meta-batch differ by 10x in size, so no
 assignment with one task per pass gets close to balanced time on a heterogeneous pool. The
-packed planner (:mod:`fmmeta.sampling.planner`) replaces it for training; benchmarks and the
-equivalence tests use this one as today's plan and as a reference.
+packed planner (:mod:`fmmeta.sampling.planner`) replaces it for training; benchmarks and tests
+use this one as the plan before packing and as a reference.
 
 1. **Chunking (padding).** A task with fewer sequences than ``K`` chunks spreads them over
    ``min(K, n)`` chunks: sorted by length (longest first) and cut into contiguous groups, either
