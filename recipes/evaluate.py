@@ -32,6 +32,7 @@ from pathlib import Path
 from fmmeta.startup import ctrl_c_raises  # first: Ctrl-C during the imports below is a message
 
 # isort: split
+from fmmeta.checkpoint.resume import adapter_problems
 from fmmeta.config import ConfigError, describe_config, load_config
 from fmmeta.engine.build import build_engine, resolve_engine_kind
 from fmmeta.engine.distributed import (
@@ -90,6 +91,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         config_path = args.config or (run_config(args.run) if args.run is not None else None)
         cfg = load_config(RecipeConfig, config_path, args.overrides).on_this_machine()
         adapters = run_adapters(args.run, cfg.methods) if args.run is not None else {}
+        if args.run is not None:
+            refuse_changed_settings(cfg, args.run, list(adapters), run_config(args.run))
         adapters.update(named_adapters(args.adapter))
         out = args.run if args.run is not None else Path(cfg.output_dir).expanduser()
         paths = evaluate(cfg, adapters, out)
@@ -125,6 +128,16 @@ def run_adapters(run: Path, methods: tuple[str, ...]) -> dict[str, Path]:
         logger.warning("--run %s: no adapter for %s (unfinished?); evaluating %s", run,
                        ", ".join(missing), ", ".join(found))
     return found
+
+
+def refuse_changed_settings(cfg: RecipeConfig, run: Path, methods: list[str], config_path: str) -> None:
+    """Refuses overrides that change what the run's adapters mean (a LoRA shape or scale, the
+    base model), in the words training uses to refuse such a resume."""
+    problems = adapter_problems(cfg, run, methods,
+                                saved=lambda: load_config(RecipeConfig, config_path, []))
+    if problems:
+        raise UserInputError(f"--run {str(run)!r} refused; nothing in {str(run)!r} was changed:\n"
+                             + "\n".join(f"  - {p}" for p in problems))
 
 
 def named_adapters(specs: list[str]) -> dict[str, Path]:

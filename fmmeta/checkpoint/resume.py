@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from fmmeta.checkpoint.manager import Checkpoint, CheckpointError, CheckpointManager
 from fmmeta.config import to_dict
 
-__all__ = ["RESUME_FACTS", "RESUME_KEYS", "find_resume_checkpoint", "resume_differences",
-           "resume_facts", "resume_problems"]
+__all__ = ["ADAPTER_KEYS", "RESUME_FACTS", "RESUME_KEYS", "adapter_problems",
+           "find_resume_checkpoint", "resume_differences", "resume_facts", "resume_problems"]
 
 RESUME_FACTS = "resume_facts"
 """The manifest ``meta`` entry that holds :func:`resume_facts`."""
@@ -44,6 +44,14 @@ RESUME_KEYS: tuple[str, ...] = (
 )
 """Dotted config keys whose value a checkpoint's state depends on (``algorithm.name`` is the
 method the checkpoint was trained with)."""
+
+
+ADAPTER_KEYS: tuple[str, ...] = tuple(
+    k for k in RESUME_KEYS if k.startswith(("model.", "lora.")) and k != "model.dtype"
+)
+"""The keys a saved adapter means something only under: the base model and the LoRA shape and
+scale. Evaluating it under others loads the wrong tensors or scales them wrongly (``lora.alpha``
+would pass without an error); the precision may change (a run made on a CPU is evaluated on a GPU)."""
 
 
 def resume_facts(cfg: Any, method: str) -> dict[str, Any]:
@@ -143,10 +151,49 @@ def resume_problems(cfg: Any, output_dir: Path) -> list[str]:
         diffs = resume_differences(ckpt.meta[RESUME_FACTS], resume_facts(cfg, method),
                                    allowed=cfg.train.resume_changes)
         if diffs:
-            problems.append(
-                f"{method} would resume from {str(ckpt.path)!r}, whose state was made with other "
-                f"settings: {'; '.join(diffs)}. Rerun with the checkpoint's values, start afresh "
-                "(train.resume=never or another output_dir), or accept the change with "
-                f"train.resume_changes=[{', '.join(d.split(':')[0] for d in diffs)}]"
-            )
+            problems.append(_changed_settings(
+                f"{method} would resume from {str(ckpt.path)!r}", diffs,
+                "start afresh (train.resume=never or another output_dir)"))
+    return problems
+
+
+def _changed_settings(what: str, diffs: list[str], afresh: str, *, acceptable: bool = True) -> str:
+    """The one wording of a refusal for changed settings, in training and evaluation alike
+    (``acceptable``: whether ``train.resume_changes`` may accept the change)."""
+    keys = ", ".join(d.split(":")[0] for d in diffs)
+    return (
+        f"{what}, whose state was made with other settings: {'; '.join(diffs)}. Rerun with the "
+        f"checkpoint's values" + (f", {afresh}, or accept the change with train.resume_changes=[{keys}]"
+                                  if acceptable else f" or {afresh}")
+    )
+
+
+def adapter_problems(cfg: Any, run_dir: Path, methods: Iterable[str],
+                     saved: Callable[[], Any]) -> list[str]:
+    """Every reason the adapters of ``methods`` in the run ``run_dir`` cannot be evaluated under
+    ``cfg`` (``evaluate --run`` with overrides): one per method whose :data:`ADAPTER_KEYS` differ.
+
+    The settings an adapter was made with are its newest verified checkpoint's (as a resume
+    reads them), or those of ``saved()`` (the run's own config, loaded only when needed) for a
+    method without one. ``train.resume_changes`` does not apply: an adapter evaluated under
+    another LoRA shape or base cannot even be loaded, and under another scale it is another model.
+    """
+    problems = []
+    for method in methods:
+        ckpts = CheckpointManager(run_dir / method / "checkpoints", keep_last=max(2, cfg.train.keep_last))
+        ckpt = ckpts.latest() if ckpts.root.is_dir() else None
+        if ckpt is not None and RESUME_FACTS not in ckpt.meta:
+            ckpt = None  # written before the facts were recorded
+        if ckpt is not None:
+            then, source = ckpt.meta[RESUME_FACTS], f"checkpoint {str(ckpt.path)!r}"
+        else:
+            then, source = resume_facts(saved(), method), f"{str(run_dir / 'config.yaml')!r}"
+        now = {k: v for k, v in resume_facts(cfg, method).items() if k in ADAPTER_KEYS}
+        diffs = resume_differences(then, now)
+        if ckpt is None:
+            diffs = [d.replace(" in the checkpoint,", " in the run's config.yaml,") for d in diffs]
+        if diffs:
+            problems.append(_changed_settings(
+                f"{method}'s adapter would be evaluated as trained from {source}", diffs,
+                "evaluate it with --config and --adapter NAME=PATH", acceptable=False))
     return problems

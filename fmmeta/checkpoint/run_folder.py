@@ -1,8 +1,14 @@
-"""Claiming a run's output folder: lock it, check the resume, and only then write into it.
+"""Claiming a run's output folder: lock it, check the resume, and write into it only once the
+run is accepted.
 
 Why in this order: a run refused for any reason (another run holds the folder, the resume does
-not match) must leave the folder exactly as it found it, so the resolved ``config.yaml`` of the
-refused run never replaces the one that belongs to the checkpoints next to it.
+not match, and the refusals found only once the model and tasks are built: LoRA targets, data
+too long for ``tasks.max_length``, ``eval.query``) must leave the folder exactly as it found it,
+so the resolved ``config.yaml`` of a refused run never replaces the one that belongs to the
+checkpoints next to it, and a new folder is not left behind holding a config of a run that never
+ran. The claim holds the lock; :meth:`RunClaim.accept` writes ``config.yaml`` when the recipe has
+accepted everything; :meth:`RunClaim.release` removes a folder the claim created and nothing
+filled.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from fmmeta.checkpoint.resume import resume_problems
 from fmmeta.config import save_resolved
 from fmmeta.errors import UserInputError
 
-__all__ = ["claim_output_dir", "is_run_folder"]
+__all__ = ["RunClaim", "claim_output_dir", "is_run_folder"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,11 +59,43 @@ def _refuse_foreign(out: Path, name: str) -> None:
     )
 
 
-def claim_output_dir(cfg: Any) -> RunLock:
-    """Creates and locks ``cfg.output_dir``, refuses a mismatched resume, writes ``config.yaml``.
+class RunClaim:
+    """A locked output folder: :meth:`accept` writes the run's ``config.yaml``, :meth:`release`
+    gives the lock back (and removes the folders this claim created if nothing was written).
 
-    Call it on rank 0 only, before anything else writes into the folder; release the returned
-    lock when the run ends (the kernel releases it if the process dies).
+    ``created`` is the topmost folder the claim created (``output_dir`` or a parent of it), or
+    None when ``output_dir`` existed.
+    """
+
+    def __init__(self, folder: Path, lock: RunLock, *, created: Path | None) -> None:
+        self.folder = folder
+        self.lock = lock
+        self.created = created
+
+    def accept(self, cfg: Any) -> None:
+        """Writes the resolved ``config.yaml``: the run is accepted and starts writing."""
+        save_resolved(cfg, self.folder / "config.yaml")
+        logger.info("resolved config written to %s", self.folder / "config.yaml")
+
+    def release(self) -> None:
+        """Unlocks; a folder this claim created that is still empty is removed (idempotent)."""
+        self.lock.release()
+        if self.created is None:
+            return
+        for folder in (self.folder, *self.folder.parents):
+            if not folder.is_dir() or any(folder.iterdir()):
+                return
+            folder.rmdir()
+            if folder == self.created:
+                return
+
+
+def claim_output_dir(cfg: Any) -> RunClaim:
+    """Creates and locks ``cfg.output_dir`` and refuses a mismatched resume; writes nothing else.
+
+    Call it on rank 0 only, before anything else writes into the folder; call
+    :meth:`RunClaim.accept` once the run is accepted, and release the claim when the run ends (the
+    kernel releases the lock if the process dies).
 
     Raises:
         UserInputError: the folder cannot be created, holds files no run wrote, another live
@@ -66,7 +104,11 @@ def claim_output_dir(cfg: Any) -> RunLock:
     """
     out = Path(cfg.output_dir).expanduser()
     _refuse_foreign(out, cfg.output_dir)
-    created = not out.exists()
+    created = None
+    for folder in (out, *out.parents):
+        if folder.exists():
+            break
+        created = folder
     try:
         out.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError) as err:
@@ -79,7 +121,7 @@ def claim_output_dir(cfg: Any) -> RunLock:
             f"output_dir={cfg.output_dir!r} cannot be created ({err.strerror}: {err.filename!r}): "
             "choose a folder you can write to"
         ) from None
-    lock = RunLock.acquire(out)
+    claim = RunClaim(out, RunLock.acquire(out), created=created)
     try:
         problems = resume_problems(cfg, out)
         if problems:
@@ -87,11 +129,7 @@ def claim_output_dir(cfg: Any) -> RunLock:
                 f"train.resume={cfg.train.resume!r} refused; nothing in {str(out)!r} was changed:\n"
                 + "\n".join(f"  - {p}" for p in problems)
             )
-        save_resolved(cfg, out / "config.yaml")
     except BaseException:
-        lock.release()
-        if created and not any(out.iterdir()):
-            out.rmdir()
+        claim.release()
         raise
-    logger.info("resolved config written to %s", out / "config.yaml")
-    return lock
+    return claim

@@ -108,8 +108,9 @@ def test_resume_problems_refuse_changed_settings_and_another_method(tmp_path: Pa
 
 def test_refused_claim_leaves_the_folder_byte_identical_and_unlocked(tmp_path: Path) -> None:
     cfg = _cfg(tmp_path, "methods=[fomaml]")
-    lock = claim_output_dir(cfg)
-    lock.release()
+    claim = claim_output_dir(cfg)
+    claim.accept(cfg)
+    claim.release()
     _fake_checkpoint(tmp_path, cfg, "fomaml")
     before = _snapshot(tmp_path)
     with pytest.raises(UserInputError, match="nothing in .* was changed"):
@@ -124,3 +125,21 @@ def test_claim_refuses_a_file_as_output_dir_and_creates_nothing(tmp_path: Path) 
         with pytest.raises(UserInputError, match="is a file"):
             claim_output_dir(_cfg(out))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]
+
+
+def test_a_claim_writes_nothing_until_accepted_and_removes_the_folders_it_made(tmp_path: Path) -> None:
+    """A run refused after the claim (LoRA targets, data, eval.query: found once the model and
+    tasks are built) leaves no config.yaml behind, and no new folder; an existing one stays."""
+    out = tmp_path / "a" / "b" / "run"
+    claim = claim_output_dir(_cfg(out))
+    assert sorted(p.name for p in out.iterdir()) == [".fmmeta.lock"]  # the lock only
+    claim.release()
+    assert sorted(tmp_path.iterdir()) == []
+    (tmp_path / "empty").mkdir()
+    claim_output_dir(_cfg(tmp_path / "empty")).release()
+    assert (tmp_path / "empty").is_dir() and not any((tmp_path / "empty").iterdir())
+    claim = claim_output_dir(_cfg(out))
+    claim.accept(_cfg(out))
+    claim.release()
+    assert sorted(p.name for p in out.iterdir()) == ["config.yaml"]
+

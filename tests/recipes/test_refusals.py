@@ -1,0 +1,98 @@
+"""Refusals that come late (once the model and tasks are built) or from the environment, at the
+recipe level: each exits with its code and one message, no traceback, and leaves the folder as it
+was: a new folder is not created, a run folder stays byte-identical (issue 31)."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tests.recipes import _recipe
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"fmmeta_recipe_{name}", _recipe.REPO / "recipes" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+LATE = {
+    "lora target that matches nothing": (["lora.target_modules=[nope]"],
+                                         "lora.target_modules=['nope'] is invalid"),
+    "lora target on the LM head": (["lora.target_modules=[lm_head]"], "'lm_head' is the LM head"),
+    "examples longer than tasks.max_length": (["tasks.max_length=8"],
+                                              "Raise tasks.max_length (now 8 tokens per example)"),
+    "eval.query more than a task has": (["eval.query=500"], "eval.query=500 is too many for task"),
+    "meta-batch larger than the pool": (
+        ["sampler.meta_batch_size=40"],
+        "sampler.meta_batch_size=40 is larger than the meta-training pool (33 tasks), so a "
+        "meta-batch would hold a task twice: set sampler.meta_batch_size to at most 33"),
+}
+"""Refused once the model and tasks are built; before this issue each left a config.yaml in a
+new folder (and the meta-batch case was a raw ValueError with exit code 1)."""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("case", sorted(LATE))
+def test_a_late_refusal_creates_no_folder_and_leaves_a_run_byte_identical(
+    case: str, tmp_path: Path, local_short: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    overrides, message = LATE[case]
+    train = _load("train")
+    smoke = ["--config", str(_recipe.SMOKE), "methods=[fomaml]"]
+    new = tmp_path / "new" / "run"
+    assert train.main([*smoke, f"output_dir={new}", *overrides]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err
+    assert not (tmp_path / "new").exists()  # not even the parent it would have made
+    # A finished run started afresh (train.resume=never) and refused: not one byte changes.
+    run = tmp_path / "run"
+    shutil.copytree(local_short, run)
+    before = _snapshot(run)
+    assert train.main([*smoke, *_recipe.SHORT, "eval.enabled=true", f"output_dir={run}",
+                       "train.resume=never", *overrides]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err
+    assert _snapshot(run) == before
+
+
+@pytest.mark.timeout(300)
+def test_evaluate_run_refuses_changed_settings_in_the_words_of_training(
+    tmp_path: Path, local_short: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``evaluate --run`` with ``lora.r`` changed raised a size mismatch from peft; with
+    ``lora.alpha`` changed it evaluated every adapter at the wrong scale without a word."""
+    run = tmp_path / "run"
+    shutil.copytree(local_short, run)
+    before = _snapshot(run)
+    same = ("whose state was made with other settings: lora.alpha: 16.0 in the checkpoint, 32.0 "
+            "now. Rerun with the checkpoint's values")
+    train, evaluate = _load("train"), _load("evaluate")
+    assert train.main(["--config", str(_recipe.SMOKE), *_recipe.SHORT, f"output_dir={run}", "lora.alpha=32"]) == 2
+    assert same in capsys.readouterr().err
+    for override, diff in (("lora.alpha=32", "lora.alpha: 16.0 in the checkpoint, 32.0 now"),
+                           ("lora.r=2", "lora.r: 4 in the checkpoint, 2 now")):
+        assert evaluate.main(["--run", str(run), override]) == 2
+        err = capsys.readouterr().err
+        assert f"--run {str(run)!r} refused; nothing in {str(run)!r} was changed" in err, err
+        assert diff in err and "evaluate it with --config and --adapter NAME=PATH" in err, err
+        assert "Traceback" not in err
+        assert _snapshot(run) == before and not any(run.glob("eval-*"))
+    assert evaluate.main(["--run", str(run), "lora.alpha=32"]) == 2
+    assert same in capsys.readouterr().err  # the very words training used
+    # Without checkpoints (deleted to save space) the run's config.yaml says what the adapter is.
+    shutil.rmtree(run / "fomaml" / "checkpoints")
+    assert evaluate.main(["--run", str(run), "lora.r=2"]) == 2
+    err = capsys.readouterr().err
+    assert f"as trained from {str(run / 'config.yaml')!r}" in err and "lora.r: 4 in the run's config.yaml, 2 now" in err, err
