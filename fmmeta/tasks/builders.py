@@ -26,8 +26,6 @@ from fmmeta.tasks.generation import GenerationTask
 from fmmeta.tasks.labels import check_class_sizes, labels_to_classes
 from fmmeta.tasks.options import TaskOptions
 from fmmeta.tasks.rows import (
-    ClassificationRows,
-    GenerationRows,
     TaskRows,
     classification_rows,
     column_rows,
@@ -337,15 +335,7 @@ def _tokenize(rows: Sequence[TaskRows], tokenizer: Any, options: TaskOptions) ->
 
 
 __all__ = [
-    "ClassificationRows",
     "DatasetSpec",
-    "GenerationRows",
-    "TaskOptions",
-    "TaskRows",
-    "classification_rows",
-    "column_rows",
-    "dataset_rows",
-    "tasks_from_rows",
     "classification_tasks",
     "tasks_from_column",
     "tasks_from_datasets",

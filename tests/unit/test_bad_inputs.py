@@ -27,12 +27,12 @@ from fmmeta.config import ConfigError, ModelConfig, load_config
 from fmmeta.recipe_config import RecipeConfig
 from fmmeta.tasks.builders import (
     DatasetSpec,
-    TaskOptions,
     classification_tasks,
     tasks_from_column,
     tasks_from_datasets,
     tasks_from_examples,
 )
+from fmmeta.tasks.options import TaskOptions
 from fmmeta.tasks.task import EpisodeSpec
 from fmmeta.tasks.testing import tiny_tokenizer
 

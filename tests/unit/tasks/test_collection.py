@@ -20,8 +20,9 @@ import yaml
 from fmmeta.config import ConfigError, load_config
 from fmmeta.recipe_config import RecipeConfig
 from fmmeta.tasks import cache as task_cache
-from fmmeta.tasks.builders import TaskOptions, classification_tasks, tasks_from_column
+from fmmeta.tasks.builders import classification_tasks, tasks_from_column
 from fmmeta.tasks.config import build_task_set
+from fmmeta.tasks.options import TaskOptions
 from fmmeta.tasks.task import ClassificationTask, EpisodeSpec, GenerationTask, TaskSet
 from fmmeta.tasks.testing import tiny_tokenizer
 

@@ -13,7 +13,6 @@ import pytest
 
 from fmmeta.tasks.builders import (
     DatasetSpec,
-    TaskOptions,
     classification_tasks,
     tasks_from_column,
     tasks_from_datasets,
@@ -21,6 +20,7 @@ from fmmeta.tasks.builders import (
 )
 from fmmeta.tasks.data import read_dataset
 from fmmeta.tasks.episode import IGNORE_INDEX
+from fmmeta.tasks.options import TaskOptions
 from fmmeta.tasks.task import EpisodeSpec, split_tasks
 from fmmeta.tasks.testing import tiny_tokenizer
 
