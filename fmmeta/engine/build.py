@@ -16,7 +16,11 @@ import torch
 from torch import nn
 
 from fmmeta.config import EngineConfig
-from fmmeta.engine.distributed import default_backend, refuse_bare_multiprocess_launch
+from fmmeta.engine.distributed import (
+    default_backend,
+    refuse_bare_multiprocess_launch,
+    refuse_missing_accelerator,
+)
 from fmmeta.engine.optim import OuterOptimConfig
 from fmmeta.engine.protocol import Engine
 from fmmeta.models.precision import precision_dtype
@@ -35,9 +39,11 @@ def resolve_engine_kind(cfg: EngineConfig) -> str:
     """The engine ``cfg.kind`` names, with ``"auto"`` resolved from the launch environment.
 
     Raises:
-        RuntimeError: mpirun or srun started several copies of the script without ``WORLD_SIZE``
-            (each would train alone, as a local engine included).
+        UserInputError: ``DS_ACCELERATOR`` names an accelerator this machine lacks, or mpirun or
+            srun started several copies of the script without ``WORLD_SIZE`` (each would train
+            alone, as a local engine included).
     """
+    refuse_missing_accelerator()
     if "WORLD_SIZE" not in os.environ:
         refuse_bare_multiprocess_launch()
     if cfg.kind != "auto":

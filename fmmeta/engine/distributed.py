@@ -182,6 +182,45 @@ def refuse_bare_multiprocess_launch() -> None:
             )
 
 
+def refuse_missing_accelerator() -> None:
+    """Raises if ``DS_ACCELERATOR`` names an accelerator this machine cannot give.
+
+    Why: with ``DS_ACCELERATOR=cuda`` and no GPU visible, DeepSpeed fails deep inside torch
+    (``module 'torch._C' has no attribute '_cuda_setDevice'``), and the single-process engine,
+    which does not read the variable, would train on the CPU while the user believes it is on a
+    GPU. A name DeepSpeed does not know fails inside DeepSpeed alike.
+
+    Raises:
+        UserInputError: naming the value, what this machine has and the fix.
+    """
+    name = os.environ.get("DS_ACCELERATOR")
+    if name is None or name == "cpu":
+        return
+    if name == "cuda":
+        if torch.cuda.is_available():
+            return
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        raise UserInputError(
+            "DS_ACCELERATOR=cuda is set but torch sees no CUDA GPU"
+            + (f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else "")
+            + f" and was built {'with CUDA ' + torch.version.cuda if torch.version.cuda else 'without CUDA'}: "
+            "run where a GPU is visible, or set DS_ACCELERATOR=cpu (or unset it) to run on the CPU"
+        )
+    known: list[str] | None = None
+    try:  # a first import of deepspeed reads the variable itself, and refuses an unknown name
+        from deepspeed.accelerator.real_accelerator import SUPPORTED_ACCELERATOR_LIST
+
+        known = list(SUPPORTED_ACCELERATOR_LIST)
+    except ValueError:
+        pass
+    if known is None or name not in known:
+        raise UserInputError(
+            f"DS_ACCELERATOR={name!r} is not an accelerator DeepSpeed knows: use "
+            + (f"one of {', '.join(known)} " if known else "")
+            + "(cuda for NVIDIA GPUs, cpu), or unset it"
+        )
+
+
 def all_gather_object(obj: Any) -> list[Any]:
     """Every rank's ``obj`` in rank order, over the default process group (``[obj]`` without one).
 

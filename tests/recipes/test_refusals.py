@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -96,3 +98,19 @@ def test_evaluate_run_refuses_changed_settings_in_the_words_of_training(
     assert evaluate.main(["--run", str(run), "lora.r=2"]) == 2
     err = capsys.readouterr().err
     assert f"as trained from {str(run / 'config.yaml')!r}" in err and "lora.r: 4 in the run's config.yaml, 2 now" in err, err
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("recipe", ["train", "evaluate"])
+def test_ds_accelerator_cuda_without_a_gpu_is_a_message(recipe: str, tmp_path: Path) -> None:
+    """Was ``AttributeError: module 'torch._C' has no attribute '_cuda_setDevice'`` (rank 0
+    failed, exit 1) under the DeepSpeed engine; now exit 2 with the fix, and no folder made."""
+    env = {**_recipe.environment(), "DS_ACCELERATOR": "cuda", "CUDA_VISIBLE_DEVICES": ""}
+    out = tmp_path / "run"
+    cmd = [sys.executable, str(_recipe.REPO / "recipes" / f"{recipe}.py"), "--config", str(_recipe.SMOKE),
+           f"output_dir={out}", "engine.deepspeed_config=ds_configs/zero3.json", *_recipe.SHORT]
+    done = subprocess.run(cmd, cwd=_recipe.REPO, env=env, capture_output=True, text=True, timeout=150)
+    text = done.stdout + done.stderr
+    assert done.returncode == 2, text[-3000:]
+    assert "error: DS_ACCELERATOR=cuda is set but torch sees no CUDA GPU (CUDA_VISIBLE_DEVICES='')" in text, text[-3000:]
+    assert "Traceback" not in text and not out.exists()

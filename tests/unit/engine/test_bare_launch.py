@@ -66,3 +66,30 @@ def test_one_copy_or_a_real_launcher_passes(monkeypatch: pytest.MonkeyPatch) -> 
 def test_all_gather_object_without_a_group_is_this_process_alone() -> None:
     assert not dist.is_initialized()
     assert all_gather_object({"a": 1}) == [{"a": 1}]
+
+
+def test_an_accelerator_the_machine_lacks_is_refused_for_every_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``DS_ACCELERATOR=cuda`` without a GPU was a raw AttributeError from inside torch under
+    DeepSpeed, and a silent CPU run under the local engine; a name DeepSpeed does not know is
+    refused alike. (Where torch sees a GPU, ``cuda`` is accepted.)"""
+    import torch
+
+    from fmmeta.config import EngineConfig
+    from fmmeta.engine.build import resolve_engine_kind
+    from fmmeta.errors import UserInputError
+
+    monkeypatch.setenv("DS_ACCELERATOR", "cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    for kind in ("local", "deepspeed"):
+        with pytest.raises(UserInputError, match=r"DS_ACCELERATOR=cuda is set but torch sees no CUDA "
+                                                 r"GPU \(CUDA_VISIBLE_DEVICES=''\).*set DS_ACCELERATOR=cpu"):
+            resolve_engine_kind(EngineConfig(kind=kind))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_engine_kind(EngineConfig(kind="local")) == "local"
+    monkeypatch.setenv("DS_ACCELERATOR", "gpu")
+    with pytest.raises(UserInputError, match=r"DS_ACCELERATOR='gpu' is not an accelerator DeepSpeed "
+                                             r"knows: use .*\(cuda for NVIDIA GPUs, cpu\)"):
+        resolve_engine_kind(EngineConfig(kind="local"))
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    assert resolve_engine_kind(EngineConfig(kind="local")) == "local"
