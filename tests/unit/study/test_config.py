@@ -114,3 +114,14 @@ def test_a_trial_is_one_method_without_held_out_evaluation(tmp_path: Path) -> No
     # The segment's meta-steps, not the trial's total, and never two values for one key.
     assert [a for a in argv if a.startswith("train.meta_steps=")] == ["train.meta_steps=4"]
     assert argv[-1] == f"output_dir={tmp_path / 't'}"
+
+
+def test_fmmeta_study_refuses_a_bad_declaration_with_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fmmeta.cli import main
+
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump({"config": SMOKE, "output_dir": str(tmp_path / "out"),
+                                    "space": {"fomaml": {"optim": {"outer_lr": {"low": 0.1, "high": 0.01}}}}}))
+    assert main(["study", "--config", str(path)]) == 2
+    assert "space.fomaml.optim.outer_lr.low=0.1 is invalid: above high=0.01" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # refused before the folder is made
