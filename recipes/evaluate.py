@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -81,7 +82,7 @@ def parse_args(argv: list[str], prog: str | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    """Exit codes: 0 done, 2 bad input (arguments, config, run folder, adapters)."""
+    """Exit codes: 0 done, 2 bad input (arguments, config, run folder, adapters), 130 Ctrl-C."""
     ctrl_c_raises()
     args = parse_args(sys.argv[1:] if argv is None else argv, prog)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -99,6 +100,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     except (ConfigError, UserInputError) as err:  # the input, not a bug
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # the adapters and the run are only read; an unfinished report is removed
+        print("stopped by Ctrl-C: no report was written and nothing else was changed; rerun the "
+              "same command to evaluate again", file=sys.stderr)
+        return 130
     print("\n".join(f"{name}: {path}" for name, path in paths.items()))
     return 0
 
@@ -188,9 +193,10 @@ def evaluate(cfg: RecipeConfig, adapters: dict[str, Path], out: Path) -> dict[st
         raise UserInputError(report)
     try:
         return _evaluate(cfg, adapters, out, Path(report))
-    finally:
-        if rank == 0 and not any(Path(report).iterdir()):
-            os.rmdir(report)  # evaluation failed before writing: leave no empty report behind
+    except BaseException:
+        if rank == 0:  # failed or stopped: leave no empty or half-written report behind
+            shutil.rmtree(report, ignore_errors=True)
+        raise
 
 
 def _evaluate(cfg: RecipeConfig, adapters: dict[str, Path], out: Path, report: Path) -> dict[str, Path]:

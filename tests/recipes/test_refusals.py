@@ -5,14 +5,18 @@ was: a new folder is not created, a run folder stays byte-identical (issue 31)."
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from fmmeta.checkpoint import CheckpointManager
 from tests.recipes import _recipe
 
 
@@ -114,3 +118,51 @@ def test_ds_accelerator_cuda_without_a_gpu_is_a_message(recipe: str, tmp_path: P
     assert done.returncode == 2, text[-3000:]
     assert "error: DS_ACCELERATOR=cuda is set but torch sees no CUDA GPU (CUDA_VISIBLE_DEVICES='')" in text, text[-3000:]
     assert "Traceback" not in text and not out.exists()
+
+
+def _sigint_default() -> None:
+    # A shell that starts a command in the background sets SIGINT to ignored, and that is
+    # inherited; the run under test is started as from a terminal, where Ctrl-C is delivered.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _ctrl_c_once(cmd: list[str], log: Path, marker: str) -> tuple[int, str]:
+    """Starts ``cmd``, sends Ctrl-C to its process group once ``marker`` is in its log."""
+    with log.open("w") as fh:
+        proc = subprocess.Popen(cmd, cwd=_recipe.REPO, env=_recipe.environment(), stdout=fh,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                preexec_fn=_sigint_default)
+    try:
+        deadline = time.monotonic() + 150
+        while marker not in log.read_text():
+            assert proc.poll() is None, f"ended (rc={proc.returncode}) before {marker!r}:\n{log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        rc = proc.wait(timeout=60)
+    finally:
+        _recipe.kill_group(proc)
+    return rc, log.read_text()
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_during_evaluation_is_a_message_and_keeps_the_run(tmp_path: Path, local_short: Path) -> None:
+    """Ctrl-C while held-out episodes are scored, in training's final evaluation and in
+    ``evaluate --run``: exit 130, one line, the checkpoint and adapter intact, no half report."""
+    run = tmp_path / "run"
+    shutil.copytree(local_short, run)
+    before = _snapshot(run)
+    evaluate = [sys.executable, str(_recipe.REPO / "recipes" / "evaluate.py"), "--run", str(run)]
+    rc, text = _ctrl_c_once(evaluate, tmp_path / "evaluate.log", "evaluating ")
+    assert rc == 130, text[-3000:]
+    assert "stopped by Ctrl-C: no report was written and nothing else was changed" in text, text[-3000:]
+    assert "Traceback" not in text and _snapshot(run) == before and not any(run.glob("eval-*"))
+    # The same command that trained the run (all 8 meta-steps done), with its evaluation on.
+    train = _recipe.command("python", [*_recipe.SHORT, "eval.enabled=true", f"output_dir={run}"])
+    rc, text = _ctrl_c_once(train, tmp_path / "train.log", "evaluating ")
+    assert rc == 130, text[-3000:]
+    assert "stopped by Ctrl-C" in text and "Traceback" not in text, text[-3000:]
+    ckpt = CheckpointManager(run / "fomaml" / "checkpoints").latest()
+    assert ckpt is not None and ckpt.step == 7  # complete and verified
+    assert _snapshot(run)["fomaml/adapter/adapter_model.safetensors"] == before["fomaml/adapter/adapter_model.safetensors"]
+    assert not (run / ".fmmeta.lock").exists()
