@@ -128,3 +128,28 @@ def test_without_optuna_the_message_says_how_to_install_it(monkeypatch: pytest.M
     monkeypatch.setitem(__import__("sys").modules, "optuna", None)  # `import optuna` raises ImportError
     with pytest.raises(UserInputError, match=r"pip install 'fmmeta\[study\]'"):
         import_optuna()
+
+
+def test_the_pruner_stops_a_trial_whose_validation_curve_trails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fmmeta.recipes import study as recipe
+
+    study = _study(tmp_path, metric="loss", meta_steps=6, report_every=2, pruner_startup_trials=1)
+    opt = open_study(optuna, tmp_path, "fomaml", study)
+    curves = {0: {2: 1.0, 4: 0.8, 6: 0.7}, 1: {2: 5.0, 4: 0.1, 6: 0.1}, 2: {2: 0.9, 4: 0.7, 6: 0.6}}
+    trained: list[tuple[int, int]] = []
+
+    def segment(study, method, values, steps, trial_dir, scorer):
+        trained.append((trial.number, steps))
+        return curves[trial.number][steps]
+
+    monkeypatch.setattr(recipe, "segment", segment)
+    outcomes = []
+    for _ in range(3):
+        trial = opt.ask()
+        outcomes.append(recipe.run_trial(study, "fomaml", {}, tmp_path, None, trial))
+        done = outcomes[-1][0] == "complete"  # as the study tells Optuna
+        opt.tell(trial, outcomes[-1][1] if done else None, state=None if done else optuna.trial.TrialState.PRUNED)
+    assert outcomes == [("complete", 0.7), ("pruned", 5.0), ("complete", 0.6)]
+    # The pruned trial was not trained past its first validation score.
+    assert trained == [(0, 2), (0, 4), (0, 6), (1, 2), (2, 2), (2, 4), (2, 6)]
+    assert recipe.rungs(6, 2) == [2, 4, 6] and recipe.rungs(5, 2) == [2, 4, 5] and recipe.rungs(5, 0) == [5]
