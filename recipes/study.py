@@ -84,7 +84,12 @@ def parse_args(argv: list[str], prog: str | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    """Exit codes: 0 done, 2 bad input or a refusal (held-out tasks already scored), 130 stopped."""
+    """What every entry point runs: ``python recipes/study.py``, ``python -m fmmeta.recipes.study``
+    and ``fmmeta study``.
+
+    Exit codes: 0 done, 2 bad input or a refusal (held-out tasks already scored), 130 stopped.
+    """
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     ctrl_c_raises()
     args = parse_args(sys.argv[1:] if argv is None else argv, prog)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -197,9 +202,11 @@ def segment(study: StudyConfig, method: str, values: dict[str, float], steps: in
         return None
     if rc == 130:
         raise KeyboardInterrupt
-    if rc != 0:
-        raise UserInputError(f"the train recipe refused trial {str(trial_dir)!r} (exit {rc}); its "
-                             "message is above")
+    if rc == 2:
+        raise UserInputError(f"the train recipe refused trial {str(trial_dir)!r}; its message is above")
+    if rc != 0:  # 1: a bug in the run, whose traceback the recipe logged
+        raise RuntimeError(f"the train recipe failed in trial {str(trial_dir)!r} (exit {rc}); its "
+                           "traceback is above")
     result = scorer.validation(method, trial_dir / method / "adapter")
     score = score_of(result, method, study.metric, study.family)
     scored.parent.mkdir(parents=True, exist_ok=True)
@@ -218,11 +225,9 @@ def budget_notes(study: StudyConfig, choice: dict[str, dict]) -> list[str]:
 
 
 def cli(argv: list[str] | None = None, prog: str | None = None) -> int:
-    """What every entry point runs: ``python recipes/study.py``, ``python -m fmmeta.recipes.study``
-    and ``fmmeta study``."""
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    """The same as :func:`main` (the name ``fmmeta`` called before the recipes had one ``main``)."""
     return main(argv, prog)
 
 
 if __name__ == "__main__":
-    sys.exit(cli())
+    sys.exit(main())
