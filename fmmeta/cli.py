@@ -1,6 +1,6 @@
 """The ``fmmeta`` command: ``fmmeta train ...``, ``fmmeta evaluate ...`` and ``fmmeta study ...``.
 
-Each subcommand hands its arguments to a recipe's ``cli`` (``recipes/train.py``,
+Each subcommand hands its arguments to a recipe's ``main`` (``recipes/train.py``,
 ``recipes/evaluate.py``, ``recipes/study.py``, installed as ``fmmeta.recipes``), which is what ``python recipes/train.py``
 and ``python -m fmmeta.recipes.train`` run too: one entry point per recipe, whatever starts it.
 Under a launcher that runs a program rather than a Python file, e.g.
@@ -10,6 +10,7 @@ Under a launcher that runs a program rather than a Python file, e.g.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 __all__ = ["main"]
@@ -35,8 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS:
         print(f"{USAGE}\n\nerror: unknown command {command!r}: use train, evaluate or study", file=sys.stderr)
         return 2
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # before the recipe imports tokenizers
     recipe = importlib.import_module(COMMANDS[command][0])
-    return int(recipe.cli(rest, prog=f"fmmeta {command}"))
+    return int(recipe.main(rest, prog=f"fmmeta {command}"))
 
 
 if __name__ == "__main__":

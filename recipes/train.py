@@ -184,7 +184,7 @@ def save_checkpoint(ckpts: CheckpointManager, step: int, cfg: RecipeConfig, meth
     state: dict[str, Any] = {"step": step, "prefetcher": prefetcher.state_dict()}
     learned = algorithm.state_dict()
     if set(learned) & RECIPE_STATE:
-        raise ValueError(f"{method}'s state_dict() uses a key the recipe owns: {sorted(set(learned) & RECIPE_STATE)}")
+        raise ValueError(f"{method}'s state_dict() uses keys the recipe owns: {sorted(set(learned) & RECIPE_STATE)}")
     state.update(learned)
 
     def write(w: Any) -> None:
@@ -310,40 +310,103 @@ def _train(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.Modul
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    """Exit codes: 0 done, 2 bad input (config, data, run folder, resume), 3 non-finite loss
-    (``train.nonfinite=stop``), 130 interrupted; anything else is a bug and keeps its traceback."""
+    """The run, top to bottom; what every entry point runs: ``python recipes/train.py``,
+    ``python -m fmmeta.recipes.train`` (so ``torchrun -m``, ``deepspeed --module``,
+    ``accelerate launch -m``) and ``fmmeta train``.
+
+    Exit codes: 0 done, 2 bad input (config, data, run folder, resume), 3 non-finite loss
+    (``train.nonfinite=stop``), 130 interrupted, 1 a bug (its traceback logged, naming the rank).
+    """
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     ctrl_c_raises()
     args = parse_args(sys.argv[1:] if argv is None else argv, prog)
-    try:
+    t0 = time.perf_counter()
+    with exit_code(args.debug) as outcome:
         import_modules(args.imports)
-        return run(args)
+        cfg, rank, distributed = load_run_config(args)
+        with claimed_output_dir(cfg, rank) as claim:
+            out = Path(cfg.output_dir).expanduser()
+            hosts = ranks_share(out, cfg, rank) if distributed else [socket.gethostname()]
+            torch.manual_seed(cfg.train.seed)
+            # Under ZeRO-3 the base is partitioned as it is built; `partitioned` stays alive all run.
+            partitioned = partitioned_build(cfg.engine, cfg.optim, precision=cfg.precision)
+            base, tokenizer = build_model_and_tokenizer(cfg.model, partitioned=partitioned)
+            model = add_lora(base, cfg.lora, seed=cfg.train.seed)
+            initial = [p.detach().clone() for p in adapter_tensors(model)]
+            suite = build_tasks(cfg, tokenizer)
+            if claim is not None:
+                claim.accept(cfg)  # every input is accepted: only now is anything written into output_dir
+            logger.info("model and %d/%d/%d meta-train/validation/held-out tasks ready in %.1fs",
+                        len(suite.meta_train), len(suite.meta_val), len(suite.meta_test),
+                        time.perf_counter() - t0)
+            adapters = {m: train_method(cfg, m, model, initial, tokenizer.pad_token_id, suite, out, hosts)
+                        for m in cfg.methods}
+            if cfg.eval.enabled:
+                evaluate(cfg, model, initial, tokenizer, suite, adapters, out)
+        logger.info("done in %.1fs; everything is in %s", time.perf_counter() - t0, out)
+    return outcome.code
+
+
+class Outcome:
+    """How the run ended, as its exit code (a plain class: the recipe is also loaded by path,
+    outside ``sys.modules``, where a dataclass cannot resolve its annotations)."""
+
+    def __init__(self) -> None:
+        self.code = 0
+
+
+@contextlib.contextmanager
+def exit_code(debug: bool) -> Iterator[Outcome]:
+    """Turns how the run ended into its exit code and one message (see :func:`main`)."""
+    outcome = Outcome()
+    try:
+        yield outcome
+    except SharedFolderError as err:  # raised on every rank together
+        logger.error("%s", err)
+        outcome.code = 2
     except (ConfigError, UserInputError, CheckpointMismatchError) as err:
-        if args.debug:
+        if debug:
             logger.exception("input error (traceback shown for --debug)")
         print(f"error: {err}", file=sys.stderr)
-        return 2
+        outcome.code = 2
+    except NonFiniteError as err:  # raised on every rank together (train.nonfinite=stop)
+        logger.error("stopped: %s", err)
+        outcome.code = 3
     except Interrupted as err:
         logger.warning("stopped: %s", err)
-        return 130
+        outcome.code = 130
     except KeyboardInterrupt:  # while loading, or during the final evaluation
         logger.warning("stopped by Ctrl-C outside meta-training; rerun the same command: every "
                        "complete checkpoint is resumed (train.resume=auto)")
-        return 130
+        outcome.code = 130
+    except Exception:
+        # Under a launcher every rank's traceback lands in one interleaved log: name the rank.
+        logger.exception("rank %s failed", os.environ.get("RANK", "0"))
+        outcome.code = 1
 
 
-def run(args: argparse.Namespace) -> int:
+def load_run_config(args: argparse.Namespace) -> tuple[RecipeConfig, int, bool]:
+    """The whole config, checked before any model is touched; joins the other ranks when the engine
+    is distributed and sets up logging. Returns the config, this rank and whether it is distributed."""
     if args.config is not None and os.path.isdir(args.config):
         raise UserInputError(f"--config {args.config!r} is a folder: give the YAML file, e.g. "
                              f"{os.path.join(args.config, 'config.yaml')}")
     cfg = load_config(RecipeConfig, args.config, args.overrides)
-    kind = resolve_engine_kind(cfg.engine)
+    distributed = resolve_engine_kind(cfg.engine) != "local"
     rank = 0
-    if kind != "local":
+    if distributed:
         rank, _, _ = init_distributed(default_backend(), cfg.engine.collective_timeout_s)
     setup_logging(rank)
-    cfg = cfg.on_this_machine()
-    # Nothing is written into output_dir before rank 0 holds its lock and has checked the resume;
-    # every rank learns the outcome, so all stop together or go on together.
+    return cfg.on_this_machine(), rank, distributed
+
+
+@contextlib.contextmanager
+def claimed_output_dir(cfg: RecipeConfig, rank: int) -> Iterator[Any]:
+    """Rank 0's claim on ``output_dir`` (``None`` on other ranks), released at the end.
+
+    Nothing is written into output_dir before rank 0 holds its lock and has checked the resume;
+    every rank learns the outcome, so all stop together or go on together.
+    """
     claim, refused = None, None
     if rank == 0:
         try:
@@ -353,35 +416,25 @@ def run(args: argparse.Namespace) -> int:
     refused = broadcast_from_rank0(refused)
     if refused is not None:
         raise UserInputError(refused)
-    out = Path(cfg.output_dir).expanduser()
-    hosts = [socket.gethostname()]
     try:
-        if kind != "local":  # every rank writes into the checkpoint folders: one folder for all
-            try:
-                check_shared_folder(out, rank=rank, all_gather=all_gather_object,
-                                    wait_s=min(30.0, cfg.engine.collective_timeout_s / 4))
-            except SharedFolderError as err:  # raised on every rank together
-                logger.error("%s", err)
-                return 2
-            hosts = all_gather_object(hosts[0])  # once: the slow-rank warning names the host
-        return train_and_evaluate(cfg, out, hosts, accept=lambda: claim and claim.accept(cfg))
+        yield claim
     finally:
         if claim is not None:
             claim.release()
 
 
-def train_and_evaluate(cfg: RecipeConfig, out: Path, hosts: list[str], accept: Callable[[], Any]) -> int:
-    """Builds the model and tasks, calls ``accept`` (rank 0 writes ``config.yaml``) once nothing
-    more can be refused, then trains every method and evaluates them."""
-    torch.manual_seed(cfg.train.seed)
-    t0 = time.perf_counter()
-    # Under ZeRO-3 the base is partitioned as it is built; `partitioned` stays alive all run.
-    partitioned = partitioned_build(cfg.engine, cfg.optim, precision=cfg.precision)
-    base, tokenizer = build_model_and_tokenizer(cfg.model, partitioned=partitioned)
-    model = add_lora(base, cfg.lora, seed=cfg.train.seed)
-    initial = [p.detach().clone() for p in adapter_tensors(model)]
+def ranks_share(out: Path, cfg: RecipeConfig, rank: int) -> list[str]:
+    """Checks that every rank sees one ``out`` folder (each writes into the checkpoints) and
+    returns every rank's host name (once: the slow-rank warning names the host)."""
+    check_shared_folder(out, rank=rank, all_gather=all_gather_object,
+                        wait_s=min(30.0, cfg.engine.collective_timeout_s / 4))
+    return all_gather_object(socket.gethostname())
+
+
+def build_tasks(cfg: RecipeConfig, tokenizer: Any) -> Any:
+    """The task suite, with every refusal it can cause made now, not after meta-training."""
     suite = build_task_set(cfg.tasks, tokenizer, seed=cfg.train.seed)
-    if cfg.eval.enabled:  # refused now, not after meta-training
+    if cfg.eval.enabled:
         evaluation_tasks([*suite.meta_val, *suite.meta_test], cfg.eval.query)
     if cfg.sampler.meta_batch_size > len(suite.meta_train):  # as each method's sampler would, but now
         raise UserInputError(
@@ -389,39 +442,19 @@ def train_and_evaluate(cfg: RecipeConfig, out: Path, hosts: list[str], accept: C
             f"pool ({len(suite.meta_train)} tasks), so a meta-batch would hold a task twice: set "
             f"sampler.meta_batch_size to at most {len(suite.meta_train)}, or add tasks"
         )
-    accept()  # every input is accepted: only now is anything written into output_dir
-    logger.info(
-        "model and %d/%d/%d meta-train/val/test tasks ready in %.1fs",
-        len(suite.meta_train), len(suite.meta_val), len(suite.meta_test), time.perf_counter() - t0,
-    )
-    try:
-        adapters = {m: train_method(cfg, m, model, initial, tokenizer.pad_token_id, suite, out, hosts)
-                    for m in cfg.methods}
-    except NonFiniteError as err:
-        logger.error("stopped: %s", err)
-        return 3
-    if cfg.eval.enabled:
-        engine = fresh_engine(cfg, model, initial)  # "base" is evaluated at the initial adapter
-        try:
-            paths = evaluate_run(cfg, engine, tokenizer, suite, adapters, out)
-            report_evaluation(cfg.train.report_to, out, paths, rank=engine.rank, config=to_dict(cfg))
-        finally:
-            engine.close()
-    logger.info("done in %.1fs; everything is in %s", time.perf_counter() - t0, out)
-    return 0
+    return suite
 
 
-def cli(argv: list[str] | None = None, prog: str | None = None) -> int:
-    """What every entry point runs: ``python recipes/train.py``, ``python -m fmmeta.recipes.train``
-    (so ``torchrun -m``, ``deepspeed --module``, ``accelerate launch -m``) and ``fmmeta train``."""
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+def evaluate(cfg: RecipeConfig, model: torch.nn.Module, initial: list[torch.Tensor], tokenizer: Any,
+             suite: Any, adapters: dict[str, Path], out: Path) -> None:
+    """Every rank evaluates its share of the episodes under one more engine on the same model."""
+    engine = fresh_engine(cfg, model, initial)  # "base" is evaluated at the initial adapter
     try:
-        return main(argv, prog)
-    except Exception:
-        # Under a launcher every rank's traceback lands in one interleaved log: name the rank.
-        logger.exception("rank %s failed", os.environ.get("RANK", "0"))
-        return 1
+        paths = evaluate_run(cfg, engine, tokenizer, suite, adapters, out)
+        report_evaluation(cfg.train.report_to, out, paths, rank=engine.rank, config=to_dict(cfg))
+    finally:
+        engine.close()
 
 
 if __name__ == "__main__":
-    sys.exit(cli())
+    sys.exit(main())
