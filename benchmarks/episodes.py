@@ -120,7 +120,7 @@ def collection_times(tok, n_tasks: int, n_rows: int, seed: int) -> dict:
         warm_s = time.perf_counter() - t0
         if again.names() != suite.names():
             raise SystemExit("warm build gave other tasks than the cold build")
-        n_examples = sum(len(t) for t in [*suite.meta_train, *suite.meta_val, *suite.meta_test])
+        n_examples = sum(len(t) for t in [*suite.meta_train, *suite.validation, *suite.held_out])
     return {
         "collection_tasks": n_tasks,
         "collection_rows": n_tasks * n_rows,

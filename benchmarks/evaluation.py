@@ -130,7 +130,7 @@ def main() -> None:
         model = add_lora(base, LoraConfig(r=4) if args.tiny else LoraConfig(), seed=0).eval()
         built[dt] = (model, [p for p in model.parameters() if p.requires_grad])
     suite = build_task_set(TasksConfig(), tok, seed=0)
-    episodes = draw_episodes(evaluation_tasks(suite.meta_test, None), 0, 1, 1)
+    episodes = draw_episodes(evaluation_tasks(suite.held_out, None), 0, 1, 1)
     classification = [ep for ep in episodes if ep.choices is not None]
     episodes = (episodes * (1 + args.episodes // len(episodes)))[: args.episodes]
     pad = tok.pad_token_id

@@ -38,7 +38,7 @@ class EvalConfig:
     episodes_per_task: int = 1
     """Episodes per held-out task per seed (>= 1)."""
     val_episodes_per_task: int = 1
-    """Episodes per meta-validation task used to choose each method's adaptation lr (>= 1)."""
+    """Episodes per validation task used to choose each method's adaptation lr (>= 1)."""
     max_steps: int = 3
     """Adaptation steps: 0..max_steps (>= 0); max_steps is each adapting method's headline step."""
     score_steps: tuple[int, ...] = ()

@@ -11,7 +11,7 @@ taken), inside the run folder (``--run``) or ``output_dir``: a report is never r
 training wrote (``<run>/eval``) and every earlier re-evaluation stay as they were.
 
 Honest by construction (see fmmeta.evaluation): the adaptation lr of each method is chosen on
-meta-validation tasks, never on the held-out ones; every method adapts with the same inner loop
+validation tasks, never on the held-out ones; every method adapts with the same inner loop
 for 0..``eval.max_steps`` steps; scores are reported over ``eval.seeds`` episode draws, mean and
 worst case. ``recipes/train.py`` runs the same evaluation at the end of a run.
 

@@ -11,7 +11,7 @@ the declaration and every trial it could run; claim the study folder (refused on
 tasks were scored); build the model and the task suite once; then per method, one Optuna study:
 each trial is a normal run of the train recipe into its own folder, trained in segments of
 ``report_every`` meta-steps, each segment resuming the last one's checkpoint and scored on
-meta-validation tasks over several seeds of episode draws, so the pruner can stop a trial whose
+validation tasks over several seeds of episode draws, so the pruner can stop a trial whose
 validation curve trails. The choice per method (validation score alone) is written before any
 held-out episode is drawn; then the chosen configurations, the base model and in-context
 demonstrations are scored once on the held-out tasks, paired, and ``study.md`` / ``study.json``

@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             if claim is not None:
                 claim.accept(cfg)  # every input is accepted: only now is anything written into output_dir
             logger.info("model and %d/%d/%d meta-train/validation/held-out tasks ready in %.1fs",
-                        len(suite.meta_train), len(suite.meta_val), len(suite.meta_test),
+                        len(suite.meta_train), len(suite.validation), len(suite.held_out),
                         time.perf_counter() - t0)
             adapters = {m: train_method(cfg, m, model, initial, tokenizer.pad_token_id, suite, out, hosts)
                         for m in cfg.methods}
@@ -435,7 +435,7 @@ def build_tasks(cfg: RecipeConfig, tokenizer: Any) -> Any:
     """The task suite, with every refusal it can cause made now, not after meta-training."""
     suite = build_task_set(cfg.tasks, tokenizer, seed=cfg.train.seed)
     if cfg.eval.enabled:
-        evaluation_tasks([*suite.meta_val, *suite.meta_test], cfg.eval.query)
+        evaluation_tasks([*suite.validation, *suite.held_out], cfg.eval.query)
     if cfg.sampler.meta_batch_size > len(suite.meta_train):  # as each method's sampler would, but now
         raise UserInputError(
             f"sampler.meta_batch_size={cfg.sampler.meta_batch_size} is larger than the meta-training "

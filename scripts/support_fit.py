@@ -4,12 +4,12 @@
 For a run's config (and optionally a trained adapter), adapts on every episode of one split's
 tasks (one episode per task, seed ``train.seed``, the evaluation's first draw) for ``--steps``
 steps with each ``--try`` setting, and prints the mean support and query loss and accuracy after
-the scored steps. Choose settings on ``meta_val`` tasks, or on the CLDR suite's validation layout
-(``'tasks.options={score_on: validation}'`` with ``--split meta_test``), never on held-out ones.
+the scored steps. Choose settings on ``validation`` tasks, or on the CLDR suite's validation layout
+(``'tasks.options={score_on: validation}'`` with ``--split held_out``), never on held-out ones.
 The last line is every figure as one JSON object.
 
     python scripts/support_fit.py --config runs/default/config.yaml \\
-        --adapter runs/default/multitask/adapter --split meta_test \\
+        --adapter runs/default/multitask/adapter --split held_out \\
         'tasks.options={score_on: validation}' --steps 6 --try sgd:0.1:1.0 --try sgd:0.3:1.0
 """
 
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True, help="the run's YAML config")
     parser.add_argument("--adapter", type=Path, help="adapter folder to start from (default: the base)")
-    parser.add_argument("--split", required=True, choices=["meta_val", "meta_test"],
+    parser.add_argument("--split", required=True, choices=["validation", "held_out"],
                         help="whose tasks to adapt on")
     parser.add_argument("--steps", type=int, default=6, help="adaptation steps (default 6)")
     parser.add_argument("--score", type=int, nargs="*", default=None, metavar="STEP",

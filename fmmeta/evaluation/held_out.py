@@ -247,7 +247,7 @@ def select_inner_lr(
     icl_max_length: int = 1024,
     episodes_per_pass: int = 16,
 ) -> LrSelection:
-    """Chooses each method's adaptation lr on meta-validation episodes (never held-out ones).
+    """Chooses each method's adaptation lr on validation episodes (never held-out ones).
 
     For every method that adapts and every lr of the grid, adapts ``steps`` steps on each
     validation episode's support and measures the mean query loss, scored as the method is scored
@@ -259,7 +259,7 @@ def select_inner_lr(
     Args:
         model: the causal LM; params: its adapter tensors, restored exactly on return.
         methods: as for :func:`evaluate_methods`.
-        validation_episodes: episodes of meta-validation tasks (disjoint from the held-out tasks).
+        validation_episodes: episodes of validation tasks (disjoint from the held-out tasks).
         inner: the shared inner loop; only its lr is varied.
         steps: adaptation steps to choose the lr for (the largest step count reported).
         pad_id: padding token id.
@@ -273,7 +273,7 @@ def select_inner_lr(
     """
     if len(validation_episodes) == 0:
         raise ValueError(
-            "validation_episodes is empty: lr selection needs meta-validation episodes "
+            "validation_episodes is empty: lr selection needs validation episodes "
             "(tasks kept out of both meta-training and the held-out test set)"
         )
     if len(lr_grid) == 0 or any(not lr > 0 for lr in lr_grid):
@@ -350,7 +350,7 @@ def evaluate_held_out(
         model, params, methods, inner, max_steps, pad_id, micro_batch_size, min_seeds, progress,
             ranks, domains, icl_max_length, score_steps, episodes_per_pass: as for
             :func:`evaluate_methods`.
-        validation_episodes: episodes of meta-validation tasks, for :func:`select_inner_lr`.
+        validation_episodes: episodes of validation tasks, for :func:`select_inner_lr`.
         test_episodes_per_seed: held-out episodes, one list per seed of episode draws.
         lr_grid: candidate adaptation lrs; each method's is chosen at ``max_steps`` steps.
 

@@ -109,7 +109,7 @@ class Comparison:
 
 @dataclass(frozen=True, kw_only=True)
 class LrSelection:
-    """The adaptation learning rate chosen per method on meta-validation tasks.
+    """The adaptation learning rate chosen per method on validation tasks.
 
     Attributes:
         chosen: method -> the lr with the lowest mean validation query loss after ``steps`` steps.

@@ -157,12 +157,12 @@ def evaluate_run(
             learned[name] = lrs
     methods = eval_methods(cfg, states, learned)
     seed, query = cfg.train.seed, cfg.eval.query
-    val = draw_episodes(evaluation_tasks(suite.meta_val, query), seed, 0, cfg.eval.val_episodes_per_task)
-    held_out = evaluation_tasks(suite.meta_test, query)
+    val = draw_episodes(evaluation_tasks(suite.validation, query), seed, 0, cfg.eval.val_episodes_per_task)
+    held_out = evaluation_tasks(suite.held_out, query)
     test = [draw_episodes(held_out, seed, 1 + s, cfg.eval.episodes_per_task) for s in range(cfg.eval.seeds)]
     logger.info(
         "evaluating %s on %d held-out tasks x %d seeds x %d episodes (lr chosen on %d validation "
-        "episodes)", ", ".join(methods), len(suite.meta_test), cfg.eval.seeds,
+        "episodes)", ", ".join(methods), len(suite.held_out), cfg.eval.seeds,
         cfg.eval.episodes_per_task, len(val),
     )
     result = evaluate_held_out(
@@ -170,7 +170,7 @@ def evaluate_run(
         tokenizer.pad_token_id, lr_grid=cfg.eval.lr_grid,
         micro_batch_size=cfg.eval.micro_batch_size, min_seeds=min(3, cfg.eval.seeds),
         ranks=engine, icl_max_length=cfg.algorithm.icl_max_length,
-        domains={t.name: t.domain for t in suite.meta_test if t.domain != t.name},
+        domains={t.name: t.domain for t in suite.held_out if t.domain != t.name},
         score_steps=cfg.eval.score_steps or None, episodes_per_pass=cfg.eval.episodes_per_pass,
     )
     result.notes = budget_notes(cfg) if notes is None else list(notes)

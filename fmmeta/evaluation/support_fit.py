@@ -4,7 +4,7 @@ A few-shot method can only beat a baseline through adaptation if its inner loop 
 support set in the steps it is given: when the support accuracy after ``k`` steps is still at
 chance, the query cannot be better, and every method's query accuracy sits at chance whatever
 meta-training did. :func:`support_fit` measures exactly that, with the project's one inner loop
-(:func:`fmmeta.evaluation.adaptation.adapting`: fp32 fast weights, as in evaluation), on episodes the caller chooses (meta-validation
+(:func:`fmmeta.evaluation.adaptation.adapting`: fp32 fast weights, as in evaluation), on episodes the caller chooses (validation
 ones when the result chooses settings): the support and query loss and accuracy after each scored
 step, averaged over episodes, for one start (an adapter state) and one inner-loop setting.
 ``scripts/support_fit.py`` runs it over a grid of settings from a recipe config.
@@ -66,7 +66,7 @@ def support_fit(
         >>> curve[-1].support_accuracy, curve[-1].query_accuracy            # doctest: +SKIP
     """
     if not episodes:
-        raise ValueError("support_fit() got no episodes: pass one or more (meta-validation) episodes")
+        raise ValueError("support_fit() got no episodes: pass one or more (validation) episodes")
     if steps < 0:
         raise ValueError(f"steps={steps} is invalid: must be >= 0")
     wanted = sorted({*(range(steps + 1) if score_steps is None else score_steps), steps})

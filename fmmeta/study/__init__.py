@@ -1,7 +1,7 @@
 """Studies: a search over how adapters are meta-trained, honest about what it may look at.
 
 A study runs trials of the train recipe (each a normal run into its own folder), scores every
-trial on meta-validation tasks only, over several seeds of episode draws, chooses one
+trial on validation tasks only, over several seeds of episode draws, chooses one
 configuration per method by that validation score alone, and only then scores the chosen
 configurations, once, on the held-out tasks. Optuna is the search engine (the optional extra
 ``fmmeta[study]``; imported only when a study runs).

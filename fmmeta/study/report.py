@@ -86,7 +86,7 @@ def format_study(data: Mapping[str, Any]) -> str:
     lines = ["# Study", "",
              f"Trials of the train recipe (base config {s['config'] or 'the embedded default'}"
              f"{', overrides ' + ' '.join(s['overrides']) if s['overrides'] else ''}), each scored on "
-             f"meta-validation tasks only: mean {s['metric']} on {s['family']} episodes over "
+             f"validation tasks only: mean {s['metric']} on {s['family']} episodes over "
              f"{s['seeds']} seeds of episode draws x {s['episodes_per_task']} episode(s) per task. "
              "The choice per method was made on that score alone, before any held-out episode was "
              "drawn; the chosen configurations were then scored once on the held-out tasks "

@@ -1,10 +1,10 @@
-"""A trial's adapter scored on meta-validation tasks; the chosen adapters scored on held-out ones.
+"""A trial's adapter scored on validation tasks; the chosen adapters scored on held-out ones.
 
 :class:`Scorer` builds the base model, its adapter, the task suite and one engine once per study:
 none of them is searched (the model, the adapter's shape and the task split are not searchable
 keys), so every trial and the final held-out scoring see the very same tasks and episodes.
 
-Validation scoring is the held-out protocol of :mod:`fmmeta.evaluation` with the meta-validation
+Validation scoring is the held-out protocol of :mod:`fmmeta.evaluation` with the validation
 tasks in place of the held-out ones: the adaptation lr is chosen on the validation draw the
 evaluation chooses it on (draw 0), and the trial is scored on ``seeds`` other draws of the same
 validation tasks (draws 1..seeds). The held-out scoring is :func:`evaluate_run`, the very call a
@@ -58,10 +58,10 @@ class Scorer:
         partitioned = partitioned_build(cfg.engine, cfg.optim, precision=cfg.precision)
         base, self.tokenizer = build_model_and_tokenizer(cfg.model, partitioned=partitioned)
         self.suite = build_task_set(cfg.tasks, self.tokenizer, seed=cfg.train.seed)
-        if not self.suite.meta_val:
+        if not self.suite.validation:
             raise UserInputError("the task suite has no validation tasks: a study chooses on them; "
                                  "give the suite validation tasks (tasks.validation_fraction > 0)")
-        families = {"overall", *(t.domain for t in self.suite.meta_val)}
+        families = {"overall", *(t.domain for t in self.suite.validation)}
         kinds = {"classification" if ep.choices is not None else "generation"
                  for ep in self._validation_draw(0)}
         if family not in families | kinds:
@@ -72,10 +72,10 @@ class Scorer:
 
     def held_out_tasks(self) -> list[str]:
         """Names of the held-out tasks (for the report; no episode is drawn)."""
-        return [t.name for t in self.suite.meta_test]
+        return [t.name for t in self.suite.held_out]
 
     def _validation_draw(self, draw: int, per_task: int | None = None) -> list[Any]:
-        tasks = evaluation_tasks(self.suite.meta_val, self.cfg.eval.query)
+        tasks = evaluation_tasks(self.suite.validation, self.cfg.eval.query)
         return draw_episodes(tasks, self.cfg.train.seed, draw,
                              per_task or self.cfg.eval.val_episodes_per_task)
 
@@ -98,7 +98,7 @@ class Scorer:
         return evaluate_methods(
             self.model, params, methods, draws, a.inner_loop, e.max_steps, pad,
             inner_lrs=selection.chosen, lr_selection=selection, min_seeds=3,
-            domains={t.name: t.domain for t in self.suite.meta_val if t.domain != t.name},
+            domains={t.name: t.domain for t in self.suite.validation if t.domain != t.name},
             score_steps=e.score_steps or None, **common,
         )
 

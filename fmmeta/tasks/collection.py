@@ -278,7 +278,7 @@ def build_collection(
     out = TaskSet(**{s: [t for t in tasks if where[t.name] == s] for s in SPLITS})
     logger.info(
         "collection: %d sources (%d from the cache in %s), %d/%d/%d meta-train/val/test tasks",
-        len(sources), hits, root, len(out.meta_train), len(out.meta_val), len(out.meta_test),
+        len(sources), hits, root, len(out.meta_train), len(out.validation), len(out.held_out),
     )
     return out
 

@@ -204,24 +204,24 @@ class CollectionSplit:
     """Which collection tasks are held out: names, families, files of names, or seeded shares."""
 
     held_out: list[str] = field(default_factory=list)
-    """Task names for meta-test (touched only by the final evaluation)."""
+    """Task names for held-out (touched only by the final evaluation)."""
     validation: list[str] = field(default_factory=list)
-    """Task names for meta-validation (choose each method's adaptation lr)."""
+    """Task names for validation (choose each method's adaptation lr)."""
     held_out_families: list[str] = field(default_factory=list)
-    """Families whose every task goes to meta-test."""
+    """Families whose every task goes to held-out."""
     validation_families: list[str] = field(default_factory=list)
-    """Families whose every task goes to meta-validation."""
+    """Families whose every task goes to validation."""
     held_out_file: str | None = None
-    """File of meta-test task names: .txt (one per line, # comments) or .json (a list, or
+    """File of held-out task names: .txt (one per line, # comments) or .json (a list, or
     MetaICL's {"test": [...]})."""
     validation_file: str | None = None
-    """File of meta-validation task names, same formats as held_out_file."""
+    """File of validation task names, same formats as held_out_file."""
     held_out_fraction: float | None = None
-    """Share in [0, 1) of the tasks named nowhere drawn for meta-test (seeded by train.seed);
-    null = 0.1 if nothing names a meta-test task, else 0."""
+    """Share in [0, 1) of the tasks named nowhere drawn for held-out (seeded by train.seed);
+    null = 0.1 if nothing names a held-out task, else 0."""
     validation_fraction: float | None = None
-    """Share in [0, 1) of the tasks named nowhere drawn for meta-validation; null = 0.1 if
-    nothing names a meta-validation task, else 0."""
+    """Share in [0, 1) of the tasks named nowhere drawn for validation; null = 0.1 if
+    nothing names a validation task, else 0."""
 
     def validate(self) -> list[str]:
         """Checks that need no data: shares in range, files that exist and parse."""

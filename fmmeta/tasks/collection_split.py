@@ -1,4 +1,4 @@
-"""Which collection tasks are meta-train, meta-validation and meta-test (``tasks.split``).
+"""Which collection tasks are meta-train, validation and held-out (``tasks.split``).
 
 Tasks are named (lists, files, families) or drawn by seeded shares; every task ends in exactly
 one split, and each problem (an unknown name or family, a task asked for twice, an empty split)
@@ -14,7 +14,7 @@ import numpy as np
 
 from fmmeta.tasks.collection_config import CollectionSplit, read_task_list
 
-SPLITS = ("meta_train", "meta_val", "meta_test")
+SPLITS = ("meta_train", "validation", "held_out")
 AUTO_FRACTION = 0.1
 """Share drawn for a split that nothing names (held_out_fraction / validation_fraction null)."""
 
@@ -28,7 +28,7 @@ def _closest(name: str, options: Sequence[str]) -> list[str]:
 def assign_splits(
     tasks: Sequence[tuple[str, str]], split: CollectionSplit, *, seed: int
 ) -> tuple[dict[str, str], list[str]]:
-    """Puts every task in exactly one of meta_train / meta_val / meta_test.
+    """Puts every task in exactly one of meta_train / validation / held_out.
 
     Args:
         tasks: (name, family) of every task, in collection order.
@@ -43,7 +43,7 @@ def assign_splits(
     where: dict[str, str] = {}
     for n, asks in wanted.items():
         if len(asks) > 1:
-            detail = " and ".join(f"{s} via {why}" for s, why in sorted(asks.items()))
+            detail = " and ".join(s if why == s else f"{s} via {why}" for s, why in sorted(asks.items()))
             problems.append(
                 f"split: task {n!r} is put in two splits ({detail}): a task belongs to one "
                 "split; remove it from one list"
@@ -52,7 +52,7 @@ def assign_splits(
     rest = [n for n in names if n not in where]
     order = np.random.default_rng(seed).permutation(len(rest))
     shuffled = [rest[i] for i in order]
-    for key, to in (("held_out_fraction", "meta_test"), ("validation_fraction", "meta_val")):
+    for key, to in (("held_out_fraction", "held_out"), ("validation_fraction", "validation")):
         share = getattr(split, key)
         if share is None:
             share = 0.0 if to in where.values() else AUTO_FRACTION
@@ -65,8 +65,8 @@ def assign_splits(
     counts = {s: sum(1 for v in where.values() if v == s) for s in SPLITS}
     fixes = {
         "meta_train": "hold out fewer tasks or add sources",
-        "meta_val": "name tasks in split.validation / validation_families or set split.validation_fraction",
-        "meta_test": "name tasks in split.held_out / held_out_families or set split.held_out_fraction",
+        "validation": "name tasks in split.validation / validation_families or set split.validation_fraction",
+        "held_out": "name tasks in split.held_out / held_out_families or set split.held_out_fraction",
     }
     if names and not problems:
         for s in SPLITS:
@@ -92,10 +92,10 @@ def _wanted(
         wanted.setdefault(task, {})[to] = why
 
     named = {
-        "meta_test": [("held_out", split.held_out)],
-        "meta_val": [("validation", split.validation)],
+        "held_out": [("held_out", split.held_out)],
+        "validation": [("validation", split.validation)],
     }
-    for key, to in (("held_out_file", "meta_test"), ("validation_file", "meta_val")):
+    for key, to in (("held_out_file", "held_out"), ("validation_file", "validation")):
         path = getattr(split, key)
         if path is not None:
             try:
@@ -114,7 +114,7 @@ def _wanted(
                         + (f"; did you mean {close[0]!r}?" if close else "")
                         + f" ({len(names)} tasks, e.g. {names[:5]}): fix the name or remove it"
                     )
-    for key, to in (("held_out_families", "meta_test"), ("validation_families", "meta_val")):
+    for key, to in (("held_out_families", "held_out"), ("validation_families", "validation")):
         for fam in getattr(split, key):
             members = [n for n in names if family[n] == fam]
             if not members:

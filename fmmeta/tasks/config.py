@@ -29,11 +29,11 @@ class TasksConfig:
     max_length: int = 48
     """Token budget of one example (>= 8); longer prompts are cut from the left, never the answer."""
     options: dict[str, Any] = field(default_factory=dict)
-    """Extra keyword arguments for the suite builder (e.g. {n_test_languages: 5}); not for collections."""
+    """Extra keyword arguments for the suite builder (e.g. {n_held_out_languages: 5}); not for collections."""
     collection: list[CollectionSource] = field(default_factory=list)
     """Data sources, each a list item with path, builder (or preset), columns, templates, episode shape."""
     split: CollectionSplit = field(default_factory=CollectionSplit)
-    """Which collection tasks are meta-validation and meta-test (names, families, files, shares)."""
+    """Which collection tasks are validation and held-out (names, families, files, shares)."""
     cache_dir: str | None = None
     """Folder for the collection's caches (tokenized/ and datasets/ inside); null = the datasets cache."""
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Any, Union
 
 import numpy as np
 
@@ -47,32 +47,57 @@ def check_unique_names(tasks: Iterable[Task], *, where: str = "task list") -> No
         )
 
 
-@dataclass(frozen=True)
+RENAMED_SPLITS = {"meta_val": "validation", "meta_test": "held_out"}
+"""The task splits' earlier names -> today's (STYLE: meta-training, validation, held_out)."""
+
+
+def _renamed_splits_message(where: str, names: Mapping[str, Any]) -> str:
+    """The refusal of earlier split names: which names, and what they are called now."""
+    known = {k: RENAMED_SPLITS[k] for k in names if k in RENAMED_SPLITS}
+    other = sorted(set(names) - set(known))
+    if other:
+        return f"{where} got unknown keyword(s) {other}: the splits are meta_train, validation, held_out"
+    fix = ", ".join(f"{old} -> {new}" for old, new in known.items())
+    return f"{where}: the splits were renamed ({fix}); use meta_train, validation and held_out"
+
+
+@dataclass(frozen=True, init=False)
 class TaskSet:
-    """Disjoint meta-train, meta-validation and meta-test task lists.
+    """Disjoint meta-train, validation and held-out task lists.
 
     Attributes:
         meta_train: tasks the meta-learner trains on.
-        meta_val: tasks for choosing hyper-parameters (e.g. the adaptation lr).
-        meta_test: held-out tasks, touched only for the final evaluation.
+        validation: tasks for choosing hyper-parameters (e.g. the adaptation lr).
+        held_out: held-out tasks, touched only for the final evaluation.
     """
 
     meta_train: list[Task] = field(default_factory=list)
-    meta_val: list[Task] = field(default_factory=list)
-    meta_test: list[Task] = field(default_factory=list)
+    validation: list[Task] = field(default_factory=list)
+    held_out: list[Task] = field(default_factory=list)
+
+    def __init__(self, meta_train: Sequence[Task] = (), validation: Sequence[Task] = (),
+                 held_out: Sequence[Task] = (), **renamed: Any) -> None:
+        # Written out (init=False) only to refuse the splits' earlier names with the fix: a suite
+        # builder of the user's that still says meta_val= would otherwise get a bare TypeError.
+        if renamed:
+            raise TypeError(_renamed_splits_message("TaskSet()", renamed))
+        object.__setattr__(self, "meta_train", list(meta_train))
+        object.__setattr__(self, "validation", list(validation))
+        object.__setattr__(self, "held_out", list(held_out))
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         check_unique_names(
-            [*self.meta_train, *self.meta_val, *self.meta_test],
-            where="TaskSet (meta_train + meta_val + meta_test)",
+            [*self.meta_train, *self.validation, *self.held_out],
+            where="TaskSet (meta_train + validation + held_out)",
         )
 
     def names(self) -> dict[str, list[str]]:
         """Task names per split."""
         return {
             "meta_train": [t.name for t in self.meta_train],
-            "meta_val": [t.name for t in self.meta_val],
-            "meta_test": [t.name for t in self.meta_test],
+            "validation": [t.name for t in self.validation],
+            "held_out": [t.name for t in self.held_out],
         }
 
 
@@ -83,13 +108,13 @@ def split_tasks(
     fractions: tuple[float, float, float] | None = (0.8, 0.1, 0.1),
     names: Mapping[str, Sequence[str]] | None = None,
 ) -> TaskSet:
-    """Splits tasks into disjoint meta-train / meta-validation / meta-test lists.
+    """Splits tasks into disjoint meta-train / validation / held-out lists.
 
     Args:
         tasks: tasks with unique names.
         seed: seeds the shuffle for ``fractions`` (the same seed gives the same split).
         fractions: (train, val, test) shares summing to 1; each non-zero share gets >= 1 task.
-        names: explicit split instead of fractions: ``{"meta_val": [...], "meta_test": [...]}``
+        names: explicit split instead of fractions: ``{"validation": [...], "held_out": [...]}``
             and optionally ``"meta_train"``; tasks not named go to meta-train.
 
     Raises:
@@ -110,22 +135,24 @@ def split_tasks(
     n_test = max(1, round(fractions[2] * n)) if fractions[2] > 0 else 0
     if n_val + n_test >= n and fractions[0] > 0:
         raise ValueError(
-            f"split_tasks: {n} tasks are too few for fractions={fractions} (meta_val {n_val}, "
-            f"meta_test {n_test}, nothing left to train on): add tasks or change fractions"
+            f"split_tasks: {n} tasks are too few for fractions={fractions} (validation {n_val}, "
+            f"held_out {n_test}, nothing left to train on): add tasks or change fractions"
         )
     order = np.random.default_rng(seed).permutation(n)
     shuffled = [tasks[i] for i in order]
     return TaskSet(
         meta_train=shuffled[n_val + n_test :],
-        meta_val=shuffled[:n_val],
-        meta_test=shuffled[n_val : n_val + n_test],
+        validation=shuffled[:n_val],
+        held_out=shuffled[n_val : n_val + n_test],
     )
 
 
 def _split_by_names(tasks: Sequence[Task], names: Mapping[str, Sequence[str]]) -> TaskSet:
     """The explicit split of :func:`split_tasks`: named tasks where named, the rest meta-train."""
     by_name = {t.name: t for t in tasks}
-    allowed = ("meta_train", "meta_val", "meta_test")
+    allowed = ("meta_train", "validation", "held_out")
+    if set(names) & set(RENAMED_SPLITS):
+        raise ValueError(_renamed_splits_message("split_tasks(names=...)", {k: 0 for k in names if k in RENAMED_SPLITS}))
     unknown_keys = sorted(set(names) - set(allowed))
     if unknown_keys:
         raise ValueError(f"split_tasks names has keys {unknown_keys}: allowed keys are {allowed}")

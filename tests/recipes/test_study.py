@@ -167,7 +167,7 @@ def test_held_out_tasks_are_not_touched_before_the_choice(tmp_path: Path, monkey
     study = load_config(recipe.StudyConfig, example)
     base = load_config(RecipeConfig, _recipe.SMOKE, FAST_EVAL)
     names = build_task_set(base.tasks, build_model_and_tokenizer(base.model)[1], seed=base.train.seed).names()
-    held_out, validation = set(names["meta_test"]), set(names["meta_val"])
+    held_out, validation = set(names["held_out"]), set(names["validation"])
 
     assert held_out and validation and not held_out & validation
     assert [t for t, chosen in draws if t in held_out and not chosen] == []

@@ -1,7 +1,7 @@
 """Task suites, by name: ``build_suite("cldr", tokenizer, seed=0)``.
 
-A suite is a function ``(tokenizer, **kw) -> TaskSet`` giving disjoint meta-train, meta-validation
-and meta-test task lists. ``"cldr"`` is the embedded default (country names from CLDR via
+A suite is a function ``(tokenizer, **kw) -> TaskSet`` giving disjoint meta-train, validation
+and held-out task lists. ``"cldr"`` is the embedded default (country names from CLDR via
 ``babel``, no network); ``"synthetic"`` is a tiny arithmetic suite for tests. Any other suite is
 named by an import string, ``"package.module:function"``, so a user's own Python task set runs
 under every launcher from the YAML alone (each rank imports it; nothing has to be registered
@@ -101,7 +101,7 @@ def build_suite(name: str, tokenizer: Any, **kwargs: Any) -> TaskSet:
     if not isinstance(suite, TaskSet):
         raise ValueError(
             f"suite {name!r} returned {type(suite).__name__}, not a TaskSet: return "
-            "TaskSet(meta_train=..., meta_val=..., meta_test=...) (or split_tasks(...))"
+            "TaskSet(meta_train=..., validation=..., held_out=...) (or split_tasks(...))"
         )
     return suite
 

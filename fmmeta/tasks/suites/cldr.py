@@ -10,14 +10,14 @@ with two families side by side:
 * ``langid``: 3-way classification of a country name written in some language, by language, with
   the three labels remapped to random words from a pool of 12 in every episode. Only the support
   set says which word means which language, which is where meta-learning earns its place.
-* ``continent`` (held out as a whole family: meta-test only): 3-way classification of a country
+* ``continent`` (held out as a whole family: held-out only): 3-way classification of a country
   name written in a held-out language by its continent, labels remapped the same way. No
   meta-training task asks about continents, so it tests learning a *new kind* of task from a
   handful of examples, not a new language of a trained kind.
 
-Languages are assigned to meta-train / meta-validation / meta-test once (seeded) and shared by
+Languages are assigned to meta-train / validation / held-out once (seeded) and shared by
 all families, so a held-out task never uses a language the meta-learner trained on. The held-out
-``langid`` tasks are every 3-language subset of the meta-test languages (10 tasks with 5
+``langid`` tasks are every 3-language subset of the held-out languages (10 tasks with 5
 languages), so the classification score rests on many tasks, not one.
 """
 
@@ -34,8 +34,38 @@ from fmmeta.tasks.task import ClassificationTask, EpisodeSpec, GenerationTask, O
 
 logger = logging.getLogger(__name__)
 
+RENAMED_OPTIONS = {"n_val_languages": "n_validation_languages", "n_test_languages": "n_held_out_languages"}
+"""Earlier names of :func:`build_cldr_suite`'s options (``tasks.options`` in YAML) -> today's."""
+
+_DEFAULTS = {"n_validation_languages": 5, "n_held_out_languages": 5, "score_on": "held_out"}
+
+
+def read_renamed(given: dict[str, Any], renamed: dict[str, Any]) -> dict[str, Any]:
+    """``given`` with the options a YAML file still names by their earlier names taken in.
+
+    A run folder's ``config.yaml`` keeps the names it was written with and a resume must read it,
+    so an earlier name keeps working, with a warning that names today's; an earlier name and
+    today's both set, or a name never used, is refused.
+    """
+    out = dict(given)
+    unknown = sorted(set(renamed) - set(RENAMED_OPTIONS))
+    if unknown:
+        raise ValueError(f"build_cldr_suite got unknown options {unknown}: allowed are the keyword "
+                         f"arguments of build_cldr_suite (e.g. {sorted(_DEFAULTS)})")
+    for old, value in renamed.items():
+        new = RENAMED_OPTIONS[old]
+        if out[new] != _DEFAULTS[new]:
+            raise ValueError(f"tasks.options sets both {old}={value!r} and {new}={out[new]!r}: "
+                             f"{old} is the earlier name of {new}; keep only {new}")
+        logger.warning("tasks.options.%s is deprecated: it is now %s (read as %s=%r)", old, new, new, value)
+        out[new] = value
+    if out["score_on"] == "test":
+        logger.warning("tasks.options.score_on='test' is deprecated: it is now 'held_out' (read as such)")
+        out["score_on"] = "held_out"
+    return out
+
 SuiteSplit = TaskSet
-"""What a suite builder returns: disjoint ``meta_train``, ``meta_val`` and ``meta_test`` task lists."""
+"""What a suite builder returns: disjoint ``meta_train``, ``validation`` and ``held_out`` task lists."""
 
 DEFAULT_LANGUAGES: tuple[str, ...] = (
     "de", "fr", "es", "it", "pt", "nl", "sv", "da", "nb", "fi",
@@ -128,21 +158,22 @@ def build_cldr_suite(
     max_length: int = 48,
     languages: Sequence[str] = DEFAULT_LANGUAGES,
     countries: Sequence[str] = COUNTRIES,
-    n_val_languages: int = 5,
-    n_test_languages: int = 5,
+    n_validation_languages: int = 5,
+    n_held_out_languages: int = 5,
     n_langid_train_languages: int = 15,
     langid_group_size: int = 5,
     families: Sequence[str] = FAMILIES,
     translation_spec: EpisodeSpec = TRANSLATION_SPEC,
     langid_spec: EpisodeSpec = LANGID_SPEC,
     on_too_long: OnTooLong = "drop",
-    score_on: str = "test",
+    score_on: str = "held_out",
+    **renamed: Any,
 ) -> SuiteSplit:
     """Builds the CLDR suite: translation, remapped language-id and continent tasks, split by language.
 
     With the defaults: 40 languages, 30 for meta-training (30 translation tasks; the first 15
-    also form 3 ``langid`` tasks of 5 languages each), 5 for meta-validation (one translation task
-    per language plus one ``langid`` task over the 5 languages) and 5 for meta-test (one
+    also form 3 ``langid`` tasks of 5 languages each), 5 for validation (one translation task
+    per language plus one ``langid`` task over the 5 languages) and 5 for held-out (one
     translation and one ``continent`` task per language, and a ``langid`` task for every
     ``ways``-subset of the 5 languages).
 
@@ -152,59 +183,64 @@ def build_cldr_suite(
         max_length: token budget of one example; longer prompts are cut from the left.
         languages: CLDR locale codes; the first ``len - val - test`` after a seeded shuffle train.
         countries: ISO 3166-1 alpha-2 codes whose names form the examples.
-        n_val_languages: held-out languages for meta-validation tasks.
-        n_test_languages: held-out languages for meta-test tasks.
+        n_validation_languages: languages (none meta-trained on) of the validation tasks.
+        n_held_out_languages: languages (none meta-trained on) of the held-out tasks.
         n_langid_train_languages: meta-train languages used by the ``langid`` family.
         langid_group_size: languages per ``langid`` task (each episode draws ``ways`` of them).
         families: which families to build, among ``"translation"``, ``"langid"`` and
-            ``"continent"`` (always held out: meta-test only).
+            ``"continent"`` (always held out: held-out only).
         translation_spec: episode shape of translation tasks.
         langid_spec: episode shape of ``langid`` and ``continent`` tasks (classification with
             remapping).
         on_too_long: what to do with an example whose answer cannot fit ``max_length``.
-        score_on: ``"test"`` builds ``meta_test`` on the held-out languages. ``"validation"``
+        score_on: ``"held_out"`` builds ``held_out`` on the held-out languages. ``"validation"``
             builds its classification families (every ``langid`` subset, ``continent``) on the
-            meta-validation languages instead, so a run's settings (meta-steps, outer lr, inner
+            validation languages instead, so a run's settings (meta-steps, outer lr, inner
             steps) can be chosen by scoring on validation tasks without ever seeing a held-out
-            language. Meta-train and meta-validation stay as they are; translation is not scored,
-            since its validation tasks are the meta-validation ones (a task lives in one split).
+            language. Meta-train and validation stay as they are; translation is not scored,
+            since its validation tasks are the validation ones (a task lives in one split).
+        **renamed: the options' earlier names, still read from YAML with a warning:
+            ``n_val_languages``, ``n_test_languages`` (and ``score_on="test"``).
 
     Returns:
-        Disjoint meta-train / meta-val / meta-test task lists.
+        Disjoint meta-train / validation / held-out task lists.
 
     Raises:
         ValueError: on unknown families or languages, or too few languages for the split.
 
     Example:
         >>> suite = build_cldr_suite(tokenizer, seed=0)  # doctest: +SKIP
-        >>> [t.name for t in suite.meta_test][:2]  # doctest: +SKIP
+        >>> [t.name for t in suite.held_out][:2]  # doctest: +SKIP
         ['translate-xx', ...]
     """
     _check_families(families)
-    if score_on not in ("test", "validation"):
-        raise ValueError(f"build_cldr_suite score_on={score_on!r} is invalid: choose 'test' or "
+    given = {"n_validation_languages": n_validation_languages, "n_held_out_languages": n_held_out_languages,
+             "score_on": score_on}
+    n_validation_languages, n_held_out_languages, score_on = read_renamed(given, renamed).values()
+    if score_on not in ("held_out", "validation"):
+        raise ValueError(f"build_cldr_suite score_on={score_on!r} is invalid: choose 'held_out' or "
                          "'validation'")
     langs = list(dict.fromkeys(languages))
-    n_train = len(langs) - n_val_languages - n_test_languages
+    n_train = len(langs) - n_validation_languages - n_held_out_languages
     if n_train < 1:
         raise ValueError(
             f"build_cldr_suite: {len(langs)} languages leave none for meta-training after "
-            f"n_val_languages={n_val_languages} and n_test_languages={n_test_languages}"
+            f"n_validation_languages={n_validation_languages} and n_held_out_languages={n_held_out_languages}"
         )
     order = np.random.default_rng(seed).permutation(len(langs))
     shuffled = [langs[i] for i in order]
     split_langs = {
         "meta_train": shuffled[:n_train],
-        "meta_val": shuffled[n_train : n_train + n_val_languages],
-        "meta_test": shuffled[n_train + n_val_languages :],
+        "validation": shuffled[n_train : n_train + n_validation_languages],
+        "held_out": shuffled[n_train + n_validation_languages :],
     }
     if score_on == "validation":  # the held-out layout, on languages meant for choosing settings
-        split_langs["meta_test"] = split_langs["meta_val"]
+        split_langs["held_out"] = split_langs["validation"]
     names = {lang: _locale_names(lang, countries) for lang in langs}
     english = _territory_names("en", countries)
     scored = {
-        "meta_train": families, "meta_val": families,
-        "meta_test": families if score_on == "test" else [f for f in families if f != "translation"],
+        "meta_train": families, "validation": families,
+        "held_out": families if score_on == "held_out" else [f for f in families if f != "translation"],
     }  # fmt: skip
     out = {
         split: _split_tasks(
@@ -217,9 +253,9 @@ def build_cldr_suite(
     }  # fmt: skip
     suite = TaskSet(**out)
     logger.info(
-        "CLDR suite: %d meta-train, %d meta-val, %d meta-test tasks (held-out languages %s / %s%s)",
-        len(suite.meta_train), len(suite.meta_val), len(suite.meta_test),
-        split_langs["meta_val"], split_langs["meta_test"],
+        "CLDR suite: %d meta-train, %d validation, %d held-out tasks (held-out languages %s / %s%s)",
+        len(suite.meta_train), len(suite.validation), len(suite.held_out),
+        split_langs["validation"], split_langs["held_out"],
         ", scoring on the validation languages" if score_on == "validation" else "",
     )  # fmt: skip
     return suite
@@ -240,7 +276,7 @@ def _split_tasks(
     n_langid_train_languages: int,
     langid_group_size: int,
 ) -> list[Task]:
-    """The tasks of one split's languages ``ls``, family by family (continent: meta-test only)."""
+    """The tasks of one split's languages ``ls``, family by family (continent: held-out only)."""
     out: list[Task] = []
     if "translation" in families:
         for lang in ls:
@@ -257,7 +293,7 @@ def _split_tasks(
             groups = [
                 pool[i : i + langid_group_size] for i in range(0, len(pool), langid_group_size)
             ]
-        elif split == "meta_val":
+        elif split == "validation":
             groups = [ls]
         else:
             groups = [list(g) for g in itertools.combinations(ls, ways)]
@@ -266,7 +302,7 @@ def _split_tasks(
                 out.append(
                     _langid_task(group, names, tokenizer, langid_spec, max_length)
                 )
-    if "continent" in families and split == "meta_test":
+    if "continent" in families and split == "held_out":
         for lang in ls:
             out.append(
                 _continent_task(lang, names[lang], tokenizer, langid_spec, max_length)

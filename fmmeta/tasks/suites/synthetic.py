@@ -39,7 +39,7 @@ def build_synthetic_suite(
 
     Args:
         tokenizer: any Hugging Face tokenizer (e.g. :func:`fmmeta.tasks.testing.tiny_tokenizer`).
-        seed: seeds the split of tasks into meta-train / meta-val / meta-test.
+        seed: seeds the split of tasks into meta-train / validation / held-out.
         max_length: token budget of one example.
         n_generation_tasks: ``add1 .. addN`` tasks (>= 3 so every split gets one).
         n_classification_tasks: ``mod3 .. mod(N+2)`` tasks; 0 builds none.
@@ -49,12 +49,12 @@ def build_synthetic_suite(
         on_too_long: what to do with an example whose answer cannot fit ``max_length``.
 
     Returns:
-        Disjoint meta-train / meta-val / meta-test task lists.
+        Disjoint meta-train / validation / held-out task lists.
     """
     if n_generation_tasks < 3:
         raise ValueError(
             f"n_generation_tasks={n_generation_tasks} is too small: use >= 3 so meta-train, "
-            "meta-val and meta-test each get a task"
+            "validation and held-out each get a task"
         )
     gen_spec = EpisodeSpec(shots=shots, query=query)
     gen = [
@@ -95,6 +95,6 @@ def build_synthetic_suite(
         parts.append(TaskSet(meta_train=cls))
     return TaskSet(
         meta_train=[t for p in parts for t in p.meta_train],
-        meta_val=[t for p in parts for t in p.meta_val],
-        meta_test=[t for p in parts for t in p.meta_test],
+        validation=[t for p in parts for t in p.validation],
+        held_out=[t for p in parts for t in p.held_out],
     )

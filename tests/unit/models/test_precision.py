@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from fmmeta.config import ModelConfig
-from fmmeta.models import build_model_and_tokenizer, torch_dtype
 from fmmeta.engine.build import build_engine
 from fmmeta.engine.optim import OuterOptimConfig
+from fmmeta.models import build_model_and_tokenizer, torch_dtype
 from fmmeta.models.precision import (
     FP32_ATTENTION,
     cpu_flags,

@@ -112,7 +112,7 @@ def _build(cfg: RecipeConfig, seed: int = 0) -> TaskSet:
 
 
 def _by_name(suite: TaskSet) -> dict:
-    return {t.name: t for t in [*suite.meta_train, *suite.meta_val, *suite.meta_test]}
+    return {t.name: t for t in [*suite.meta_train, *suite.validation, *suite.held_out]}
 
 
 # ---------------------------------------------------------------------------------------- kinds
@@ -126,8 +126,8 @@ def test_every_builder_kind_and_both_layouts_from_yaml(tmp_path: Path) -> None:
     assert suite.names() == {
         "meta_train": ["sentiment", "parity", "task001_add_one", "task002_double",
                        "task003_negate", "topic"],
-        "meta_val": ["echo"],
-        "meta_test": ["add1", "add2", "add3"],
+        "validation": ["echo"],
+        "held_out": ["add1", "add2", "add3"],
     }  # fmt: skip
     tasks = _by_name(suite)
     # MetaICL: a fixed option list makes a classification task over it; options [] a generation one.
@@ -141,7 +141,7 @@ def test_every_builder_kind_and_both_layouts_from_yaml(tmp_path: Path) -> None:
     # classification builder: CSV rows, template, 3 classes; dataset builder: one task per file.
     assert tasks["topic"].ways == 3 and TOK.decode(tasks["topic"].examples[0].prompt_ids) == (
         "Sentence: sentence 0 about sport\nTopic:")
-    assert {t.domain for t in suite.meta_test} == {"arithmetic"}
+    assert {t.domain for t in suite.held_out} == {"arithmetic"}
     assert tasks["task001_add_one"].domain == "numbers" and tasks["echo"].domain == "mix"
     for t in tasks.values():  # every task samples a full episode
         ep = t.sample_episode(np.random.default_rng(0))
@@ -180,7 +180,7 @@ def test_split_by_files_txt_and_metaicl_json(tmp_path: Path) -> None:
         "held_out_file": str(tmp_path / "test_tasks.txt"),
         "validation_file": str(tmp_path / "setting.json")}})  # fmt: skip
     names = _build(cfg).names()
-    assert sorted(names["meta_test"]) == ["parity", "task003_negate"] and names["meta_val"] == ["echo"]
+    assert sorted(names["held_out"]) == ["parity", "task003_negate"] and names["validation"] == ["echo"]
 
 
 def test_split_by_seeded_fractions(tmp_path: Path) -> None:
@@ -188,15 +188,15 @@ def test_split_by_seeded_fractions(tmp_path: Path) -> None:
         "held_out_fraction": 0.3, "validation_fraction": 0.2}})  # fmt: skip
     a, b, c = _build(cfg, seed=0).names(), _build(cfg, seed=0).names(), _build(cfg, seed=1).names()
     assert a == b and a != c
-    assert [len(a[s]) for s in ("meta_train", "meta_val", "meta_test")] == [5, 2, 3]  # of 10 tasks
+    assert [len(a[s]) for s in ("meta_train", "validation", "held_out")] == [5, 2, 3]  # of 10 tasks
 
 
 def test_split_default_draws_a_tenth_for_each_unnamed_split(tmp_path: Path) -> None:
     cfg = _config(tmp_path, {"collection": _collection(tmp_path),
                              "split": {"held_out_families": ["arithmetic"]}})
     names = _build(cfg).names()
-    assert names["meta_test"] == ["add1", "add2", "add3"]  # named: no share drawn on top
-    assert len(names["meta_val"]) == 1 and len(names["meta_train"]) == 6  # max(1, round(0.1 * 7))
+    assert names["held_out"] == ["add1", "add2", "add3"]  # named: no share drawn on top
+    assert len(names["validation"]) == 1 and len(names["meta_train"]) == 6  # max(1, round(0.1 * 7))
 
 
 # ---------------------------------------------------------------------------------------- suites
@@ -208,15 +208,15 @@ def test_suite_by_import_string(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
         def build(tokenizer, *, seed, max_length, scale=1):
             suite = build_suite("synthetic", tokenizer, seed=seed, max_length=max_length)
-            return type(suite)(meta_train=suite.meta_train[:scale], meta_val=suite.meta_val,
-                               meta_test=suite.meta_test)
+            return type(suite)(meta_train=suite.meta_train[:scale], validation=suite.validation,
+                               held_out=suite.held_out)
 
         NOT_A_FUNCTION = 3
     """))
     monkeypatch.syspath_prepend(str(tmp_path))
     cfg = load_config(RecipeConfig, None, ["tasks.suite=my_suite:build", "tasks.options={scale: 2}"])
     suite = build_task_set(cfg.tasks, TOK, seed=0)
-    assert len(suite.meta_train) == 2 and suite.meta_test
+    assert len(suite.meta_train) == 2 and suite.held_out
     for bad, expected in (
         ("no_such_module:build", "module 'no_such_module' does not import"),
         ("my_suite:buld", "has no 'buld'; did you mean 'build'?"),
@@ -340,6 +340,6 @@ def test_split_by_validation_and_held_out_families(tmp_path: Path) -> None:
     cfg = _config(tmp_path, {"collection": _collection(tmp_path), "split": {
         "held_out_families": ["arithmetic"], "validation_families": ["numbers"]}})  # fmt: skip
     names = _build(cfg).names()
-    assert names["meta_val"] == ["task001_add_one", "task002_double", "task003_negate"]
-    assert names["meta_test"] == ["add1", "add2", "add3"]
+    assert names["validation"] == ["task001_add_one", "task002_double", "task003_negate"]
+    assert names["held_out"] == ["add1", "add2", "add3"]
     assert sorted(names["meta_train"]) == ["echo", "parity", "sentiment", "topic"]

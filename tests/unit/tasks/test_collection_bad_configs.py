@@ -193,8 +193,8 @@ def test_bad_source_is_refused_naming_source_and_fix(case: str, tmp_path: Path) 
 SPLIT_CASES = {
     "task in two splits": (
         {"held_out": ["qa", "t1"], "validation": ["t1"]},
-        ["tasks.split: task 't1' is put in two splits (meta_test via held_out and meta_val via "
-         "validation): a task belongs to one split; remove it from one list"],
+        ["tasks.split: task 't1' is put in two splits (held_out and validation): a task belongs "
+         "to one split; remove it from one list"],
     ),
     "held-out family with no tasks": (
         {"held_out_families": ["QA"], "validation": ["t2"]},

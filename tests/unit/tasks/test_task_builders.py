@@ -161,19 +161,19 @@ def test_readme_custom_task_set() -> None:
         tokenizer,
         TaskOptions(spec=EpisodeSpec(shots=2, query=2, ways=2, remap_labels=True, label_pool=("foo", "bar", "baz"))),
     ))
-    split = split_tasks(tasks, seed=0, names={"meta_test": ["add9", "sentiment"]})
+    split = split_tasks(tasks, seed=0, names={"held_out": ["add9", "sentiment"]})
     rng = np.random.default_rng(0)
-    episode = split.meta_test[0].sample_episode(rng)  # 4 support + 4 query, no overlap
+    episode = split.held_out[0].sample_episode(rng)  # 4 support + 4 query, no overlap
     batch = collate(episode.support, pad_id=tokenizer.pad_token_id)  # loss on answer tokens only
     # ---
-    assert [t.name for t in split.meta_test] == ["add9", "sentiment"]
+    assert [t.name for t in split.held_out] == ["add9", "sentiment"]
     assert len(split.meta_train) == 9
     assert episode.task == "add9" and len(episode.support) == 4
     for i, ex in enumerate(episode.support):
         a = int(tokenizer.decode(ex.prompt_ids).split("+")[0])
         labelled = batch.labels[i][batch.labels[i] != IGNORE_INDEX].tolist()
         assert tokenizer.decode(labelled) == f" {a + 9}</s>"
-    sent = split.meta_test[1].sample_episode(rng)
+    sent = split.held_out[1].sample_episode(rng)
     assert sent.ways == 2 and len(sent.support) == 4
     assert len({e.prompt_ids for e in sent.support + sent.query}) == 8
     assert {tokenizer.decode(c) for c in sent.choices} <= {" foo</s>", " bar</s>", " baz</s>"}

@@ -246,10 +246,10 @@ def test_split_tasks_disjoint_deterministic_and_seeded() -> None:
 
 def test_split_tasks_by_names() -> None:
     tasks = [_gen_task(n=8, shots=2, query=2, name=f"t{i}") for i in range(5)]
-    s = split_tasks(tasks, seed=0, names={"meta_val": ["t1"], "meta_test": ["t3", "t4"]})
-    assert s.names() == {"meta_train": ["t0", "t2"], "meta_val": ["t1"], "meta_test": ["t3", "t4"]}
-    with pytest.raises(ValueError, match="task 't1' is named in both 'meta_val' and 'meta_test'"):
-        split_tasks(tasks, seed=0, names={"meta_val": ["t1"], "meta_test": ["t1"]})
+    s = split_tasks(tasks, seed=0, names={"validation": ["t1"], "held_out": ["t3", "t4"]})
+    assert s.names() == {"meta_train": ["t0", "t2"], "validation": ["t1"], "held_out": ["t3", "t4"]}
+    with pytest.raises(ValueError, match="task 't1' is named in both 'validation' and 'held_out'"):
+        split_tasks(tasks, seed=0, names={"validation": ["t1"], "held_out": ["t1"]})
 
 
 def test_duplicate_task_names_error() -> None:
@@ -257,7 +257,7 @@ def test_duplicate_task_names_error() -> None:
     with pytest.raises(ValueError, match=r"duplicate task names \{'same': 2\}"):
         split_tasks(tasks, seed=0)
     with pytest.raises(ValueError, match="duplicate task names"):
-        TaskSet(meta_train=tasks[:1], meta_test=tasks[1:])
+        TaskSet(meta_train=tasks[:1], held_out=tasks[1:])
 
 
 def test_task_with_too_few_examples_error() -> None:

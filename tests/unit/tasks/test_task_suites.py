@@ -37,14 +37,14 @@ def test_cldr_suite_shape_and_language_disjoint_splits(suite: TaskSet) -> None:
     continent = {k: [n for n in v if n.startswith("continent-")] for k, v in names.items()}
     assert [len(langid[k]) for k in names] == [3, 1, 10]  # every 3-language subset of 5 held out
     assert [len(continent[k]) for k in names] == [0, 0, 5]  # a family held out whole
-    assert {_langs(n).pop() for n in continent["meta_test"]} == {
-        lang for n in trans["meta_test"] for lang in _langs(n)}
+    assert {_langs(n).pop() for n in continent["held_out"]} == {
+        lang for n in trans["held_out"] for lang in _langs(n)}
     used = {k: set().union(*(_langs(n) for n in v)) for k, v in names.items()}
-    assert not used["meta_train"] & used["meta_val"]
-    assert not used["meta_train"] & used["meta_test"]
-    assert not used["meta_val"] & used["meta_test"]
-    assert used["meta_train"] | used["meta_val"] | used["meta_test"] == set(DEFAULT_LANGUAGES)
-    for t in suite.meta_train + suite.meta_val + suite.meta_test:
+    assert not used["meta_train"] & used["validation"]
+    assert not used["meta_train"] & used["held_out"]
+    assert not used["validation"] & used["held_out"]
+    assert used["meta_train"] | used["validation"] | used["held_out"] == set(DEFAULT_LANGUAGES)
+    for t in suite.meta_train + suite.validation + suite.held_out:
         assert t.domain in ("cldr-translation", "cldr-langid", "cldr-continent")
         # only a generation task drops examples (a classification task refuses instead)
         assert isinstance(t, ClassificationTask) or t.n_dropped == 0
@@ -53,14 +53,14 @@ def test_cldr_suite_shape_and_language_disjoint_splits(suite: TaskSet) -> None:
 def test_cldr_suite_is_seeded(suite: TaskSet) -> None:
     again = build_cldr_suite(TOK, seed=0, max_length=128, families=("translation",))
     other = build_cldr_suite(TOK, seed=1, max_length=128, families=("translation",))
-    test_names = [n for n in suite.names()["meta_test"] if n.startswith("translate-")]
-    assert again.names()["meta_test"] == test_names
-    assert other.names()["meta_test"] != test_names
+    test_names = [n for n in suite.names()["held_out"] if n.startswith("translate-")]
+    assert again.names()["held_out"] == test_names
+    assert other.names()["held_out"] != test_names
 
 
 def test_translation_examples_are_cldr_names(suite: TaskSet) -> None:
     english = Locale("en").territories
-    for task in suite.meta_train + suite.meta_test:
+    for task in suite.meta_train + suite.held_out:
         if not task.name.startswith("translate-"):
             continue
         lang = task.name.split("-")[1]
@@ -78,14 +78,14 @@ def test_translation_examples_are_cldr_names(suite: TaskSet) -> None:
 
 
 def test_german_france_example_present(suite: TaskSet) -> None:
-    all_tasks = {t.name: t for t in suite.meta_train + suite.meta_val + suite.meta_test}
+    all_tasks = {t.name: t for t in suite.meta_train + suite.validation + suite.held_out}
     de = all_tasks["translate-de"]
     pairs = {(TOK.decode(e.prompt_ids), TOK.decode(e.answer_ids)) for e in de.examples}
     assert ("Country: France\nIn German:", " Frankreich</s>") in pairs
 
 
 def test_langid_episodes_are_remapped_3way_and_consistent(suite: TaskSet) -> None:
-    task = next(t for t in suite.meta_test if t.name.startswith("langid-"))
+    task = next(t for t in suite.held_out if t.name.startswith("langid-"))
     langs = task.name.split("-")[1:]
     local_names = {lang: set(Locale.parse(lang).territories[c] for c in COUNTRIES) for lang in langs}
     rng = np.random.default_rng(0)
@@ -117,7 +117,7 @@ def test_build_suite_registry() -> None:
 
 def test_continent_episodes_name_each_country_by_its_continent(suite: TaskSet) -> None:
     assert set(CONTINENTS) == set(COUNTRIES)
-    task = next(t for t in suite.meta_test if t.name.startswith("continent-"))
+    task = next(t for t in suite.held_out if t.name.startswith("continent-"))
     lang = task.name.split("-")[1]
     local = Locale.parse(lang).territories
     continent_of = {local[c]: CONTINENTS[c] for c in COUNTRIES}
@@ -145,14 +145,46 @@ def test_score_on_validation_builds_the_held_out_layout_on_validation_languages(
     tuning = build_cldr_suite(TOK, seed=0, max_length=128, score_on="validation")
     names, default = tuning.names(), suite.names()
     assert names["meta_train"] == default["meta_train"]  # training is untouched
-    assert names["meta_val"] == default["meta_val"]
-    val_langs = set().union(*(_langs(n) for n in default["meta_val"]))
-    scored = set().union(*(_langs(n) for n in names["meta_test"]))
-    assert scored == val_langs and not scored & set().union(*(_langs(n) for n in default["meta_test"]))
+    assert names["validation"] == default["validation"]
+    val_langs = set().union(*(_langs(n) for n in default["validation"]))
+    scored = set().union(*(_langs(n) for n in names["held_out"]))
+    assert scored == val_langs and not scored & set().union(*(_langs(n) for n in default["held_out"]))
     # the held-out split's classification tasks (10 langid, 5 continent); translation's
-    # validation tasks already choose the adaptation lr in meta_val
+    # validation tasks already choose the adaptation lr in validation
     prefix = lambda ns: sorted(n.split("-")[0] for n in ns if not n.startswith("translate-"))  # noqa: E731
-    assert prefix(names["meta_test"]) == prefix(default["meta_test"]) == ["continent"] * 5 + ["langid"] * 10
-    assert not any(n.startswith("translate-") for n in names["meta_test"])
+    assert prefix(names["held_out"]) == prefix(default["held_out"]) == ["continent"] * 5 + ["langid"] * 10
+    assert not any(n.startswith("translate-") for n in names["held_out"])
     with pytest.raises(ValueError, match="score_on='heldout' is invalid"):
         build_cldr_suite(TOK, seed=0, max_length=128, score_on="heldout")
+
+
+def test_earlier_option_names_still_read_from_yaml_with_a_warning(
+    suite: TaskSet, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run folder's config.yaml written with the splits' earlier names must still resume."""
+    from fmmeta.tasks.config import TasksConfig, build_task_set
+
+    new = build_cldr_suite(TOK, seed=0, max_length=128, n_validation_languages=4, n_held_out_languages=3)
+    with caplog.at_level("WARNING", logger="fmmeta.tasks.suites.cldr"):
+        old = build_task_set(TasksConfig(max_length=128, options={"n_val_languages": 4, "n_test_languages": 3}),
+                             TOK, seed=0)
+    assert old.names() == new.names() != suite.names()
+    assert "n_val_languages is deprecated: it is now n_validation_languages" in caplog.text
+    assert "n_test_languages is deprecated: it is now n_held_out_languages" in caplog.text
+    with caplog.at_level("WARNING", logger="fmmeta.tasks.suites.cldr"):
+        assert build_cldr_suite(TOK, seed=0, max_length=128, score_on="test").names() == suite.names()
+    assert "score_on='test' is deprecated: it is now 'held_out'" in caplog.text
+    with pytest.raises(ValueError, match="sets both n_test_languages=3 and n_held_out_languages=4"):
+        build_cldr_suite(TOK, seed=0, max_length=128, n_test_languages=3, n_held_out_languages=4)
+    with pytest.raises(ValueError, match=r"unknown options \['n_heldout_languages'\]"):
+        build_cldr_suite(TOK, seed=0, max_length=128, n_heldout_languages=3)
+
+
+def test_earlier_split_names_are_refused_with_the_fix() -> None:
+    """Python callers (a suite builder of one's own) are told the new names, not a bare TypeError."""
+    from fmmeta.tasks.task import split_tasks
+
+    with pytest.raises(TypeError, match=r"renamed \(meta_val -> validation, meta_test -> held_out\)"):
+        TaskSet(meta_val=[], meta_test=[])
+    with pytest.raises(ValueError, match=r"renamed \(meta_test -> held_out\)"):
+        split_tasks([], seed=0, names={"meta_test": []})
