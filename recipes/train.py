@@ -224,7 +224,7 @@ def adapter_tensors(model: torch.nn.Module) -> list[torch.nn.Parameter]:
 
 
 def save_step_sizes(algorithm: MetaAlgorithm, model: torch.nn.Module, adapter_dir: Path) -> None:
-    """What the algorithm keeps next to its adapter (metasgd: ``inner_lrs.json``); rank 0 calls."""
+    """What the algorithm keeps next to its adapter (metasgd: ``step_sizes.json``); rank 0 calls."""
     algorithm.save_with_adapter(adapter_dir, [n for n, p in model.named_parameters() if p.requires_grad])
 
 

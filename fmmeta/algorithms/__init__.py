@@ -15,7 +15,7 @@ from fmmeta.algorithms.config import AlgorithmConfig, InnerLoopConfig
 from fmmeta.algorithms.first_order import FOMAML, Reptile
 from fmmeta.algorithms.gather import GatheredStep, gather_step
 from fmmeta.algorithms.inner_loop import adapt, restore, snapshot
-from fmmeta.algorithms.meta_sgd import MetaSGD, StepSizes, load_inner_lrs, save_inner_lrs
+from fmmeta.algorithms.meta_sgd import MetaSGD, StepSizes, load_step_sizes, save_step_sizes
 from fmmeta.algorithms.meta_step import StepStats, meta_step
 from fmmeta.algorithms.protocol import MetaAlgorithm, OuterUpdate, RankResult, RankWork, prepare_rank
 from fmmeta.algorithms.task_lora import TaskLoRA, stack_adapters
@@ -23,6 +23,6 @@ from fmmeta.algorithms.task_lora import TaskLoRA, stack_adapters
 __all__ = [
     "ALGORITHMS", "FOMAML", "AlgorithmConfig", "GatheredStep", "InnerLoopConfig", "MetaAlgorithm", "MetaICL",
     "MetaSGD", "MultiTask", "OuterUpdate", "RankResult", "RankWork", "Reptile", "StepSizes", "StepStats",
-    "TaskLoRA", "adapt", "answer_loss_sum", "build_algorithm", "gather_step", "load_inner_lrs", "meta_step",
-    "prepare_rank", "restore", "save_inner_lrs", "snapshot", "stack_adapters",
+    "TaskLoRA", "adapt", "answer_loss_sum", "build_algorithm", "gather_step", "load_step_sizes", "meta_step",
+    "prepare_rank", "restore", "save_step_sizes", "snapshot", "stack_adapters",
 ]

@@ -91,7 +91,7 @@ def check_lrs(lrs: Sequence[float], n_params: int) -> list[float]:
     if len(values) != n_params:
         raise ValueError(
             f"got {len(values)} inner lrs for {n_params} adapter tensors: pass one step size per "
-            "adapter tensor, in the order of the adapter parameters (e.g. load_inner_lrs(folder))"
+            "adapter tensor, in the order of the adapter parameters (e.g. load_step_sizes(folder))"
         )
     bad = [(i, lr) for i, lr in enumerate(values) if not (math.isfinite(lr) and lr > 0)]
     if bad:
@@ -246,7 +246,7 @@ def adapt(
 
     :func:`adapt_tasks` with one task and the model's own LoRA forward. The caller owns theta:
     take a :func:`snapshot` before and :func:`restore` after. ``lrs`` gives every adapter tensor
-    its own step size (Meta-SGD's learned ones: ``load_inner_lrs(adapter_folder)``); ``None`` uses
+    its own step size (Meta-SGD's learned ones: ``load_step_sizes(adapter_folder)``); ``None`` uses
     ``cfg.inner_lr`` for all.
 
     Returns:

@@ -26,8 +26,9 @@ sums are added with one all-reduce and divided by the meta-batch's real tasks, l
 meta-gradient; then the same small Adam step is applied on every rank. The step sizes are not
 model parameters, so no engine holds them: every rank keeps an identical copy (:class:`StepSizes`).
 
-The learned lrs are saved next to the adapter as ``inner_lrs.json`` (:func:`save_inner_lrs`);
-:func:`load_inner_lrs` reads them back for evaluation's ``adapt(..., lrs=...)``.
+The learned step sizes are saved next to the adapter as ``step_sizes.json``
+(:func:`save_step_sizes`); :func:`load_step_sizes` reads them back (and the ``inner_lrs.json`` of
+adapters saved before) for evaluation's ``adapt(..., lrs=...)``.
 """
 
 from __future__ import annotations
@@ -51,8 +52,11 @@ from fmmeta.sampling.plan import RankPlan
 
 logger = logging.getLogger(__name__)
 
-INNER_LRS_FILE = "inner_lrs.json"
+STEP_SIZES_FILE = "step_sizes.json"
 """Name of the learned step sizes' file inside an adapter folder."""
+
+LEGACY_STEP_SIZES_FILE = "inner_lrs.json"
+"""The same file's name in adapters saved before it was renamed (still read)."""
 
 STATE_KEY = "step_sizes"
 """Key of the step sizes' state in a checkpoint's ``state.json``."""
@@ -168,7 +172,7 @@ class MetaSGD:
     Example:
         >>> algo = build_algorithm("metasgd", AlgorithmConfig(inner_lr=0.03), pad_id=0)
         >>> stats = meta_step(engine, algo, plan)  # stats.outer["inner_lr_mean"], ...
-        >>> algo.save_with_adapter(folder, adapter_names)  # inner_lrs.json
+        >>> algo.save_with_adapter(folder, adapter_names)  # step_sizes.json
     """
 
     name = "metasgd"
@@ -203,8 +207,8 @@ class MetaSGD:
         self.step_sizes.load_state_dict(state[STATE_KEY])
 
     def save_with_adapter(self, folder: Path, names: Sequence[str]) -> None:
-        """The learned step sizes as ``inner_lrs.json`` next to the adapter, for evaluation."""
-        save_inner_lrs(folder, names, self.step_sizes.lrs(len(names)))
+        """The learned step sizes as ``step_sizes.json`` next to the adapter, for evaluation."""
+        save_step_sizes(folder, names, self.step_sizes.lrs(len(names)))
 
     def outer_update(self, engine: Engine, result: RankResult, n_real_tasks: int, *,
                      skipped: bool) -> dict[str, float]:
@@ -226,20 +230,24 @@ class MetaSGD:
         return {**self.step_sizes.stats(), "step_size_grad_norm": float(grad.norm())}
 
 
-def save_inner_lrs(folder: str | Path, names: Sequence[str], lrs: Sequence[float]) -> Path:
-    """Writes ``inner_lrs.json`` (adapter tensor name -> lr, and the tensors' order) into ``folder``.
+def save_step_sizes(folder: str | Path, names: Sequence[str], step_sizes: Sequence[float]) -> Path:
+    """Writes :data:`STEP_SIZES_FILE` (adapter tensor name -> step size, and the tensors' order)
+    into ``folder``.
 
     Written to a temporary name and renamed, so a crash never leaves a truncated file.
     """
-    values = check_lrs(lrs, len(names))
+    values = check_lrs(step_sizes, len(names))
     if len(set(names)) != len(names):
-        raise ValueError("adapter tensor names must be unique to save their inner lrs")
-    text = json.dumps({"order": list(names), "inner_lrs": dict(zip(names, values))}, indent=1)
-    return replace_text(Path(folder) / INNER_LRS_FILE, text)
+        raise ValueError("adapter tensor names must be unique to save their step sizes")
+    text = json.dumps({"order": list(names), "step_sizes": dict(zip(names, values))}, indent=1)
+    return replace_text(Path(folder) / STEP_SIZES_FILE, text)
 
 
-def load_inner_lrs(folder: str | Path, names: Sequence[str] | None = None) -> list[float] | None:
-    """The learned inner lrs saved with an adapter, in adapter-parameter order, or ``None``.
+def load_step_sizes(folder: str | Path, names: Sequence[str] | None = None) -> list[float] | None:
+    """The learned step sizes saved with an adapter, in adapter-parameter order, or ``None``.
+
+    Adapters saved before the file was renamed hold :data:`LEGACY_STEP_SIZES_FILE` (key
+    ``inner_lrs``); it is read the same way, so old runs evaluate unchanged.
 
     Args:
         folder: a peft adapter folder (``<run>/<method>/adapter``).
@@ -247,33 +255,39 @@ def load_inner_lrs(folder: str | Path, names: Sequence[str] | None = None) -> li
             check the file against; ``None`` trusts the file's own order.
 
     Returns:
-        One lr per adapter tensor (pass to ``adapt(..., lrs=...)``), or ``None`` when the folder
-        has no ``inner_lrs.json`` (an adapter of a method with a fixed inner lr).
+        One step size per adapter tensor (pass to ``adapt(..., lrs=...)``), or ``None`` when the
+        folder has neither file (an adapter of a method with a fixed inner lr).
 
     Raises:
         ValueError: the file is not valid, or its tensors are not ``names``.
     """
-    path = Path(folder) / INNER_LRS_FILE
-    if not path.is_file():
+    for file, key in ((STEP_SIZES_FILE, "step_sizes"), (LEGACY_STEP_SIZES_FILE, "inner_lrs")):
+        path = Path(folder) / file
+        if path.is_file():
+            break
+    else:
         return None
     try:
         data = json.loads(path.read_text())
         order = [str(n) for n in data["order"]]
-        lrs = check_lrs([data["inner_lrs"][n] for n in order], len(order))
+        values = check_lrs([data[key][n] for n in order], len(order))
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
         raise ValueError(
-            f"{path} is not a valid inner-lr file ({err}): expected {{'order': [names], "
-            "'inner_lrs': {name: lr > 0}}, as written by save_inner_lrs; delete it to adapt with "
-            "algorithm.inner_lr instead"
+            f"{path} is not a valid step-size file ({err}): expected {{'order': [names], "
+            f"'{key}': {{name: step size > 0}}}}, as written by save_step_sizes; delete it to adapt "
+            "with algorithm.inner_lr instead"
         ) from err
     if names is not None and list(names) != order:
         missing = sorted(set(names) - set(order))[:3]
         raise ValueError(
-            f"{path} holds lrs for {len(order)} tensors that do not match the model's "
+            f"{path} holds step sizes for {len(order)} tensors that do not match the model's "
             f"{len(names)} adapter tensors (missing e.g. {missing}): load the adapter it was "
             "saved with, with the same lora settings"
         )
-    return lrs
+    return values
 
 
-__all__ = ["INNER_LRS_FILE", "STATE_KEY", "MetaSGD", "StepSizes", "load_inner_lrs", "save_inner_lrs"]
+__all__ = [
+    "LEGACY_STEP_SIZES_FILE", "STATE_KEY", "STEP_SIZES_FILE", "MetaSGD", "StepSizes", "load_step_sizes",
+    "save_step_sizes",
+]

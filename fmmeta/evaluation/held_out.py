@@ -207,12 +207,12 @@ def evaluate_methods(
             steps = max_steps if spec.adapt else 0
             icl = icl_max_length if spec.demonstrations else None
             logger.info("evaluating %s (lr %s) on %d seeds", method,
-                        "learned" if spec.inner_lrs is not None else lrs.get(method), len(episodes_per_seed))
+                        "learned" if spec.step_sizes is not None else lrs.get(method), len(episodes_per_seed))
 
             def one(group: list[Episode] | None) -> list[Scored]:
                 scored = adapt_and_score(model, lora, params, start, group or [], cfg, steps,
                                           pad_id, micro_batch_size, lockstep, icl_max_length=icl,
-                                          score_steps=score_steps, lrs=spec.inner_lrs)
+                                          score_steps=score_steps, lrs=spec.step_sizes)
                 if bar is not None:
                     bar.update(min(len(group or []) * ranks.world_size, bar.total - bar.n))
                 return scored
@@ -227,8 +227,8 @@ def evaluate_methods(
         inner_lrs=lrs,
         inner=inner,
         lr_selection=lr_selection,
-        learned_lrs={m: [float(x) for x in spec.inner_lrs] for m, spec in specs.items()
-                     if spec.inner_lrs is not None},
+        step_sizes={m: [float(x) for x in spec.step_sizes] for m, spec in specs.items()
+                    if spec.step_sizes is not None},
     )
 
 

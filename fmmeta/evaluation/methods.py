@@ -32,15 +32,15 @@ class EvalMethod:
             demonstrations (MetaICL style), after adaptation if ``adapt``.
         adapt: adapt on the support for 1..max_steps steps and score after each; ``False``
             scores at step 0 only.
-        inner_lrs: one adaptation step size per adapter tensor, learned in meta-training
-            (``metasgd``, :func:`~fmmeta.algorithms.meta_sgd.load_inner_lrs`); used as they are,
+        step_sizes: one adaptation step size per adapter tensor, learned in meta-training
+            (``metasgd``, :func:`~fmmeta.algorithms.meta_sgd.load_step_sizes`); used as they are,
             so no lr is chosen from the grid for this method. ``None``: a single lr.
     """
 
     state: Sequence[torch.Tensor] | None = None
     demonstrations: bool = False
     adapt: bool = True
-    inner_lrs: Sequence[float] | None = None
+    step_sizes: Sequence[float] | None = None
 
 
 def as_eval_method(name: str, value: EvalMethod | Sequence[torch.Tensor] | None) -> EvalMethod:
@@ -72,14 +72,14 @@ def prepare_methods(
     specs = {name: as_eval_method(name, value) for name, value in methods.items()}
     _check_states(params, specs)
     for name, spec in specs.items():
-        if spec.inner_lrs is not None:
-            check_lrs(spec.inner_lrs, len(params))  # one positive, finite lr per adapter tensor
+        if spec.step_sizes is not None:
+            check_lrs(spec.step_sizes, len(params))  # one positive, finite lr per adapter tensor
     return specs
 
 
 def needs_lr(specs: Mapping[str, EvalMethod]) -> list[str]:
     """Methods that adapt with one lr (to choose), not with learned per-tensor ones."""
-    return [m for m, spec in specs.items() if spec.adapt and spec.inner_lrs is None]
+    return [m for m, spec in specs.items() if spec.adapt and spec.step_sizes is None]
 
 
 def _check_states(params: Sequence[torch.Tensor], methods: Mapping[str, EvalMethod]) -> None:

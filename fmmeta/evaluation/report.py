@@ -94,7 +94,7 @@ def _settings(result: EvalResult) -> list[str]:
             + "."
         )
         lines.append("")
-    for m, learned in result.learned_lrs.items():
+    for m, learned in result.step_sizes.items():
         ordered = sorted(learned)
         lines += [
             f"{m} adapts with its learned step sizes, one per adapter tensor ({len(learned)}): "

@@ -138,7 +138,7 @@ class EvalResult:
         inner: the inner-loop settings shared by all methods (lr aside).
         lr_selection: how ``inner_lrs`` were chosen, when they were.
         notes: how the compared adapters were trained (budget rules), for the report.
-        learned_lrs: the per-tensor step sizes of methods that adapt with learned ones.
+        step_sizes: the per-tensor step sizes of methods that adapt with learned ones.
     """
 
     records: list[EpisodeRecord]
@@ -149,7 +149,7 @@ class EvalResult:
     inner: InnerLoopConfig
     lr_selection: LrSelection | None = None
     notes: list[str] = field(default_factory=list)
-    learned_lrs: dict[str, list[float]] = field(default_factory=dict)
+    step_sizes: dict[str, list[float]] = field(default_factory=dict)
     _summary: dict[str, dict[str, dict[int, MetricSummary]]] | None = field(
         default=None, repr=False, compare=False
     )
@@ -266,7 +266,7 @@ class EvalResult:
             "inner": dataclasses.asdict(self.inner),
             "lr_selection": sel,
             "notes": self.notes,
-            "learned_lrs": self.learned_lrs,
+            "step_sizes": self.step_sizes,
             "summary": summary,
             "comparisons": [dataclasses.asdict(c) for c in self.comparisons()],
             "records": [dataclasses.asdict(r) for r in self.records],

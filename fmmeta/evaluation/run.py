@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from fmmeta.algorithms.build import BUDGET_RULES
-from fmmeta.algorithms.meta_sgd import load_inner_lrs
+from fmmeta.algorithms.meta_sgd import load_step_sizes
 from fmmeta.engine.protocol import Engine
 from fmmeta.errors import UserInputError
 from fmmeta.evaluation.held_out import evaluate_held_out
@@ -89,14 +89,14 @@ def adapter_tensors(model: torch.nn.Module, folder: Path) -> list[torch.Tensor]:
 def eval_methods(
     cfg: RecipeConfig,
     states: Mapping[str, list[torch.Tensor] | None],
-    learned_lrs: Mapping[str, list[float]] | None = None,
+    step_sizes: Mapping[str, list[float]] | None = None,
 ) -> dict[str, EvalMethod]:
     """The report's rows: each state adapted and scored plainly (at its learned step sizes where
-    ``learned_lrs`` has them), except MetaICL's, which is scored with its demonstrations and no
+    ``step_sizes`` has them), except MetaICL's, which is scored with its demonstrations and no
     adaptation; in-context demonstrations on the base (``eval.in_context``); and
     ``<method>+demos`` for every method of ``eval.with_demonstrations`` (adapted, then scored with
     the demonstrations)."""
-    learned = learned_lrs or {}
+    learned = step_sizes or {}
     rows: dict[str, EvalMethod] = {}
     for name, state in states.items():
         if name == "base" and cfg.eval.in_context:
@@ -105,10 +105,10 @@ def eval_methods(
         elif name == "metaicl":
             rows[name] = EvalMethod(state, demonstrations=True, adapt=False)
         else:
-            rows[name] = EvalMethod(state, inner_lrs=learned.get(name))
+            rows[name] = EvalMethod(state, step_sizes=learned.get(name))
     for name in cfg.eval.with_demonstrations:
         rows[f"{name}+demos"] = EvalMethod(states[name], demonstrations=True,
-                                           inner_lrs=learned.get(name))
+                                           step_sizes=learned.get(name))
     return rows
 
 
@@ -152,9 +152,9 @@ def evaluate_run(
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     for name, folder in adapters.items():
         states[name] = adapter_tensors(model, Path(folder))
-        lrs = load_inner_lrs(folder, names)
-        if lrs is not None:
-            learned[name] = lrs
+        sizes = load_step_sizes(folder, names)
+        if sizes is not None:
+            learned[name] = sizes
     methods = eval_methods(cfg, states, learned)
     seed, query = cfg.train.seed, cfg.eval.query
     val = draw_episodes(evaluation_tasks(suite.validation, query), seed, 0, cfg.eval.val_episodes_per_task)

@@ -19,7 +19,7 @@ import logging
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from fmmeta.algorithms import load_inner_lrs
+from fmmeta.algorithms import load_step_sizes
 from fmmeta.engine.build import build_engine
 from fmmeta.engine.partition import partitioned_build
 from fmmeta.errors import UserInputError
@@ -84,7 +84,7 @@ class Scorer:
         its adaptation lr chosen on another draw, as held-out evaluation chooses it."""
         cfg = dataclasses.replace(self.cfg, eval=dataclasses.replace(self.cfg.eval, with_demonstrations=()))
         names = [n for n, p in self.model.named_parameters() if p.requires_grad]
-        lrs = load_inner_lrs(adapter_dir, names)
+        lrs = load_step_sizes(adapter_dir, names)
         methods = eval_methods(cfg, {method: adapter_tensors(self.model, adapter_dir)},
                                {method: lrs} if lrs is not None else None)
         params = self.engine.adapter_parameters()

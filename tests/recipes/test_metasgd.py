@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fmmeta.algorithms.meta_sgd import load_inner_lrs
+from fmmeta.algorithms.meta_sgd import load_step_sizes
 from tests.recipes import _recipe
 
 ARGS = [a for a in _recipe.SHORT if not a.startswith("methods=")] + ["methods=[metasgd]"]
@@ -44,7 +44,7 @@ def test_metasgd_logs_and_saves_its_learned_lrs(metasgd_run: Path) -> None:
     assert len(set(means)) == 8, means  # the step sizes move every step
     assert all(lo <= mean <= hi for _, mean, lo, hi in records)
     adapter = metasgd_run / "metasgd" / "adapter"
-    lrs = load_inner_lrs(adapter)
+    lrs = load_step_sizes(adapter)
     assert lrs is not None and len(lrs) == len(_recipe.adapter(adapter))  # one per LoRA tensor
     assert sum(lrs) / len(lrs) == pytest.approx(means[-1], rel=1e-6)
     assert max(abs(math.log(lr / 0.1)) for lr in lrs) > 0.01  # moved away from algorithm.inner_lr
@@ -53,7 +53,7 @@ def test_metasgd_logs_and_saves_its_learned_lrs(metasgd_run: Path) -> None:
     state = json.loads((last / "state.json").read_text())["step_sizes"]
     assert state["t"] == 8
     assert [math.exp(x) for x in state["log_lr"]] == pytest.approx(lrs, rel=1e-6)
-    assert load_inner_lrs(last / "adapter") == lrs
+    assert load_step_sizes(last / "adapter") == lrs
 
 
 @pytest.mark.timeout(420)
@@ -66,7 +66,7 @@ def test_metasgd_resume_restores_step_sizes_bitwise(tmp_path: Path, metasgd_run:
     assert "(meta-step 5 complete)" in proc.stdout, proc.stdout[-3000:]
     assert _lr_records(out / "metrics.jsonl") == _lr_records(metasgd_run / "metrics.jsonl")
     assert _recipe.losses(out / "metrics.jsonl") == _recipe.losses(metasgd_run / "metrics.jsonl")
-    assert load_inner_lrs(out / "metasgd" / "adapter") == load_inner_lrs(metasgd_run / "metasgd" / "adapter")
+    assert load_step_sizes(out / "metasgd" / "adapter") == load_step_sizes(metasgd_run / "metasgd" / "adapter")
     a = _recipe.adapter(out / "metasgd" / "adapter")
     b = _recipe.adapter(metasgd_run / "metasgd" / "adapter")
     assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in b)

@@ -1,5 +1,5 @@
 """Meta-SGD: per-tensor inner lrs, the first-order step-size gradient against finite differences,
-the step sizes' outer update, and the inner_lrs.json round trip.
+the step sizes' outer update, and the step_sizes.json round trip.
 
 What the finite-difference tests compare. A float64 reference that shares no code with
 ``fmmeta.algorithms`` runs each task's inner loop at the current lrs ``a`` and records every step's
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from fmmeta.algorithms.build import build_algorithm
 from fmmeta.algorithms.config import AlgorithmConfig, InnerLoopConfig
 from fmmeta.algorithms.inner_loop import InnerOptimizer, adapt, restore, snapshot
-from fmmeta.algorithms.meta_sgd import MetaSGD, StepSizes, load_inner_lrs, save_inner_lrs
+from fmmeta.algorithms.meta_sgd import MetaSGD, StepSizes, load_step_sizes, save_step_sizes
 from fmmeta.algorithms.meta_step import meta_step
 from fmmeta.algorithms.protocol import RankResult
 from fmmeta.config import ConfigError
@@ -274,27 +274,40 @@ def test_skipped_meta_step_leaves_step_sizes(episodes) -> None:
                           skipped=False)
 
 
-def test_inner_lrs_file_round_trip_and_errors(tmp_path: Path) -> None:
+def test_step_sizes_file_round_trip_and_errors(tmp_path: Path) -> None:
     model = build_tiny_peft(0)
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     lrs = _lrs(len(names), 0.03)
-    path = save_inner_lrs(tmp_path, names, lrs)
+    path = save_step_sizes(tmp_path, names, lrs)
+    assert path.name == "step_sizes.json"
     data = json.loads(path.read_text())
-    assert data["order"] == names and data["inner_lrs"][names[1]] == lrs[1]
-    assert load_inner_lrs(tmp_path) == lrs
-    assert load_inner_lrs(tmp_path, names) == lrs
-    assert load_inner_lrs(tmp_path / "none") is None
+    assert data["order"] == names and data["step_sizes"][names[1]] == lrs[1]
+    assert load_step_sizes(tmp_path) == lrs
+    assert load_step_sizes(tmp_path, names) == lrs
+    assert load_step_sizes(tmp_path / "none") is None
     with pytest.raises(ValueError, match="do not match the model's"):
-        load_inner_lrs(tmp_path, names[::-1])
-    data["inner_lrs"][names[0]] = 0.0
+        load_step_sizes(tmp_path, names[::-1])
+    data["step_sizes"][names[0]] = 0.0
     path.write_text(json.dumps(data))
-    with pytest.raises(ValueError, match="not a valid inner-lr file"):
-        load_inner_lrs(tmp_path)
+    with pytest.raises(ValueError, match="not a valid step-size file"):
+        load_step_sizes(tmp_path)
     path.write_text("{")
-    with pytest.raises(ValueError, match="not a valid inner-lr file"):
-        load_inner_lrs(tmp_path)
+    with pytest.raises(ValueError, match="not a valid step-size file"):
+        load_step_sizes(tmp_path)
     with pytest.raises(ValueError, match="2 inner lrs for 8"):
-        save_inner_lrs(tmp_path, names, [0.1, 0.1])
+        save_step_sizes(tmp_path, names, [0.1, 0.1])
+
+
+def test_adapters_saved_before_the_rename_still_load_their_step_sizes(tmp_path: Path) -> None:
+    """An adapter folder of an earlier run holds inner_lrs.json with key inner_lrs: evaluating it
+    must give the same step sizes, not silently adapt at algorithm.inner_lr."""
+    names = [n for n, p in build_tiny_peft(0).named_parameters() if p.requires_grad]
+    lrs = _lrs(len(names), 0.03)
+    (tmp_path / "inner_lrs.json").write_text(json.dumps({"order": names, "inner_lrs": dict(zip(names, lrs))}))
+    assert load_step_sizes(tmp_path, names) == lrs
+    (tmp_path / "inner_lrs.json").write_text(json.dumps({"order": names, "step_sizes": dict(zip(names, lrs))}))
+    with pytest.raises(ValueError, match="inner_lrs.json is not a valid step-size file"):
+        load_step_sizes(tmp_path, names)  # the old file must carry the old key
 
 
 def test_config_accepts_metasgd_and_refuses_bad_step_size_lr() -> None:

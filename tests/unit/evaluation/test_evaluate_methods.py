@@ -253,13 +253,13 @@ def test_learned_step_sizes_are_used_as_they_are_and_not_tuned() -> None:
     before = snapshot(params)
     trained = random_state(params, seed=15)
     learned = [0.02 * (1 + i % 3) for i in range(len(params))]
-    methods = {"plain": trained, "learned": EvalMethod(trained, inner_lrs=learned)}
+    methods = {"plain": trained, "learned": EvalMethod(trained, step_sizes=learned)}
     val = _episodes(16, n_seeds=1, prefix="val")[0]
     test = _episodes(17)
     inner = InnerLoopConfig(inner_steps=2, inner_lr=0.1)
     res = evaluate_held_out(model, params, methods, val, test, inner, 2, PAD, lr_grid=(0.01, 0.3))
     assert set(res.lr_selection.chosen) == {"plain"} and set(res.inner_lrs) == {"plain"}
-    assert res.learned_lrs == {"learned": learned}
+    assert res.step_sizes == {"learned": learned}
     ep = test[0][1]
     restore(params, trained)
     adapt(model, params, [collate(ep.support, PAD)], inner, steps=2, lrs=learned)
@@ -268,7 +268,7 @@ def test_learned_step_sizes_are_used_as_they_are_and_not_tuned() -> None:
     assert rec.loss == pytest.approx(ref.loss, rel=1e-5)
     restore(params, before)
     with pytest.raises(ValueError, match="inner lrs"):
-        evaluate_methods(model, params, {"x": EvalMethod(trained, inner_lrs=[0.1])}, test, inner, 1, PAD)
+        evaluate_methods(model, params, {"x": EvalMethod(trained, step_sizes=[0.1])}, test, inner, 1, PAD)
     assert "learned step sizes, one per adapter tensor" in format_markdown(res)
 
 
@@ -307,7 +307,7 @@ def test_episodes_adapted_together_score_as_one_at_a_time(optimizer: str) -> Non
     eps = [[random_episode(g, f"t{i}", classification=i % 2 == 0, shots=1 + i % 3, n_query=1 + i % 2)
             for i in range(5)] for _ in range(3)]
     methods = {"base": None, "trained+demos": EvalMethod(trained, demonstrations=True),
-               "learned": EvalMethod(trained, inner_lrs=learned)}
+               "learned": EvalMethod(trained, step_sizes=learned)}
     inner = InnerLoopConfig(inner_steps=2, inner_lr=0.2, inner_optimizer=optimizer, inner_clip_norm=0.5)
 
     def run(per_pass: int) -> dict:
