@@ -40,8 +40,8 @@ RENAMED_OPTIONS = {"n_val_languages": "n_validation_languages", "n_test_language
 _DEFAULTS = {"n_validation_languages": 5, "n_held_out_languages": 5, "score_on": "held_out"}
 
 
-def read_renamed(given: dict[str, Any], renamed: dict[str, Any]) -> dict[str, Any]:
-    """``given`` with the options a YAML file still names by their earlier names taken in.
+def read_options(given: dict[str, Any], renamed: dict[str, Any]) -> dict[str, Any]:
+    """``given`` with the options a YAML file still names by their earlier names taken in, checked.
 
     A run folder's ``config.yaml`` keeps the names it was written with and a resume must read it,
     so an earlier name keeps working, with a warning that names today's; an earlier name and
@@ -62,6 +62,9 @@ def read_renamed(given: dict[str, Any], renamed: dict[str, Any]) -> dict[str, An
     if out["score_on"] == "test":
         logger.warning("tasks.options.score_on='test' is deprecated: it is now 'held_out' (read as such)")
         out["score_on"] = "held_out"
+    if out["score_on"] not in ("held_out", "validation"):
+        raise ValueError(f"build_cldr_suite score_on={out['score_on']!r} is invalid: choose 'held_out' or "
+                         "'validation'")
     return out
 
 SuiteSplit = TaskSet
@@ -214,12 +217,9 @@ def build_cldr_suite(
         ['translate-xx', ...]
     """
     _check_families(families)
-    given = {"n_validation_languages": n_validation_languages, "n_held_out_languages": n_held_out_languages,
-             "score_on": score_on}
-    n_validation_languages, n_held_out_languages, score_on = read_renamed(given, renamed).values()
-    if score_on not in ("held_out", "validation"):
-        raise ValueError(f"build_cldr_suite score_on={score_on!r} is invalid: choose 'held_out' or "
-                         "'validation'")
+    n_validation_languages, n_held_out_languages, score_on = read_options(
+        {"n_validation_languages": n_validation_languages, "n_held_out_languages": n_held_out_languages,
+         "score_on": score_on}, renamed).values()
     langs = list(dict.fromkeys(languages))
     n_train = len(langs) - n_validation_languages - n_held_out_languages
     if n_train < 1:
@@ -227,8 +227,7 @@ def build_cldr_suite(
             f"build_cldr_suite: {len(langs)} languages leave none for meta-training after "
             f"n_validation_languages={n_validation_languages} and n_held_out_languages={n_held_out_languages}"
         )
-    order = np.random.default_rng(seed).permutation(len(langs))
-    shuffled = [langs[i] for i in order]
+    shuffled = [langs[i] for i in np.random.default_rng(seed).permutation(len(langs))]
     split_langs = {
         "meta_train": shuffled[:n_train],
         "validation": shuffled[n_train : n_train + n_validation_languages],
