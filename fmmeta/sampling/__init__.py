@@ -4,6 +4,7 @@ from fmmeta.sampling.cost import CostModel
 from fmmeta.sampling.plan import DUMMY_PASS, MetaBatchPlan, PackedPass, RankPlan, TaskSlot
 from fmmeta.sampling.planner import PlanStats, assign_tasks, plan_meta_batch, plan_stats
 from fmmeta.sampling.prefetch import Prefetched, Prefetcher
+from fmmeta.sampling.rows_plan import fast_weight_megabytes, plan_cost, plan_placed, plan_rows_across_ranks
 from fmmeta.sampling.sampler import CostAwareSampler, SamplerConfig
 from fmmeta.sampling.source import (
     EpisodeSource,
@@ -34,7 +35,11 @@ __all__ = [
     "TaskObservation",
     "TaskSlot",
     "assign_tasks",
+    "fast_weight_megabytes",
     "observation_from_dict",
     "plan_meta_batch",
+    "plan_placed",
+    "plan_rows_across_ranks",
     "plan_stats",
+    "plan_cost",
 ]

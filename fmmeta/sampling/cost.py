@@ -12,6 +12,12 @@ The defaults are in *token-equivalents* (``b = 1``): ``a = 64`` says a pass has 
 of 64 tokens, ``c = 1/2048`` makes attention match the linear layers at 2048 tokens, about right
 for a small Llama with LoRA. :meth:`CostModel.fit` moves the coefficients toward measured step
 times (then the unit becomes seconds); only ratios matter to the planner.
+
+The rows-across-ranks placement (:mod:`fmmeta.sampling.rows_plan`) also pays one all-reduce of
+the stacked inner gradients per inner step: ``r`` per million floats (:meth:`CostModel.reduce_cost`).
+The default, 4 token-equivalents, is what gloo on two CPU processes costs next to SmolLM2-135M's
+fp32 passes (measured: ``benchmarks/zero3_step.py``); NCCL next to a GPU's passes is cheaper.
+It is not fitted: the pass times it would be fitted on do not contain it.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ class CostModel:
         a: per-pass overhead (>= 0), in the model's unit (token-equivalents by default).
         b: cost per processed token, padding included (>= 0).
         c: cost per squared sequence length, the attention term (>= 0).
+        r: cost of all-reducing a million floats across the ranks (>= 0), in the unit of ``b``
+            before any fit (fits rescale it with the other coefficients).
         ridge: pull of the current coefficients on a fit (>= 0; relative to the data, so
             ``0.1`` means a fit needs a clear signal to move a coefficient).
         damping: fraction of the old coefficients kept after a fit, in ``[0, 1)``; damps noise
@@ -46,13 +54,14 @@ class CostModel:
     a: float = 64.0
     b: float = 1.0
     c: float = 1.0 / 2048.0
+    r: float = 4.0
     ridge: float = 0.1
     damping: float = 0.5
     n_fits: int = 0
 
     def __post_init__(self) -> None:
         problems = []
-        for key in ("a", "b", "c", "ridge"):
+        for key in ("a", "b", "c", "r", "ridge"):
             v = getattr(self, key)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 problems.append(f"CostModel.{key}={v!r} is invalid: must be a finite number >= 0")
@@ -75,6 +84,10 @@ class CostModel:
     def dummy_pass_cost(self) -> float:
         """Cost of a dummy pass (one sequence of one token)."""
         return self.a + self.b + self.c
+
+    def reduce_cost(self, n_floats: int) -> float:
+        """Cost of one all-reduce of ``n_floats`` floats across the ranks."""
+        return self.r * n_floats / 1e6
 
     def chunk_cost(self, lengths: Sequence[int]) -> float:
         """Cost of one pass over a micro-batch with these sequence lengths (padded to the max)."""
@@ -131,19 +144,22 @@ class CostModel:
         if not np.all(np.isfinite(theta)) or theta.sum() <= 0:
             logger.warning("cost fit gave unusable coefficients %s; keeping %s", theta, self.coefficients)
             return False
+        if self.n_fits == 0 and sum(self.coefficients) > 0:  # the all-reduce moves to the new unit too
+            self.r *= float(theta0.sum() / sum(self.coefficients))
         self.a, self.b, self.c = (float(v) for v in theta)
         self.n_fits += 1
         return True
 
     def state_dict(self) -> dict[str, Any]:
         """Plain-python state (exact floats survive JSON)."""
-        return {"a": self.a, "b": self.b, "c": self.c, "ridge": self.ridge,
+        return {"a": self.a, "b": self.b, "c": self.c, "r": self.r, "ridge": self.ridge,
                 "damping": self.damping, "n_fits": self.n_fits}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores :meth:`state_dict` output."""
         for key in ("a", "b", "c", "ridge", "damping"):
             setattr(self, key, float(state[key]))
+        self.r = float(state.get("r", self.r))  # states saved before the all-reduce term keep the default
         self.n_fits = int(state["n_fits"])
 
 

@@ -13,14 +13,21 @@ passes, not only the tasks:
   slot whose fast adapter it runs through, so every pass can be filled to one token budget;
 * a pass without rows is a *dummy pass*: one forward and backward on a 2-token sequence with
   zero weight, which keeps the collectives matched without changing any result.
+
+A plan places work one of two ways (:data:`Placement`). ``"tasks"``: each task on one rank, as
+above. ``"rows"``: every rank holds *every* task of the meta-batch (the same slots everywhere)
+and runs a share of each task's rows; the ranks sum their tasks' inner gradients once per inner
+step (:mod:`fmmeta.sampling.rows_plan` explains why and what it costs).
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
-from dataclasses import dataclass
-from typing import Sequence, TypeVar
+from dataclasses import dataclass, field
+from typing import Literal, Sequence, TypeVar
+
+import numpy as np
 
 from fmmeta.tasks.episode import Episode, Example
 
@@ -91,6 +98,10 @@ DUMMY_PASS = PackedPass((), (), 0, 0)
 
 _T = TypeVar("_T", TaskSlot, PackedPass)
 
+Placement = Literal["tasks", "rows"]
+"""How a plan places a meta-batch on ranks: whole tasks per rank, or every task's rows dealt
+across all ranks."""
+
 
 def _make_many(cls: type[_T], *columns: Sequence) -> list[_T]:
     """``[cls(*row) for row in zip(*columns)]`` for the planner's hot path, ~2.5x faster.
@@ -113,14 +124,18 @@ class RankPlan:
     """One rank's share of a meta-step.
 
     Attributes:
-        slots: the tasks this rank adapts (possibly none).
+        slots: the tasks this rank adapts (possibly none); with ``shared`` every task of the
+            meta-batch, the same on every rank.
         support: support passes; every inner step runs all of them, in order.
         query: query passes, run once after the inner steps.
+        shared: the rows-across-ranks placement: this rank runs only a share of its slots' rows,
+            and every inner step sums the tasks' gradients over all ranks.
     """
 
     slots: tuple[TaskSlot, ...]
     support: tuple[PackedPass, ...]
     query: tuple[PackedPass, ...]
+    shared: bool = False
 
 
 @dataclass(frozen=True)
@@ -131,16 +146,27 @@ class MetaBatchPlan:
         step: the meta-step this plan is for.
         ranks: ``ranks[r]`` is rank ``r``'s :class:`RankPlan`; all have the same pass counts.
         n_real_tasks: tasks over all ranks (the meta-gradient's divisor).
+        placement: ``"tasks"`` or ``"rows"`` (every rank's :attr:`RankPlan.shared` says the same).
+        predicted: the cost model's price of this meta-batch under each placement the planner
+            weighed (``{"tasks": ..., "rows": ...}``; empty when it weighed none).
 
     Raises:
-        ValueError: if the ranks' pass counts differ (a plan that would hang ZeRO-3).
+        ValueError: if the ranks' pass counts differ (a plan that would hang ZeRO-3), or their
+            placement disagrees with ``placement``.
     """
 
     step: int
     ranks: tuple[RankPlan, ...]
     n_real_tasks: int
+    placement: Placement = "tasks"
+    predicted: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if any(r.shared != (self.placement == "rows") for r in self.ranks):
+            raise ValueError(
+                f"plan for step {self.step} has placement={self.placement!r} but ranks with "
+                f"shared={[r.shared for r in self.ranks]}: build rows plans with plan_rows_across_ranks"
+            )
         counts = {(len(r.support), len(r.query)) for r in self.ranks}
         if len(counts) > 1:
             raise ValueError(
@@ -154,12 +180,36 @@ class MetaBatchPlan:
 
     @property
     def slots(self) -> tuple[TaskSlot, ...]:
-        """Every rank's slots, rank by rank."""
+        """Every task of the meta-batch once: every rank's slots, rank by rank (with rows across
+        ranks every rank holds them all: rank 0's)."""
+        if self.placement == "rows":
+            return self.ranks[0].slots
         return tuple(s for r in self.ranks for s in r.slots)
+
+    def pass_cost(self, coefficients: tuple[float, float, float], *, inner_steps: int,
+                  lockstep: bool = True) -> float:
+        """The passes' price (``a + b * padded tokens + c * sum len^2`` each; support passes run
+        ``inner_steps`` times), collectives aside.
+
+        ``lockstep`` (ZeRO-3, where ranks meet inside every pass): per phase, the sum over pass
+        indices of the costliest rank's pass. Otherwise ranks meet only where the placement makes
+        them: at the outer step for ``"tasks"`` (the most loaded rank's total), and also after
+        every inner step for ``"rows"`` (whose inner steps all-reduce)."""
+        coef = np.array(coefficients, dtype=np.float64)
+        cost = []
+        for phase in ([r.support for r in self.ranks], [r.query for r in self.ranks]):
+            feats = np.array([[p.features for p in passes] for passes in phase])  # R x P x 3
+            cost.append(feats @ coef if feats.size else np.zeros((len(self.ranks), 1)))
+        support, query = cost
+        if lockstep:
+            return inner_steps * float(support.max(axis=0).sum()) + float(query.max(axis=0).sum())
+        if self.placement == "rows":
+            return inner_steps * float(support.sum(axis=1).max()) + float(query.sum(axis=1).max())
+        return float((inner_steps * support.sum(axis=1) + query.sum(axis=1)).max())
 
     def digest(self) -> str:
         """SHA-256 of the plan's structure; equal on every rank when samplers agree."""
-        h = hashlib.sha256(f"step={self.step};n={self.n_real_tasks}".encode())
+        h = hashlib.sha256(f"step={self.step};n={self.n_real_tasks};{self.placement}".encode())
         for r, rank in enumerate(self.ranks):
             for s in rank.slots:
                 ep = s.episode

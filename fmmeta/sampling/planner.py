@@ -391,8 +391,11 @@ class PlanStats:
         lockstep: sum over passes of the slowest rank's pass: what it costs under ZeRO-3.
         lower_bound: ``total / ranks``, the total being every task's own unpadded work with no
             per-pass overhead; the same for any plan of the same meta-batch.
-        largest_task: the largest task's own work (no plan that keeps tasks whole beats it).
+        largest_task: the largest task's own work (no plan that keeps tasks whole beats it;
+            rows across ranks can).
         rank_costs: every rank's cost.
+        placement: the plan's placement (``"tasks"`` or ``"rows"``).
+        predicted: the planner's price of each placement it weighed (``MetaBatchPlan.predicted``).
     """
 
     padding_efficiency: float
@@ -401,6 +404,8 @@ class PlanStats:
     lower_bound: float
     largest_task: float
     rank_costs: tuple[float, ...]
+    placement: str = "tasks"
+    predicted: tuple[tuple[str, float], ...] = ()
 
     @property
     def makespan_over_lb(self) -> float:
@@ -449,6 +454,8 @@ def plan_stats(plan: MetaBatchPlan, *, inner_steps: int, cost_model: CostModel) 
         lower_bound=sum(task_work) / len(plan.ranks),
         largest_task=max(task_work, default=0.0),
         rank_costs=tuple(float(x) for x in rank_costs),
+        placement=plan.placement,
+        predicted=tuple(sorted(plan.predicted.items())),
     )
 
 

@@ -28,7 +28,7 @@ import numpy as np
 from fmmeta.config import raise_if_invalid
 from fmmeta.sampling.cost import CostModel
 from fmmeta.sampling.plan import MetaBatchPlan
-from fmmeta.sampling.planner import plan_meta_batch
+from fmmeta.sampling.rows_plan import PLACEMENTS, plan_placed
 from fmmeta.sampling.source import (
     EpisodeSource,
     Observation,
@@ -71,6 +71,11 @@ class SamplerConfig:
     micro_batch_size x the meta-batch's longest sequence). Peak activation memory follows it."""
     strategy: str = "uniform"
     """Task selection: uniform | curriculum | diversity | hard | uniform_difficulty."""
+    placement: str = "auto"
+    """How a meta-batch is placed on ranks: "tasks" (each task on one rank), "rows" (every rank
+    holds every task and runs a share of each task's rows; the inner steps all-reduce the tasks'
+    gradients) or "auto" (whichever the cost model prices lower, per meta-step). One rank always
+    plans "tasks"."""
     on_uneven: str = "pad"
     """When meta_batch_size does not divide by world size: "pad" (ranks hold different task
     counts; packing keeps their pass counts equal) or "error"."""
@@ -100,6 +105,9 @@ class SamplerConfig:
     """Initial per-token cost (>= 0)."""
     cost_c: float = 1.0 / 2048.0
     """Initial per-squared-length cost (attention, >= 0)."""
+    cost_r: float = 4.0
+    """Initial cost of all-reducing a million floats across ranks (token-equivalents, >= 0):
+    what the rows placement pays per inner step for T x adapter floats."""
     cost_damping: float = 0.5
     """Fraction of old cost coefficients kept per fit, in [0, 1)."""
     balance_tol: float = 1e-3
@@ -124,13 +132,14 @@ class SamplerConfig:
              "must be an integer >= 0", "0 derives it from micro_batch_size")
         need(self.strategy in STRATEGIES, "strategy", f"allowed: {', '.join(STRATEGIES)}")
         need(self.on_uneven in ("pad", "error"), "on_uneven", "allowed: pad, error")
+        need(self.placement in PLACEMENTS, "placement", f"allowed: {', '.join(PLACEMENTS)}")
         need(self.difficulty in ("shots", "lengths", "loss"), "difficulty", "allowed: shots, lengths, loss")
         need(self.pacing in ("linear", "root"), "pacing", "allowed: linear, root")
         need(0.0 < self.pacing_start <= 1.0, "pacing_start", "must be in (0, 1]")
         need(0.0 < self.hard_floor <= 1.0, "hard_floor", "must be in (0, 1]", "a floor of 0 lets tasks starve")
         need(self.hard_temperature > 0, "hard_temperature", "must be > 0")
         need(0.0 < self.loss_ema <= 1.0, "loss_ema", "must be in (0, 1]")
-        for key in ("cost_a", "cost_b", "cost_c"):
+        for key in ("cost_a", "cost_b", "cost_c", "cost_r"):
             v = getattr(self, key)
             need(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0, key, "must be a finite number >= 0")
         need(0.0 <= self.cost_damping < 1.0, "cost_damping", "must be in [0, 1)")
@@ -172,6 +181,9 @@ class CostAwareSampler:
             compute of ``inner_steps`` support passes on them instead of repeating one set.
         support_repeats: how often each support pass runs (weights the support cost in the plan);
             the algorithm's ``support_repeats`` (its inner steps for FOMAML and Reptile).
+        fast_weight_numel: floats of one task's fast weights (the adapter's size; 0 for methods
+            that adapt nothing): prices the rows placement's all-reduce per inner step.
+        lockstep: whether the engine's ranks meet at every pass (ZeRO-3); prices the placements.
 
     Example:
         >>> sampler = CostAwareSampler(tasks, SamplerConfig(meta_batch_size=8), world_size=2, seed=0)
@@ -190,6 +202,8 @@ class CostAwareSampler:
         seed: int,
         support_draws: int = 1,
         support_repeats: int = 1,
+        fast_weight_numel: int = 0,
+        lockstep: bool = True,
     ) -> None:
         raise_if_invalid(config)
         if not sources:
@@ -230,8 +244,11 @@ class CostAwareSampler:
         self.seed = seed
         self.support_draws = support_draws
         self.support_repeats = support_repeats
+        self.fast_weight_numel = fast_weight_numel
+        self.lockstep = lockstep
         self.strategy = config.build_strategy()
-        self.cost_model = CostModel(a=config.cost_a, b=config.cost_b, c=config.cost_c, damping=config.cost_damping)
+        self.cost_model = CostModel(a=config.cost_a, b=config.cost_b, c=config.cost_c, r=config.cost_r,
+                                    damping=config.cost_damping)
         n = len(self.sources)
         domain_names = sorted({s.domain for s in self.sources})
         code = {d: i for i, d in enumerate(domain_names)}
@@ -301,7 +318,7 @@ class CostAwareSampler:
                     "a full task of the meta-batch with nothing to learn from; give it examples "
                     "or leave it out of the pool"
                 )
-        plan = plan_meta_batch(
+        plan = plan_placed(
             episodes,
             ids,
             step=step,
@@ -313,6 +330,9 @@ class CostAwareSampler:
             rng=self._rng(_STREAM_PLAN, step),
             on_uneven=self.config.on_uneven,  # type: ignore[arg-type]
             tol=self.config.balance_tol,
+            placement=self.config.placement,  # type: ignore[arg-type]
+            fast_weight_numel=self.fast_weight_numel,
+            lockstep=self.lockstep,
         )
         self._last_step = max(self._last_step, step)
         return plan

@@ -71,19 +71,23 @@ def test_observation_order_does_not_matter() -> None:
     assert a.state_dict() == b.state_dict()
 
 
-def test_equal_pass_counts_with_uneven_task_lengths() -> None:
+@pytest.mark.parametrize("placement", ["tasks", "rows"])
+def test_equal_pass_counts_with_uneven_task_lengths(placement: str) -> None:
     pool = [FixedSource(f"t{i}", tuple(range(5, 5 + 3 * (i + 1), 3)), (7,) * (1 + i % 5)) for i in range(9)]
-    cfg = SamplerConfig(meta_batch_size=7, micro_batch_size=2)
+    cfg = SamplerConfig(meta_batch_size=7, micro_batch_size=2, placement=placement)
     sampler = CostAwareSampler(pool, cfg, world_size=3, seed=1, support_repeats=3)
     for step in range(6):
         plan = sampler.sample(step)
+        assert plan.placement == placement
         assert len({(len(r.support), len(r.query)) for r in plan.ranks}) == 1
         assert len(plan.slots) == 7 == plan.n_real_tasks
-        # every sequence of every task runs exactly once per phase
-        for r in plan.ranks:
-            for i, slot in enumerate(r.slots):
-                sup = sorted(e for p in r.support for t, e in zip(p.slots, p.examples) if t == i)
-                qry = sorted(e for p in r.query for t, e in zip(p.slots, p.examples) if t == i)
+        # every sequence of every task runs exactly once per phase (with rows across ranks, on
+        # exactly one of the ranks that all hold the task)
+        groups = [plan.ranks] if plan.placement == "rows" else [(r,) for r in plan.ranks]
+        for ranks in groups:
+            for i, slot in enumerate(ranks[0].slots):
+                sup = sorted(e for r in ranks for p in r.support for t, e in zip(p.slots, p.examples) if t == i)
+                qry = sorted(e for r in ranks for p in r.query for t, e in zip(p.slots, p.examples) if t == i)
                 assert sup == list(range(len(slot.episode.support)))
                 assert qry == list(range(len(slot.episode.query)))
 

@@ -1,0 +1,208 @@
+"""Rows across ranks: every rank adapts every task of the meta-batch, on a share of its rows.
+
+Why. Under ZeRO-3 ranks meet at every pass, so a meta-step costs the sum over pass indices of
+the slowest rank's pass. A plan that keeps each task on one rank (:mod:`fmmeta.sampling.planner`)
+cannot beat its largest task: with 2 tasks per rank, one long generation task leaves every
+other rank waiting. But a task's inner gradient is a *sum over its support rows*. If every rank
+holds the fast weights of every task (``T`` stacked adapter copies), any rank can run any row,
+and rows can be dealt by tokens alone: the ranks add their partial inner gradients with one
+all-reduce per inner step, and every rank applies the same update to every task's fast weights.
+The query phase and the outer step need nothing extra: the meta-gradient is a sum over query
+rows, and the outer step's all-reduce already adds the ranks.
+
+The plan, per phase (support, query): every row of every task, sorted longest first, is cut into
+*groups*; a group starts at its longest row (width ``w``) and takes up to ``ranks x (budget //
+w)`` rows, dealt to the ranks in snake order (``0 .. R-1, R-1 .. 0, ...``), so every rank's pass of
+that index holds rows of about the same length and count (within one row). Pass ``g`` on every
+rank is group ``g``; a rank left without a row in the last group runs a dummy pass.
+
+What it costs (:func:`plan_cost`): the passes under lockstep, plus per inner step one
+all-reduce of the stacked inner gradients (``T`` x the adapter's floats), priced by
+:meth:`~fmmeta.sampling.cost.CostModel.reduce_cost`. Memory: ``T`` fast-weight copies on every
+rank (three times that with an Adam inner loop, for its moments).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+
+from fmmeta.sampling.cost import CostModel
+from fmmeta.sampling.lengths import gc_paused, set_lengths
+from fmmeta.sampling.plan import DUMMY_PASS, MetaBatchPlan, PackedPass, RankPlan, TaskSlot, _make_many
+from fmmeta.sampling.planner import OnUneven, plan_meta_batch
+from fmmeta.tasks.episode import Episode
+
+__all__ = ["PLACEMENTS", "PlacementChoice", "fast_weight_megabytes", "plan_placed",
+           "plan_cost", "plan_rows_across_ranks"]
+
+PlacementChoice = Literal["auto", "tasks", "rows"]
+PLACEMENTS = ("auto", "tasks", "rows")
+
+
+def _cut_laps(width: np.ndarray, budget: int, cost_model: CostModel) -> np.ndarray:
+    """Where passes start, over laps sorted longest first (``width[i]``: lap ``i``'s longest
+    row): the contiguous cut of least total cost ``sum a + b * m * w + c * m * w^2`` (a pass of
+    ``m`` laps starting at width ``w``) whose passes hold at most ``budget`` padded tokens per
+    rank (one lap always fits). Cutting sorted rows contiguously loses nothing: a pass pays its
+    longest row's width, so mixing a long row into a pass of short ones only adds padding."""
+    n_laps = width.size
+    a, b, c = cost_model.coefficients
+    w = width.astype(np.float64)
+    most = np.maximum(1, budget // np.maximum(width, 1))  # laps a pass starting at i may take
+    best = np.full(n_laps + 1, np.inf)
+    best[0] = 0.0
+    back = np.zeros(n_laps + 1, dtype=np.int64)
+    span = np.arange(1, int(most.max()) + 1)
+    for j in range(1, n_laps + 1):  # one step per lap: the pass ending at j starts at j - m
+        m = span[: min(j, span.size)]
+        i = j - m
+        ok = m <= most[i]
+        cost = best[i] + a + b * m * w[i] + c * m * w[i] * w[i]
+        cost[~ok] = np.inf
+        k = int(np.argmin(cost))
+        best[j], back[j] = cost[k], i[k]
+    starts = []
+    j = n_laps
+    while j > 0:
+        starts.append(int(back[j]))
+        j = starts[-1]
+    return np.array(starts[::-1], dtype=np.int64)
+
+
+def _deal_phase(lengths: np.ndarray, counts: np.ndarray, world_size: int, budget: int,
+                rank_order: np.ndarray, cost_model: CostModel) -> list[tuple[PackedPass, ...]]:
+    """One phase's passes for every rank: every row of every task, longest first, dealt to the
+    ranks in snake order (*laps* of one row per rank, so every rank gets about the same lengths),
+    and the laps cut into passes (:func:`_cut_laps`), the same cut on every rank: pass ``g`` of
+    every rank holds the rows of the same laps, so every pass index costs about the same on every
+    rank. A rank without a row in the last lap's pass runs a dummy pass there."""
+    total = int(counts.sum())
+    if total == 0:
+        return [(DUMMY_PASS,)] * world_size
+    slot = np.repeat(np.arange(counts.size), counts)
+    example = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+    order = np.lexsort((example, slot, -lengths))  # longest first; ties in (task, example) order
+    slot, example, length = slot[order], example[order], lengths[order]
+    lap, seat = np.divmod(np.arange(total), world_size)
+    rank = rank_order[np.where(lap % 2 == 0, seat, world_size - 1 - seat)]
+    starts = _cut_laps(length[::world_size], budget, cost_model)
+    n_passes = starts.size
+    pass_id = (np.searchsorted(starts, lap, side="right") - 1) * world_size + rank
+    by_pass = np.lexsort((example, slot, pass_id))  # a pass's rows in (task, example) order
+    pid, length = pass_id[by_pass], length[by_pass]
+    cut = np.flatnonzero(np.r_[True, pid[1:] != pid[:-1]])
+    slots_t, examples_t = tuple(slot[by_pass].tolist()), tuple(example[by_pass].tolist())
+    lo, hi = cut.tolist(), np.r_[cut[1:], total].tolist()
+    made = _make_many(PackedPass, list(map(slots_t.__getitem__, map(slice, lo, hi))),
+                      list(map(examples_t.__getitem__, map(slice, lo, hi))),
+                      np.maximum.reduceat(length, cut).tolist(), np.add.reduceat(length, cut).tolist())
+    table = [DUMMY_PASS] * (world_size * n_passes)
+    for k, p in zip(pid[cut].tolist(), made):
+        g, r = divmod(k, world_size)
+        table[r * n_passes + g] = p
+    return [tuple(table[r * n_passes:(r + 1) * n_passes]) for r in range(world_size)]
+
+
+def plan_rows_across_ranks(
+    episodes: Sequence[Episode],
+    task_ids: Sequence[int],
+    *,
+    step: int,
+    world_size: int,
+    budget: int,
+    cost_model: CostModel,
+    rng: np.random.Generator,
+) -> MetaBatchPlan:
+    """The rows-across-ranks plan of one meta-batch (see the module docstring).
+
+    Args:
+        episodes: the meta-batch, one episode per task; every rank holds all of them.
+        task_ids: pool index of each episode's task.
+        step: the meta-step.
+        world_size: data-parallel ranks.
+        budget: padded tokens per pass (a row longer than it gets a pass of its own).
+        cost_model: prices the candidate packings.
+        rng: shuffles which rank takes each lap's longest row.
+    """
+    n = len(episodes)
+    lengths, counts = set_lengths([ep.support for ep in episodes] + [ep.query for ep in episodes])
+    split = int(counts[:n].sum())
+    rank_order = rng.permutation(world_size)
+    support = _deal_phase(lengths[:split], counts[:n], world_size, budget, rank_order, cost_model)
+    query = _deal_phase(lengths[split:], counts[n:], world_size, budget, rank_order, cost_model)
+    slots = tuple(_make_many(TaskSlot, list(episodes), list(map(int, task_ids)), [0.0] * n))
+    ranks = tuple(RankPlan(slots, s, q, shared=True) for s, q in zip(support, query))
+    return MetaBatchPlan(step=step, ranks=ranks, n_real_tasks=n, placement="rows")
+
+
+def plan_placed(
+    episodes: Sequence[Episode],
+    task_ids: Sequence[int],
+    *,
+    step: int,
+    world_size: int,
+    micro_batch_size: int,
+    inner_steps: int,
+    cost_model: CostModel,
+    rng: np.random.Generator,
+    tokens_per_pass: int | None = None,
+    on_uneven: OnUneven = "pad",
+    tol: float = 1e-3,
+    placement: PlacementChoice = "auto",
+    fast_weight_numel: int = 0,
+    lockstep: bool = True,
+) -> MetaBatchPlan:
+    """The meta-batch's plan under ``placement``: :func:`~fmmeta.sampling.planner.plan_meta_batch`
+    (``"tasks"``), :func:`plan_rows_across_ranks` (``"rows"``), or with ``"auto"`` both, and the
+    one the cost model prices lower (ties: ``"tasks"``, which needs no collective inside the inner
+    loop), with both prices in ``plan.predicted``. One rank always plans ``"tasks"``.
+
+    Args:
+        fast_weight_numel: floats of one task's fast weights (the adapter's size; 0 for methods
+            that adapt nothing), for pricing the rows placement's all-reduces.
+        lockstep: price plans as ZeRO-3 runs them (ranks meet at every pass); ``False`` for
+            engines whose ranks meet only at collectives (local, ZeRO-0/1/2).
+        (the others: as :func:`~fmmeta.sampling.planner.plan_meta_batch`, which checks them.)
+    """
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement={placement!r} is invalid: allowed {', '.join(PLACEMENTS)}")
+    tasks = plan_meta_batch(episodes, task_ids, step=step, world_size=world_size,
+                            micro_batch_size=micro_batch_size, inner_steps=inner_steps,
+                            cost_model=cost_model, rng=rng, tokens_per_pass=tokens_per_pass,
+                            on_uneven=on_uneven, tol=tol)
+    if world_size == 1 or placement == "tasks":
+        return tasks
+    with gc_paused():
+        lengths, _ = set_lengths([ep.support for ep in episodes] + [ep.query for ep in episodes])
+        budget = tokens_per_pass or micro_batch_size * int(lengths.max(initial=1))
+        rows = plan_rows_across_ranks(episodes, task_ids, step=step, world_size=world_size,
+                                      budget=budget, cost_model=cost_model, rng=rng)
+    predicted: dict[str, float] = {p.placement: plan_cost(p, inner_steps=inner_steps, cost_model=cost_model,
+                                                         fast_weight_numel=fast_weight_numel,
+                                                         lockstep=lockstep)
+                                  for p in (tasks, rows)}
+    chosen = rows if placement == "rows" or predicted["rows"] < predicted["tasks"] else tasks
+    return dataclasses.replace(chosen, predicted=predicted)
+
+
+def plan_cost(plan: MetaBatchPlan, *, inner_steps: int, cost_model: CostModel,
+              fast_weight_numel: int, lockstep: bool = True) -> float:
+    """A plan's predicted price: its passes (:meth:`MetaBatchPlan.pass_cost`), plus for rows
+    across ranks ``inner_steps`` all-reduces of every task's inner gradient (``n_tasks x
+    fast_weight_numel`` floats)."""
+    passes = plan.pass_cost(cost_model.coefficients, inner_steps=inner_steps, lockstep=lockstep)
+    if plan.placement != "rows" or len(plan.ranks) == 1:
+        return passes
+    return passes + inner_steps * cost_model.reduce_cost(plan.n_real_tasks * fast_weight_numel)
+
+
+def fast_weight_megabytes(n_tasks: int, fast_weight_numel: int, *, adam: bool = False,
+                          bytes_per_float: int = 4) -> float:
+    """Memory of the stacked fast weights every rank holds with rows across ranks (MiB): the
+    weights, their gradient, and Adam's two moments for an Adam inner loop."""
+    copies = 2 + (2 if adam else 0)
+    return n_tasks * fast_weight_numel * bytes_per_float * copies / 2**20
