@@ -51,7 +51,13 @@ from fmmeta.algorithms.passes import (
     per_token,
     run_passes,
 )
-from fmmeta.algorithms.protocol import RankResult, RankWork, prepare_rank
+from fmmeta.algorithms.protocol import (
+    RankResult,
+    RankWork,
+    answer_tokens_of_sets,
+    prepare_rank,
+    sum_over_ranks,
+)
 from fmmeta.sampling.plan import RankPlan
 from fmmeta.tasks.episode import collate
 
@@ -66,6 +72,7 @@ class MultiTask:
     """
 
     name = "multitask"
+    fast_weights = False
 
     def __init__(self, cfg: AlgorithmConfig, pad_id: int) -> None:
         self.cfg = cfg
@@ -86,6 +93,7 @@ class MultiTask:
         query = run_passes(model, params, work.query, scale)
         assert support.grads is not None and query.grads is not None
         grads = [a.add_(b) for a, b in zip(support.grads, query.grads)]
+        sum_over_ranks(work.share, [query.task_sums])  # the gradient stays partial: the outer step adds it
         q_loss = per_token(query.task_sums[: work.n_tasks], work.query_answers[: work.n_tasks])
         before = q_loss if self.cfg.measure_query_before else torch.full_like(q_loss, math.nan)
         return RankResult(grads, before, q_loss, support.seconds, query.seconds,
@@ -116,6 +124,7 @@ class MetaICL:
 
     name = "metaicl"
     support_draws = 1
+    fast_weights = False
     support_repeats = 0
 
     def __init__(self, cfg: AlgorithmConfig, pad_id: int) -> None:
@@ -134,13 +143,14 @@ class MetaICL:
             batch = collate(rows, self.pad_id, self.cfg.pad_to_multiple_of)
             query.append(PackedBatch(batch, torch.tensor(p.slots, dtype=torch.long)))
         n = max(len(plan.slots), 1)
-        return RankWork(len(plan.slots), [], query, torch.zeros(n, dtype=torch.float64),
-                        answer_tokens_per_task(query, n))
+        answers = answer_tokens_of_sets(in_context) if plan.shared else answer_tokens_per_task(query, n)
+        return RankWork(len(plan.slots), [], query, torch.zeros(n, dtype=torch.float64), answers)
 
     def rank_gradient(self, model: nn.Module, params: Sequence[nn.Parameter], work: RankWork) -> RankResult:
         """Returns the sum over tasks of each task's in-context query-loss gradient at theta."""
         query = run_passes(model, params, work.query, inverse_tokens(work.query_answers))
         assert query.grads is not None
+        sum_over_ranks(work.share, [query.task_sums])
         q_loss = per_token(query.task_sums[: work.n_tasks], work.query_answers[: work.n_tasks])
         before = q_loss if self.cfg.measure_query_before else torch.full_like(q_loss, math.nan)
         return RankResult(query.grads, before, q_loss, [], None, 0, 1)

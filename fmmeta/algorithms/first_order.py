@@ -33,7 +33,7 @@ from torch import nn
 from fmmeta.algorithms.config import AlgorithmConfig
 from fmmeta.algorithms.inner_loop import InnerOptimizer, adapt_tasks
 from fmmeta.algorithms.passes import inverse_tokens, per_token, run_passes
-from fmmeta.algorithms.protocol import RankResult, RankWork, prepare_rank
+from fmmeta.algorithms.protocol import RankResult, RankWork, prepare_rank, sum_over_ranks
 from fmmeta.algorithms.task_lora import TaskLoRA, stack_adapters
 from fmmeta.sampling.plan import RankPlan
 
@@ -65,6 +65,7 @@ def _query_before(cfg: AlgorithmConfig, model: nn.Module, fast: Sequence[torch.T
     if not cfg.measure_query_before:
         return torch.full((work.n_tasks,), math.nan, dtype=torch.float64)
     res = run_passes(model, fast, work.query, torch.ones(len(fast[0])), lora=lora, grad=False)
+    sum_over_ranks(work.share, [res.task_sums])
     return per_token(res.task_sums[: work.n_tasks], work.query_answers[: work.n_tasks])
 
 
@@ -78,6 +79,7 @@ class FOMAML:
 
     name = "fomaml"
     support_draws = 1
+    fast_weights = True
 
     def __init__(self, cfg: AlgorithmConfig, pad_id: int) -> None:
         self.cfg = cfg
@@ -104,9 +106,12 @@ class FOMAML:
         with lora.active(fast):
             before = _query_before(self.cfg, model, fast, lora, work)
             adaptation = adapt_tasks(model, fast, work.support, work.support_answers, self.inner,
-                                     lora=lora, lrs=step_sizes)
+                                     lora=lora, lrs=step_sizes, reduce=work.reduce)
             res = run_passes(model, fast, work.query, inverse_tokens(work.query_answers), lora=lora)
         assert res.grads is not None
+        # The query gradients (and the step-size terms, linear in them) stay partial with rows
+        # across ranks: the outer step's all-reduce adds the ranks. Only the losses are made whole.
+        sum_over_ranks(work.share, [res.task_sums])
         n = work.n_tasks
         step_size_grad = None
         if step_sizes is not None:
@@ -141,6 +146,7 @@ class Reptile:
 
     name = "reptile"
     support_draws = 1
+    fast_weights = True
 
     def __init__(self, cfg: AlgorithmConfig, pad_id: int) -> None:
         self.cfg = cfg
@@ -161,20 +167,23 @@ class Reptile:
             before = _query_before(self.cfg, model, fast, lora, work)
             opt = InnerOptimizer(self.inner, fast)
             adaptation = adapt_tasks(model, fast, work.support, work.support_answers, self.inner,
-                                     lora=lora, optimizer=opt)
+                                     lora=lora, optimizer=opt, reduce=work.reduce)
             if self.cfg.reptile_query_step:
                 # The loss reported is measured before the query step's update, i.e. at phi.
                 step = adapt_tasks(model, fast, work.query, work.query_answers, self.inner,
-                                   lora=lora, steps=1, optimizer=opt)
+                                   lora=lora, steps=1, optimizer=opt, reduce=work.reduce)
                 after, q_seconds = step.losses[0][: work.n_tasks], step.seconds[0]
             else:
                 res = run_passes(model, fast, work.query, torch.ones(len(fast[0])), lora=lora, grad=False)
+                sum_over_ranks(work.share, [res.task_sums])
                 after = per_token(res.task_sums[: work.n_tasks], work.query_answers[: work.n_tasks])
                 q_seconds = None
         with torch.no_grad():
             # Difference first, then sum: theta - phi is small next to theta, and n * theta - sum(phi)
             # would lose its digits to cancellation.
             grads = [(p.detach().unsqueeze(0) - f[: work.n_tasks]).sum(dim=0) for p, f in zip(params, fast)]
+            if work.share is not None and not work.share.lead:
+                grads = [torch.zeros_like(g) for g in grads]  # every rank holds the same phi: count it once
         return RankResult(grads, before, after, mean_seconds(adaptation.seconds), q_seconds,
                           self.inner.inner_steps, 1 + self.cfg.measure_query_before)
 

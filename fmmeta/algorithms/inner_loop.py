@@ -17,7 +17,7 @@ whatever the split into passes or the other tasks sharing them. Its settings are
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -190,6 +190,7 @@ def adapt_tasks(
     steps: int | None = None,
     optimizer: InnerOptimizer | None = None,
     lrs: Sequence[float] | None = None,
+    reduce: Callable[[Sequence[torch.Tensor]], None] | None = None,
 ) -> Adaptation:
     """Adapts every task's weights in place on its support rows: theta -> phi. The one inner loop.
 
@@ -209,6 +210,10 @@ def adapt_tasks(
         optimizer: continue with this inner optimizer's state (default: a fresh one).
         lrs: one step size per weight tensor for a fresh optimizer (default ``cfg.inner_lr`` for
             all); an ``optimizer`` passed in brings its own.
+        reduce: with rows dealt across ranks, sums tensors over the ranks in place: each step's
+            partial gradients and loss sums are made whole before clipping and the update, so
+            every rank clips by the whole task's norm and applies the same update (``n_answer``
+            must then count the whole tasks' tokens). Every rank calls it once per step.
     """
     n_steps = cfg.inner_steps if steps is None else steps
     if n_steps < 0:
@@ -221,6 +226,9 @@ def adapt_tasks(
     out = Adaptation([], [])
     for _ in range(n_steps):
         res = run_passes(model, weights, support, scale, lora=lora)
+        if reduce is not None:
+            assert res.grads is not None
+            reduce([*res.grads, res.task_sums])
         out.losses.append(per_token(res.task_sums, n))
         out.seconds.append(res.seconds)
         if not bool((n > 0).any()):

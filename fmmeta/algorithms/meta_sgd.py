@@ -177,6 +177,7 @@ class MetaSGD:
 
     name = "metasgd"
     support_draws = 1
+    fast_weights = True
 
     def __init__(self, fomaml: FOMAML, cfg: AlgorithmConfig) -> None:
         self.fomaml = fomaml

@@ -18,18 +18,20 @@ library does not reach into).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from fmmeta.algorithms.passes import Pass
-from fmmeta.algorithms.protocol import MetaAlgorithm, OuterUpdate, RankResult, RankWork
+from fmmeta.algorithms.protocol import MetaAlgorithm, OuterUpdate, RankResult, RankWork, RowShare
 from fmmeta.engine.protocol import Engine
-from fmmeta.sampling.plan import MetaBatchPlan, PackedPass
+from fmmeta.sampling.plan import MetaBatchPlan, PackedPass, RankPlan
 from fmmeta.sampling.source import PassObservation, TaskObservation
 
 logger = logging.getLogger(__name__)
@@ -142,6 +144,36 @@ def _pass_observations(
             for i, (p, s) in enumerate(zip(passes, seconds, strict=True))]
 
 
+def _reported(mine: RankPlan, rank: int, world_size: int) -> list[int]:
+    """The slots whose observations this rank reports: all of its own, or with rows across ranks
+    (where every rank holds every task) those with ``index % world_size == rank``."""
+    if not mine.shared:
+        return list(range(len(mine.slots)))
+    return list(range(rank, len(mine.slots), world_size))
+
+
+def _sum_over_ranks(engine: Engine) -> Callable[[Sequence[torch.Tensor]], None]:
+    """An in-place sum over ranks of a list of tensors: one ``all_reduce_sum`` per dtype, of the
+    tensors flattened into one buffer on the engine's device (NCCL reduces no CPU tensor)."""
+
+    def reduce(tensors: Sequence[torch.Tensor]) -> None:
+        if engine.world_size == 1:
+            return
+        groups: dict[torch.dtype, list[torch.Tensor]] = {}
+        for t in tensors:  # the same order on every rank, so the same collectives
+            groups.setdefault(t.dtype, []).append(t)
+        for group in groups.values():
+            flat = torch.cat([t.detach().reshape(-1).to(engine.device) for t in group])
+            total = engine.all_reduce_sum(flat)
+            offset = 0
+            with torch.no_grad():
+                for t in group:
+                    t.copy_(total[offset:offset + t.numel()].view_as(t))
+                    offset += t.numel()
+
+    return reduce
+
+
 def meta_step(
     engine: Engine, algorithm: MetaAlgorithm, plan: MetaBatchPlan, work: RankWork | None = None,
     *, data_wait_s: float = 0.0,
@@ -180,6 +212,8 @@ def meta_step(
     mine = plan.for_rank(engine.rank)
     if work is None:
         work = algorithm.prepare(mine)
+    if mine.shared:
+        work = dataclasses.replace(work, share=RowShare(_sum_over_ranks(engine), lead=engine.rank == 0))
     result: RankResult = algorithm.rank_gradient(engine.model, engine.adapter_parameters(), work)
     _synchronize(engine.device)
     computed = time.perf_counter()
@@ -192,9 +226,12 @@ def meta_step(
     s_real, s_pad = _tokens(work.support, result.support_repeats)
     q_real, q_pad = _tokens(work.query, result.query_repeats)
     after = result.query_loss_after
+    # With rows across ranks every rank holds every task's (whole) loss: each task is reported by
+    # one rank only (task i by rank i mod world size), so gathered counts and means stay right.
+    reported = _reported(mine, engine.rank, engine.world_size)
     tasks = tuple(
-        TaskObservation(task_id=slot.task_id, query_loss=float(after[i]), step=plan.step)
-        for i, slot in enumerate(mine.slots)
+        TaskObservation(task_id=mine.slots[i].task_id, query_loss=float(after[i]), step=plan.step)
+        for i in reported
     )
     passes = tuple(
         _pass_observations(plan.step, engine.rank, "support", mine.support, result.support_seconds)
@@ -203,10 +240,10 @@ def meta_step(
     return StepStats(
         step=plan.step,
         rank=engine.rank,
-        outer_loss=_mean(after),
-        query_loss_before=_mean(result.query_loss_before),
-        query_loss_after=_mean(after),
-        n_real_tasks=len(mine.slots),
+        outer_loss=_mean(after[reported]),
+        query_loss_before=_mean(result.query_loss_before[reported]),
+        query_loss_after=_mean(after[reported]),
+        n_real_tasks=len(reported),
         n_tokens=s_real + q_real,
         n_padded_tokens=s_pad + q_pad,
         n_passes=result.support_repeats * len(work.support) + result.query_repeats * len(work.query),

@@ -9,6 +9,7 @@ every method alike and never asks which one it runs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
@@ -19,6 +20,28 @@ from torch import nn
 from fmmeta.algorithms.passes import Pass, answer_tokens_per_task, pack_pass
 from fmmeta.engine.protocol import Engine
 from fmmeta.sampling.plan import RankPlan
+from fmmeta.tasks.episode import Example
+
+
+@dataclass(frozen=True)
+class RowShare:
+    """This rank's part in a meta-step whose rows are dealt across ranks (placement ``"rows"``).
+
+    Every rank holds every task and runs a share of each task's rows, so a per-task sum a rank
+    computes (an inner gradient, a loss sum) is partial until the ranks add theirs: ``reduce``
+    does that, in place, and every rank must call it at the same points. Gradients the outer
+    step adds anyway (the query phase's) stay partial; sums every rank then holds whole (Reptile's
+    ``theta - phi``) are returned by the ``lead`` rank only, so the outer step counts them once.
+    """
+
+    reduce: Callable[[Sequence[torch.Tensor]], None]
+    lead: bool
+
+
+def sum_over_ranks(share: RowShare | None, tensors: Sequence[torch.Tensor]) -> None:
+    """Makes per-task sums whole when rows are dealt across ranks; nothing otherwise."""
+    if share is not None:
+        share.reduce(tensors)
 
 
 @dataclass
@@ -32,6 +55,9 @@ class RankWork:
         support_answers: support answer tokens per task, ``[max(n_tasks, 1)]`` (a rank without
             tasks gets one all-zero entry, which its dummy passes route to).
         query_answers: query answer tokens per task, same shape.
+        share: with rows across ranks (``RankPlan.shared``), how this rank's partial sums are made
+            whole; ``meta_step`` sets it (``None`` until then, and for the tasks placement). The
+            answer counts above are then the whole tasks', over every rank's rows.
     """
 
     n_tasks: int
@@ -39,6 +65,19 @@ class RankWork:
     query: list[Pass]
     support_answers: torch.Tensor
     query_answers: torch.Tensor
+    share: RowShare | None = None
+
+    @property
+    def reduce(self) -> Callable[[Sequence[torch.Tensor]], None] | None:
+        """The inner loop's in-place sum over ranks with rows across ranks; ``None`` otherwise."""
+        return None if self.share is None else self.share.reduce
+
+
+def answer_tokens_of_sets(sets: Sequence[Sequence[Example]]) -> torch.Tensor:
+    """``[max(len(sets), 1)]`` answer tokens of each task's whole set: the normaliser of a task
+    whose rows are dealt across ranks (every rank knows every row, so no collective is needed)."""
+    counts = [float(sum(len(e.answer_ids) for e in examples)) for examples in sets]
+    return torch.tensor(counts or [0.0], dtype=torch.float64)
 
 
 def prepare_rank(plan: RankPlan, pad_id: int, *, pad_to_multiple_of: int | None = None) -> RankWork:
@@ -48,6 +87,9 @@ def prepare_rank(plan: RankPlan, pad_id: int, *, pad_to_multiple_of: int | None 
                for p in plan.support]
     query = [pack_pass(p, plan.slots, pad_id, query=True, pad_to_multiple_of=pad_to_multiple_of)
              for p in plan.query]
+    if plan.shared:
+        return RankWork(n, support, query, answer_tokens_of_sets([s.episode.support for s in plan.slots]),
+                        answer_tokens_of_sets([s.episode.query for s in plan.slots]))
     return RankWork(n, support, query, answer_tokens_per_task(support, max(n, 1)),
                     answer_tokens_per_task(query, max(n, 1)))
 
@@ -91,6 +133,9 @@ class MetaAlgorithm(Protocol):
     matched compute on ``inner_steps`` distinct ones; everything else takes 1)."""
     support_repeats: int
     """How many times each support pass runs per meta-step (the plan's cost model needs it)."""
+    fast_weights: bool
+    """Whether it adapts a copy of the adapter per task: with rows across ranks every rank then
+    holds every task's copy and all-reduces their gradients each inner step (priced by the planner)."""
 
     def prepare(self, plan: RankPlan) -> RankWork:
         """Collates a rank's plan into the passes :meth:`rank_gradient` runs."""

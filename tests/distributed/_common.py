@@ -91,9 +91,33 @@ LAYOUTS = {
 }
 
 
+def build_rows_plan(step: int, world: int, n_tasks: int) -> MetaBatchPlan:
+    """Rows across ranks: every rank holds all ``n_tasks`` tasks; each phase's rows, task by task,
+    are cut into runs of 3 dealt round-robin to the ranks, so a task's rows split unevenly over
+    ranks (and some ranks run dummy passes); each rank packs its rows 3 per pass (mixing tasks)."""
+    slots = tuple(TaskSlot(build_episode(step, t), t) for t in range(n_tasks))
+    phases = []
+    for n_rows, query in ((N_SUPPORT, False), (N_QUERY, True)):
+        rows = [(t, e) for t in range(n_tasks) for e in range(n_rows)]
+        mine = [[r for k, r in enumerate(rows) if (k // 3) % world == rank] for rank in range(world)]
+        phases.append([_rows_to_passes(slots, m, 3, query) for m in mine])
+    n_s = max(len(s) for s in phases[0])
+    n_q = max(len(q) for q in phases[1])
+    return MetaBatchPlan(
+        step=step,
+        ranks=tuple(RankPlan(slots, tuple(s) + (DUMMY_PASS,) * (n_s - len(s)),
+                             tuple(q) + (DUMMY_PASS,) * (n_q - len(q)), shared=True)
+                    for s, q in zip(*phases)),
+        n_real_tasks=n_tasks, placement="rows",
+    )
+
+
 def build_plan(step: int, world: int, n_tasks: int, micro: str) -> MetaBatchPlan:
     """``n_tasks`` tasks dealt round-robin to ``world`` ranks, laid out into passes by ``micro``
-    (a key of :data:`LAYOUTS`); ranks with fewer passes get dummy passes, so counts match."""
+    (a key of :data:`LAYOUTS`, or ``"rows"`` for :func:`build_rows_plan`); ranks with fewer
+    passes get dummy passes, so counts match."""
+    if micro == "rows":
+        return build_rows_plan(step, world, n_tasks)
     per_pass = LAYOUTS[micro]
     ranks = []
     for r in range(world):

@@ -3,8 +3,9 @@ and writes each one's final adapter tensors and outer-step stats to ``--out``.
 
 Each launch costs seconds of imports, so one launch runs every configuration it is given:
 ``--configs local:all,ds0:all,ds3:one:gc,...`` where a configuration is
-``engine:layout[:gc][:uneven][:save][:gather][:reptile|:multitask|:metasgd]`` (engine: local, ds0,
-ds1, ds2, ds3, ds3off, acc; layout: a key of ``_common.LAYOUTS``; FOMAML unless an algorithm is
+``engine:layout[:gc][:uneven][:clip][:save][:gather][:reptile|:multitask|:metasgd|:metaicl]``
+(engine: local, ds0, ds1, ds2, ds3, ds3off, acc; layout: a key of ``_common.LAYOUTS``, or ``rows``
+for rows across ranks; ``clip``: inner clipping at norm 2e-4; FOMAML unless an algorithm is
 named). For metasgd the learned inner lrs are written too (``inner_lrs`` in the JSON); with
 ``gather`` every rank writes what ``gather_step`` gave it each step (``<tag>.gathered.<rank>.json``).
 """
@@ -100,8 +101,10 @@ def main() -> None:
         shapes_after_init = all(p.numel() > 0 for p in engine.adapter_parameters())
         gc_on = bool(getattr(engine.model, "is_gradient_checkpointing", False))
         n_tasks = 3 if "uneven" in flags else N_TASKS
-        method = next((m for m in ("reptile", "multitask", "metasgd") if m in flags), "fomaml")
-        algo = build_algorithm(method, AlgorithmConfig(inner_steps=2, inner_lr=0.05), pad_id=0)
+        method = next((m for m in ("reptile", "multitask", "metasgd", "metaicl") if m in flags), "fomaml")
+        clip = 2e-4 if "clip" in flags else None  # below the inner gradients' norms: it acts
+        algo = build_algorithm(method, AlgorithmConfig(inner_steps=2, inner_lr=0.05, inner_clip_norm=clip),
+                               pad_id=0)
         norms = []
         passes = 0
         shapes_ok = True
