@@ -1,4 +1,5 @@
-"""Sampler benchmark: fmmeta's packed plan against today's plan and two baselines, on two pools.
+"""Sampler benchmark: fmmeta's plans (tasks per rank, rows across ranks, the sampler's choice)
+against the plan before packing and two baselines, on two pools.
 
 Usage: ``python benchmarks/sampler.py [--steps 150] [--seed 0]``. The last line of output is one
 JSON object: per pool (``lognormal``, ``bimodal``) and per method the figures below, then the
@@ -15,6 +16,12 @@ Every step, fmmeta's uniform strategy draws the meta-batch and ``CostAwareSample
 the same episodes are then planned by
 
 * ``fmmeta``: the packed plan (tasks to ranks by work, passes packed to one token budget);
+* ``fmmeta_rows``: rows across ranks (every rank holds every task; each phase's rows dealt to the
+  ranks by length and cut into equal passes), its figures including the all-reduce of the
+  stacked inner gradients per inner step (the default adapter, 460,800 floats per task, priced by
+  the default cost model's ``r``);
+* ``fmmeta_auto``: what ``CostAwareSampler`` runs with ``placement=auto``: per step, whichever
+  of the two the cost model prices lower;
 * ``fmmeta_one_task``: ``plan_one_task_per_pass``, the plan fmmeta made before packing;
 * ``random``: tasks dealt to ranks in a random order (equal counts), each set cut into
   micro-batches in the order drawn, one task per pass;
@@ -44,13 +51,15 @@ those episodes. Costs come from the default :class:`~fmmeta.sampling.cost.CostMo
 * ``adjacent_length_corr``: lag-1 correlation of the meta-batch's mean task length over 2 x steps
   of each method's own selection stream (fmmeta's uniform strategy; i.i.d. uniform draws for
   ``random``; transformers' length-grouped ordering of the pool for ``length_grouped``).
-  ``fmmeta_one_task`` shares fmmeta's stream.
+  fmmeta's other plans share fmmeta's stream.
 
 ``plan_ms`` / ``plan_cpu_ms``: median wall / process-CPU ms of ``plan_meta_batch`` for 64 ranks
-x 32 tasks of the lognormal pool with the example lengths cached (the steady state of training);
+x 32 tasks (``--plan-ranks``, ``--plan-tasks-per-rank``) of a lognormal pool of as many tasks with the example lengths cached (the steady state of training);
 ``plan_cold_ms`` / ``plan_cold_cpu_ms`` with the length cache cleared first; ``plan_cpu_ms_bimodal``
-the warm CPU figure on the bimodal pool; ``sample_ms`` the whole ``CostAwareSampler.sample``
-(selection, drawing 2,048 episodes, planning). On a shared machine wall time includes waiting for a
+the warm CPU figure on the bimodal pool; ``plan_rows_cpu_ms`` of ``plan_rows_across_ranks`` and
+``plan_auto_cpu_ms`` of ``plan_placed`` (both plans and their prices: the sampler's cost per step
+with more than one rank); ``sample_ms`` the whole ``CostAwareSampler.sample`` (selection, drawing
+2,048 episodes, planning both ways). On a shared machine wall time includes waiting for a
 core: the CPU figures are the ones to compare.
 """
 
@@ -81,6 +90,7 @@ from fmmeta.sampling.plan import (  # noqa: E402
     TaskSlot,
 )
 from fmmeta.sampling.planner import plan_meta_batch, plan_stats  # noqa: E402
+from fmmeta.sampling.rows_plan import plan_placed, plan_rows_across_ranks  # noqa: E402
 from fmmeta.sampling.sampler import CostAwareSampler, SamplerConfig  # noqa: E402
 from fmmeta.sampling.synthetic import SyntheticTask, bimodal_pool, lognormal_pool  # noqa: E402
 from fmmeta.tasks.episode import Episode  # noqa: E402
@@ -93,7 +103,8 @@ except ImportError:  # pragma: no cover - depends on the installed transformers
 WORLD = 8
 MICRO_BATCH = 4
 INNER_STEPS = 3
-METHODS = ("fmmeta", "fmmeta_one_task", "random", "length_grouped")
+ADAPTER_NUMEL = 460_800  # the default LoRA on SmolLM2-135M: one task's fast weights
+METHODS = ("fmmeta", "fmmeta_rows", "fmmeta_auto", "fmmeta_one_task", "random", "length_grouped")
 
 
 def _sorted_desc(lengths: Sequence[float], batch_size: int, gen: torch.Generator) -> list[int]:
@@ -151,7 +162,7 @@ def _baseline_plan(
 
 def _placement(pool: list[SyntheticTask], tasks_per_rank: int, steps: int, seed: int) -> dict:
     cm = CostModel()
-    cfg = SamplerConfig(meta_batch_size=WORLD * tasks_per_rank, micro_batch_size=MICRO_BATCH)
+    cfg = SamplerConfig(meta_batch_size=WORLD * tasks_per_rank, micro_batch_size=MICRO_BATCH, placement="tasks")
     sampler = CostAwareSampler(pool, cfg, world_size=WORLD, seed=seed, support_repeats=INNER_STEPS)
     rng = np.random.default_rng([seed, 99])
     gen = torch.Generator().manual_seed(seed)
@@ -169,15 +180,20 @@ def _placement(pool: list[SyntheticTask], tasks_per_rank: int, steps: int, seed:
     def grouped_order(lengths: list[int]) -> list[int]:
         return _sorted_desc(lengths, MICRO_BATCH, gen)
 
-    keys = ("lockstep_over_lb", "makespan_over_lb", "lockstep_over_makespan", "real", "padded")
+    keys = ("lockstep_over_lb", "makespan_over_lb", "lockstep_over_makespan", "rows_chosen", "real", "padded")
     acc = {m: {k: [] for k in keys} for m in METHODS}
     floor = []
     for step in range(steps):
         packed = sampler.sample(step)
         eps = [s.episode for s in packed.slots]
         ids = [s.task_id for s in packed.slots]
+        budget = MICRO_BATCH * max(x.n_tokens for e in eps for x in (*e.support, *e.query))
+        placed = {"rng": np.random.default_rng([seed, step, 1]), "step": step, "world_size": WORLD}
         plans = {
             "fmmeta": packed,
+            "fmmeta_rows": plan_rows_across_ranks(eps, ids, budget=budget, cost_model=cm, **placed),
+            "fmmeta_auto": plan_placed(eps, ids, micro_batch_size=MICRO_BATCH, inner_steps=INNER_STEPS,
+                                       cost_model=cm, fast_weight_numel=ADAPTER_NUMEL, **placed),
             "fmmeta_one_task": plan_one_task_per_pass(
                 eps, ids, step=step, world_size=WORLD, micro_batch_size=MICRO_BATCH, inner_steps=INNER_STEPS,
                 cost_model=cm, rng=np.random.default_rng([seed, step])),
@@ -188,14 +204,16 @@ def _placement(pool: list[SyntheticTask], tasks_per_rank: int, steps: int, seed:
         floor.append(max(1.0, lb.largest_task / lb.lower_bound))
         for method, p in plans.items():
             st = plan_stats(p, inner_steps=INNER_STEPS, cost_model=cm)
+            reduce = INNER_STEPS * cm.reduce_cost(p.n_real_tasks * ADAPTER_NUMEL) if p.placement == "rows" else 0.0
             a = acc[method]
-            a["lockstep_over_lb"].append(st.lockstep / lb.lower_bound)
-            a["makespan_over_lb"].append(st.makespan / lb.lower_bound)
-            a["lockstep_over_makespan"].append(st.lockstep / st.makespan)
+            a["lockstep_over_lb"].append((st.lockstep + reduce) / lb.lower_bound)
+            a["makespan_over_lb"].append((st.makespan + reduce) / lb.lower_bound)
+            a["lockstep_over_makespan"].append((st.lockstep + reduce) / (st.makespan + reduce))
+            a["rows_chosen"].append(float(p.placement == "rows"))
             real, padded = _tokens(p)
             a["real"].append(real)
             a["padded"].append(padded)
-    out = {m: {k: float(np.mean(a[k])) for k in keys[:3]} for m, a in acc.items()}
+    out = {m: {k: float(np.mean(a[k])) for k in keys[:4]} for m, a in acc.items()}
     for m, a in acc.items():
         out[m]["padding_efficiency"] = float(np.sum(a["real"]) / np.sum(a["padded"]))
         out[m]["lockstep_over_lb_p95"] = float(np.percentile(a["lockstep_over_lb"], 95))
@@ -238,34 +256,49 @@ def _selection_corr(pool: list[SyntheticTask], steps: int, seed: int) -> dict[st
             stream.extend(_sorted_desc(task_len, n, gen))
     lg = [_mean_length(pool, stream[s * n : (s + 1) * n]) for s in range(steps)]
     c = _adjacent_corr(fm)
-    return {"fmmeta": c, "fmmeta_one_task": c, "random": _adjacent_corr(rnd), "length_grouped": _adjacent_corr(lg)}
+    return {"fmmeta": c, "fmmeta_rows": c, "fmmeta_auto": c, "fmmeta_one_task": c, "random": _adjacent_corr(rnd),
+            "length_grouped": _adjacent_corr(lg)}
 
 
-def _plan_ms(pool: list[SyntheticTask], seed: int, repeats: int) -> dict[str, float]:
-    """Median ms to plan 64 ranks x 32 given episodes (wall, CPU; warm and cold length cache).
+def _plan_ms(pool: list[SyntheticTask], seed: int, repeats: int, ranks: int, per_rank: int) -> dict[str, float]:
+    """Median ms to plan ``ranks`` x ``per_rank`` given episodes (wall, CPU; warm and cold length
+    cache; and the rows and auto plans, warm).
 
     ``sampler.sample`` plans the same episodes first, as training does step after step with the
     task layer's cached examples, so the timed call finds their lengths cached ("warm"). The
     "cold" timing clears that cache first: the cost of the very first step, or of a task layer
     that makes new example objects for every episode.
     """
-    cfg = SamplerConfig(meta_batch_size=64 * 32, micro_batch_size=MICRO_BATCH)
-    sampler = CostAwareSampler(pool, cfg, world_size=64, seed=seed, support_repeats=INNER_STEPS)
-    times: dict[str, list[float]] = {k: [] for k in ("wall", "cpu", "cold_wall", "cold_cpu", "sample")}
+    cfg = SamplerConfig(meta_batch_size=ranks * per_rank, micro_batch_size=MICRO_BATCH)
+    sampler = CostAwareSampler(pool, cfg, world_size=ranks, seed=seed, support_repeats=INNER_STEPS,
+                               fast_weight_numel=ADAPTER_NUMEL)
+    times: dict[str, list[float]] = {k: [] for k in ("wall", "cpu", "cold_wall", "cold_cpu", "sample",
+                                                      "rows_cpu", "auto_cpu")}
     for step in range(repeats):
         t0 = time.perf_counter()
         plan = sampler.sample(step)
         times["sample"].append((time.perf_counter() - t0) * 1e3)
         eps, ids = [s.episode for s in plan.slots], [s.task_id for s in plan.slots]
-        for prefix in ("", "cold_"):
-            if prefix:
+        common = {"step": step, "world_size": ranks, "cost_model": sampler.cost_model,
+                  "rng": np.random.default_rng([seed, step])}
+        budget = MICRO_BATCH * max(x.n_tokens for e in eps for x in (*e.support, *e.query))
+        def tasks() -> object:
+            return plan_meta_batch(eps, ids, micro_batch_size=MICRO_BATCH, inner_steps=INNER_STEPS, **common)
+
+        timed = {
+            "": tasks,
+            "cold_": tasks,  # with the length cache cleared just before
+            "rows_": lambda: plan_rows_across_ranks(eps, ids, budget=budget, **common),
+            "auto_": lambda: plan_placed(eps, ids, micro_batch_size=MICRO_BATCH, inner_steps=INNER_STEPS,
+                                         fast_weight_numel=ADAPTER_NUMEL, **common),
+        }
+        for prefix, run in timed.items():
+            if prefix == "cold_":
                 LENGTHS.clear()
             t0, c0 = time.perf_counter(), time.process_time()
-            plan_meta_batch(
-                eps, ids, step=step, world_size=64, micro_batch_size=MICRO_BATCH, inner_steps=INNER_STEPS,
-                cost_model=sampler.cost_model, rng=np.random.default_rng([seed, step]),
-            )
-            times[prefix + "wall"].append((time.perf_counter() - t0) * 1e3)
+            run()
+            if prefix in ("", "cold_"):
+                times[prefix + "wall"].append((time.perf_counter() - t0) * 1e3)
             times[prefix + "cpu"].append((time.process_time() - c0) * 1e3)
     return {k: statistics.median(v) for k, v in times.items()}
 
@@ -276,6 +309,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tasks", type=int, default=400, help="pool size")
     parser.add_argument("--plan-repeats", type=int, default=15)
+    parser.add_argument("--plan-ranks", type=int, default=64, help="ranks of the plan-time case")
+    parser.add_argument("--plan-tasks-per-rank", type=int, default=32, help="tasks per rank of the plan-time case")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     pools = {"lognormal": lognormal_pool(args.tasks, seed=args.seed),
@@ -289,7 +324,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         for m in METHODS:
             res[m] = {}
             for key in ("lockstep_over_lb", "makespan_over_lb", "lockstep_over_makespan", "padding_efficiency",
-                        "lockstep_over_lb_p95"):
+                        "lockstep_over_lb_p95", "rows_chosen"):
                 res[m][f"{key}_8"] = round(at8[m][key], 4)
                 res[m][f"{key}_2"] = round(at2[m][key], 4)
             res[m]["adjacent_length_corr"] = round(corr[m], 4)
@@ -297,15 +332,22 @@ def main(argv: Sequence[str] | None = None) -> dict:
         res["largest_task_over_lb_8"] = round(at8["largest_task_over_lb"], 4)
         res["largest_task_over_lb_2"] = round(at2["largest_task_over_lb"], 4)
         result[name] = res
-    timing = _plan_ms(pools["lognormal"], args.seed, args.plan_repeats)
+    n_plan = args.plan_ranks * args.plan_tasks_per_rank  # a pool with at least as many tasks
+    plan_case = (args.seed, args.plan_repeats, args.plan_ranks, args.plan_tasks_per_rank)
+    timing = _plan_ms(lognormal_pool(max(args.tasks, n_plan), seed=args.seed), *plan_case)
     result["plan_ms"] = round(timing["wall"], 2)
     result["plan_cpu_ms"] = round(timing["cpu"], 2)
     result["plan_cold_ms"] = round(timing["cold_wall"], 2)
     result["plan_cold_cpu_ms"] = round(timing["cold_cpu"], 2)
+    result["plan_rows_cpu_ms"] = round(timing["rows_cpu"], 2)
+    result["plan_auto_cpu_ms"] = round(timing["auto_cpu"], 2)
     result["sample_ms"] = round(timing["sample"], 2)
-    result["plan_cpu_ms_bimodal"] = round(_plan_ms(pools["bimodal"], args.seed, args.plan_repeats)["cpu"], 2)
+    result["plan_cpu_ms_bimodal"] = round(_plan_ms(bimodal_pool(max(args.tasks, n_plan), seed=args.seed),
+                                                   *plan_case)["cpu"], 2)
     result["setup"] = {"tasks": args.tasks, "steps": args.steps, "ranks": WORLD, "micro_batch": MICRO_BATCH,
-                       "inner_steps": INNER_STEPS}
+                       "inner_steps": INNER_STEPS, "plan_ranks": args.plan_ranks,
+                       "plan_tasks_per_rank": args.plan_tasks_per_rank, "adapter_numel": ADAPTER_NUMEL,
+                       "cost_r": CostModel().r}
     result["length_grouped_source"] = (
         "transformers.trainer_pt_utils.get_length_grouped_indices" if get_length_grouped_indices else "fallback sort"
     )

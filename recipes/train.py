@@ -71,7 +71,7 @@ from fmmeta.models import (
 )
 from fmmeta.recipe_args import IMPORT_HELP, import_modules
 from fmmeta.recipe_config import RecipeConfig
-from fmmeta.sampling import CostAwareSampler, Prefetcher
+from fmmeta.sampling import CostAwareSampler, Prefetcher, fast_weight_megabytes
 from fmmeta.shipped import shipped_path, with_shipped_paths
 from fmmeta.tasks.config import build_task_set
 from fmmeta.telemetry import RankWatch, save_telemetry
@@ -121,7 +121,7 @@ def setup_logging(rank: int) -> None:
     show_library_warnings_once(rank)
 
 
-def banner(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.Module) -> None:
+def banner(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.Module, fast_weight_numel: int) -> None:
     """The facts a person checks first: what runs where, and how much of it."""
     trainable, total = count_parameters(model)
     per_rank = cfg.sampler.meta_batch_size / engine.world_size
@@ -134,6 +134,14 @@ def banner(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.Modul
         engine.world_size, getattr(engine, "zero_stage", "-"), cfg.sampler.meta_batch_size,
         per_rank, budget, cfg.algorithm.inner_steps, cfg.train.meta_steps,
     )
+    if engine.world_size > 1:
+        n = cfg.sampler.meta_batch_size
+        logger.info(
+            "placement %s | rows across ranks would hold %d fast-weight copies on every rank (%.1f MiB)"
+            " and all-reduce %.1f MiB per inner step", cfg.sampler.placement, n if fast_weight_numel else 0,
+            fast_weight_megabytes(n, fast_weight_numel, adam=cfg.algorithm.inner_optimizer == "adam"),
+            n * fast_weight_numel * 4 / 2**20,
+        )
 
 
 def step_line(method: str, record: dict, meta_steps: int) -> str:
@@ -145,7 +153,8 @@ def step_line(method: str, record: dict, meta_steps: int) -> str:
         f" | query {record['query_loss_before']:.3f} -> {record['query_loss_after']:.3f}"
         f" | {record['tokens']} tok, {record['tokens_per_s']:.0f} tok/s"
         f" | pad eff {record['padding_efficiency']:.3f}"
-        f" | data wait {record['data_wait_fraction']:.1%}"
+        + (" | rows across ranks" if record.get("placement") == "rows" else "")
+        + f" | data wait {record['data_wait_fraction']:.1%}"
         f" | lr {record['lr']:.3g} | grad norm {record['grad_norm']:.3g}"
         + (f" | inner lr {record['inner_lr_mean']:.4g}" if "inner_lr_mean" in record else "")
         + (" | SKIPPED (non-finite)" if record["skipped"] else "")
@@ -257,11 +266,13 @@ def train_method(cfg: RecipeConfig, method: str, model: torch.nn.Module, initial
 
 def _train(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.Module, pad_id: int,
            suite: Any, out: Path, method_dir: Path, watch: RankWatch) -> Path:
-    banner(cfg, method, engine, model)
     algorithm = build_algorithm(method, cfg.algorithm, pad_id)
+    fast_weight_numel = count_parameters(model)[0] if algorithm.fast_weights else 0
+    banner(cfg, method, engine, model, fast_weight_numel)
     sampler = CostAwareSampler(
         suite.meta_train, cfg.sampler, world_size=engine.world_size, seed=cfg.train.seed,
         support_draws=algorithm.support_draws, support_repeats=algorithm.support_repeats,
+        fast_weight_numel=fast_weight_numel, lockstep=getattr(engine, "zero_stage", 0) == 3,
     )
     # The next step's passes are collated in the prefetcher's thread while this one trains.
     prefetcher = Prefetcher(sampler, stop_step=cfg.train.meta_steps,
@@ -292,7 +303,8 @@ def _train(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.Modul
                 ) from err
             gathered = gather_step(engine, stats)  # every rank's step: one all_gather
             prefetcher.observe(gathered.observations)
-            record = {"method": method, **gathered.record(), "data_wait_fraction": prefetcher.wait_fraction}
+            record = {"method": method, **gathered.record(), "data_wait_fraction": prefetcher.wait_fraction,
+                      "placement": item.plan.placement}
             metrics.write(record)
             watch.observe(gathered)
             bar.update(1)
