@@ -74,7 +74,10 @@ def synthetic_texts(
             "Text: " + " ".join(words[rng.integers(0, len(words), size=n)]) + "\nLabel:" for n in lens
         ]
         labels = (np.arange(n_examples) % n_classes).tolist()
-        verbalizer = [" ".join(words[rng.integers(0, len(words), size=1 + c % 2)]) for c in range(n_classes)]
+        # distinct first words: two classes with the same answer tokens are refused (rightly)
+        first = rng.choice(len(words), size=n_classes, replace=False)
+        verbalizer = [" ".join([words[first[c]], *words[rng.integers(0, len(words), size=c % 2)]])
+                      for c in range(n_classes)]
         out.append((prompts, labels, verbalizer))
     return out
 

@@ -65,8 +65,9 @@ def model_config(args: argparse.Namespace) -> Any:
 
 
 def build_plan(step: int, world: int, args: argparse.Namespace) -> Any:
-    """``args.tasks`` short random tasks per rank (one support and one query chunk each)."""
-    from fmmeta.sampling.plan import MetaBatchPlan, TaskSlot
+    """``args.tasks`` short random tasks per rank, each rank's support rows in one pass and its
+    query rows in another."""
+    from fmmeta.sampling.plan import MetaBatchPlan, PackedPass, RankPlan, TaskSlot
     from fmmeta.tasks.episode import Episode, Example
 
     rng = random.Random(step)
@@ -75,13 +76,16 @@ def build_plan(step: int, world: int, args: argparse.Namespace) -> Any:
         return Example(tuple(rng.randrange(4, 260) for _ in range(args.seq - 4)),
                        tuple(rng.randrange(4, 260) for _ in range(4)))
 
+    def one_pass(n_rows_per_task: int) -> PackedPass:
+        local = [t for t in range(args.tasks) for _ in range(n_rows_per_task)]
+        examples = [e for _ in range(args.tasks) for e in range(n_rows_per_task)]
+        return PackedPass(tuple(local), tuple(examples), args.seq, args.seq * len(local))
+
     ranks = []
     for r in range(world):
-        slots = []
-        for t in range(args.tasks):
-            ep = Episode(task=f"t{r}_{t}", support=(ex(), ex()), query=(ex(),), shots=2)
-            slots.append(TaskSlot(ep, 1.0, ((0, 1),), ((0,),), cost=1.0, task_id=r * args.tasks + t))
-        ranks.append(tuple(slots))
+        slots = tuple(TaskSlot(Episode(task=f"t{r}_{t}", support=(ex(), ex()), query=(ex(),), shots=2),
+                               task_id=r * args.tasks + t, cost=1.0) for t in range(args.tasks))
+        ranks.append(RankPlan(slots, (one_pass(2),), (one_pass(1),)))
     return MetaBatchPlan(step=step, ranks=tuple(ranks), n_real_tasks=world * args.tasks)
 
 

@@ -2,9 +2,9 @@
 
 Under ZeRO-3 every forward and backward all-gathers each layer's parameters, so ranks wait for each
 other inside every pass: a meta-step costs about the sum over passes of the slowest rank's pass.
-This runs both plans of the *same* episodes, step after step on the same engine, and times them:
+This runs the three plans of the *same* episodes, step after step on the same engine, and times them:
 
-* ``one_task_per_pass``: today's plan before packing (``benchmarks/one_task.py``:
+* ``one_task_per_pass``: the plan before packing (``benchmarks/one_task.py``:
   equal task counts, balanced per-rank totals, each pass one task's micro-batch of
   ``--micro-batch`` rows);
 * ``packed``: the sampler's plan with whole tasks per rank (``fmmeta.sampling.plan_meta_batch``:
@@ -22,11 +22,14 @@ plan's all-reduces included), so model and measurement can be compared.
 It also measures what the cost model's all-reduce price ``r`` should be here: the seconds of one
 gloo all-reduce of the stacked inner gradients (``allreduce_s_per_mfloat``) over the seconds one
 cost-model unit (a token-equivalent) takes in the packed meta-steps (``s_per_cost_unit``):
-``r_measured`` (the default model's ``r`` is printed beside it). Steps alternate which plan runs first. Run it on a quiet machine: two ranks on two cores
-are easily slowed by anything else running.
+``r_measured`` (the default model's ``r`` is printed beside it), and
+``predicted_rows_speedup_measured_r`` reprices the rows plan with it.
 
-Usage: ``python benchmarks/zero3_step.py [--steps 6] [--tasks-per-rank 4] [--pools bimodal]``; it launches itself with
-``deepspeed --num_gpus 2`` (CPU, gloo). The last stdout line is one JSON object.
+Steps rotate which plan runs first. Run it on a quiet machine: two ranks on two cores are easily
+slowed by anything else running.
+
+Usage: ``python benchmarks/zero3_step.py [--steps 6] [--tasks-per-rank 4] [--pools bimodal]``; it
+launches itself with ``deepspeed --num_gpus 2`` (CPU, gloo). The last stdout line is one JSON object.
 """
 
 from __future__ import annotations
@@ -76,7 +79,8 @@ def _launch(argv: list[str]) -> None:
     for pool, r in result["pools"].items():
         print(f"{pool:>10}: one task per pass {r['one_task_per_pass_s']:.3f} s, packed {r['packed_s']:.3f} s "
               f"-> speedup {r['speedup']:.2f} (cost model predicts {r['predicted_speedup']:.2f}); rows "
-              f"{r['rows_s']:.3f} s -> {r['rows_speedup']:.2f} over packed (predicts {r['predicted_rows_speedup']:.2f})",
+              f"{r['rows_s']:.3f} s -> {r['rows_speedup']:.2f} over packed (predicts {r['predicted_rows_speedup']:.2f}, "
+              f"{r['predicted_rows_speedup_measured_r']:.2f} with r_measured)",
               file=sys.stderr)
     print(f"all-reduce {result['allreduce_s_per_mfloat'] * 1e3:.1f} ms per million floats = "
           f"{result['r_measured']:.2f} cost units (the default model's r: {result['r_default']})", file=sys.stderr)
@@ -128,6 +132,7 @@ def _worker(args: argparse.Namespace) -> None:
                                    support_repeats=args.inner_steps)
         times: dict[str, list[float]] = {"packed": [], "one_task_per_pass": [], "rows": []}
         predicted: dict[str, list[float]] = {"packed": [], "one_task_per_pass": [], "rows": []}
+        passes_price: dict[str, list[float]] = {"packed": [], "one_task_per_pass": [], "rows": []}
         for step in range(args.steps + 1):
             packed = sampler.sample(step)
             slots = packed.slots
@@ -150,9 +155,12 @@ def _worker(args: argparse.Namespace) -> None:
                 seconds = max(engine.all_gather_object(time.perf_counter() - t0))
                 if step > 0:  # step 0 warms up allocators and ZeRO-3's parameter trace
                     times[key].append(seconds)
+                    passes = plan_cost(plans[key], inner_steps=args.inner_steps, cost_model=cost_model,
+                                       fast_weight_numel=0)
                     price = plan_cost(plans[key], inner_steps=args.inner_steps, cost_model=cost_model,
                                       fast_weight_numel=numel)
                     predicted[key].append(price)
+                    passes_price[key].append(passes)
                     if key == "packed":
                         unit_s.append(seconds / price)
         one, pk, rw = (statistics.median(times[k]) for k in ("one_task_per_pass", "packed", "rows"))
@@ -165,6 +173,9 @@ def _worker(args: argparse.Namespace) -> None:
             "predicted_speedup": mean["one_task_per_pass"] / mean["packed"],
             "rows_speedup": pk / rw,
             "predicted_rows_speedup": mean["packed"] / mean["rows"],
+            # the rows plan's passes alone and its all-reduces in floats, to reprice with r_measured
+            "rows_pass_price": statistics.mean(passes_price["rows"]),
+            "packed_price": mean["packed"],
             "passes_per_step": {k: len(p.for_rank(0).support) * args.inner_steps + len(p.for_rank(0).query)
                                 for k, p in plans.items()},
         }
@@ -172,6 +183,9 @@ def _worker(args: argparse.Namespace) -> None:
     result["s_per_cost_unit"] = statistics.median(unit_s)
     result["r_measured"] = result["allreduce_s_per_mfloat"] / result["s_per_cost_unit"]
     result["r_default"] = CostModel().r
+    reduce_units = args.inner_steps * n_floats / 1e6 * result["r_measured"]
+    for r in result["pools"].values():
+        r["predicted_rows_speedup_measured_r"] = r.pop("packed_price") / (r.pop("rows_pass_price") + reduce_units)
     result["adapter_numel"] = numel
     if rank == 0 and args.out:
         Path(args.out).write_text(json.dumps(result))

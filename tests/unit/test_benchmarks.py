@@ -41,3 +41,59 @@ def test_precision_benchmark_runs_small() -> None:
         # bf16 compute with fp32 state: the meta-gradient keeps its direction
         assert 0 < row["grad_rel_error"] < 0.1 and row["cosine"] > 0.99, method
         assert row["seconds"]["float32"] > 0 and row["seconds"]["bfloat16"] > 0
+
+
+@pytest.mark.timeout(300)
+def test_sampler_benchmark_runs_small() -> None:
+    out = _run("sampler.py", "--steps", "2", "--tasks", "64", "--plan-repeats", "1",
+               "--plan-ranks", "8", "--plan-tasks-per-rank", "4")
+    for pool in ("lognormal", "bimodal"):
+        res = out[pool]
+        for method in ("fmmeta", "fmmeta_rows", "fmmeta_auto"):
+            for tpr in (8, 2):
+                # no plan beats the lower bound (every pass index at the mean rank's work)
+                assert res[method][f"lockstep_over_lb_{tpr}"] >= 1.0 - 1e-9, (pool, method, tpr)
+        assert res["fmmeta_rows"]["rows_chosen_2"] == 1.0 and res["fmmeta"]["rows_chosen_2"] == 0.0
+        assert 0.0 <= res["fmmeta_auto"]["rows_chosen_2"] <= 1.0
+    assert out["plan_rows_cpu_ms"] > 0 and out["plan_auto_cpu_ms"] > 0
+
+
+@pytest.mark.timeout(300)
+def test_episodes_benchmark_runs_small() -> None:
+    out = _run("episodes.py", "--tasks", "8", "--examples", "60", "--classes", "5", "--seconds", "0.05")
+    assert out["episodes_per_s"] > 0 and out["collated_episodes_per_s"] > 0 and out["tasks"] == 8
+
+
+@pytest.mark.timeout(300)
+def test_meta_step_benchmark_runs_small() -> None:
+    out = _run("meta_step.py", "--reps", "1", "--tasks", "2", "--shots", "2", "--queries", "2",
+               "--seq", "8", "--vocab", "128", "--hidden", "64", "--layers", "1", "--pack-rows", "4")
+    assert out["passes_per_meta_step"] == {"packed": 3, "one_task_per_pass": 6}
+    assert all(v > 0 for v in out["median_seconds"].values())
+    assert out["per_task_bytes"]["ours"] < out["per_task_bytes"]["clone"]
+
+
+@pytest.mark.timeout(300)
+def test_throughput_benchmark_runs_small() -> None:
+    out = _run("throughput.py", "--tiny", "--reps", "1")
+    assert out["meta_step"]["tokens_per_s"] > 0 and out["plain_loop"]["tokens_per_s"] > 0
+
+
+@pytest.mark.timeout(600)
+def test_zero3_step_benchmark_runs_small() -> None:
+    """Two real ZeRO-3 ranks on a tiny model: the three plans run and are priced."""
+    out = _run("zero3_step.py", "--steps", "1", "--tasks-per-rank", "2", "--pools", "bimodal",
+               "--hidden", "64", "--layers", "2")
+    pool = out["pools"]["bimodal"]
+    for key in ("one_task_per_pass_s", "packed_s", "rows_s", "predicted_speedup", "predicted_rows_speedup"):
+        assert pool[key] > 0, key
+    assert out["allreduce_s_per_mfloat"] > 0 and out["r_measured"] > 0
+
+
+@pytest.mark.timeout(600)
+def test_memory_benchmark_runs_small() -> None:
+    out = _run("memory.py", "--ranks", "1", "--layers", "1", "--hidden", "64", "--intermediate", "128",
+               "--vocab", "512", "--steps", "1", "--tasks", "1", "--seq", "8")
+    (run,) = out["runs"]
+    (rank,) = run["per_rank"]
+    assert run["within_target"] and rank["held_bytes_after_build"] == out["model_bytes"]
