@@ -57,7 +57,7 @@ class EvalConfig:
     """Query examples per class (per episode for generation tasks) in every evaluation episode,
     validation and held-out (>= 1); None keeps each task's own. Queries cost forward passes only,
     not adaptation steps; more of them narrow the intervals of in-context rows, less those of
-    adapted rows, whose spread is likely mostly between support draws (docs/step_size_sweep.md)."""
+    adapted rows, whose spread is likely mostly between support draws (docs/research/step_size_sweep.md)."""
     in_context: bool = True
     """Also score the base model with the support set as in-context demonstrations."""
     with_demonstrations: tuple[str, ...] = ()
@@ -109,7 +109,7 @@ class RecipeConfig:
     # The embedded default run (no arguments) departs from the layers' own defaults only where a
     # 2-core CPU must finish meta-training and evaluation in reasonable time, and where
     # measurement on SmolLM2 found what works (outer lr 3e-3 from the calibration in
-    # docs/design.md; the inner loop from docs/adaptation_sweep.md). "diversity" puts both task
+    # docs/design.md; the inner loop from docs/research/adaptation_sweep.md). "diversity" puts both task
     # families in every meta-batch: the language-id family has 3 of the 33 meta-training tasks
     # and would be rare under uniform. Passes of up to 32 rows: CLDR rows are ~12 tokens, and a
     # pass of a few hundred tokens is mostly per-operation overhead on a CPU ("Compute on a CPU"
@@ -137,7 +137,7 @@ class RecipeConfig:
     # Seven rows (base, in-context and five trained methods) on 60 held-out episodes. Remapped
     # labels are learned from the support set only, and after 2 adaptation steps an adapter
     # labels just 40% of its own support set (chance 33%); 6 steps at lr 0.1 fit 58%, chosen on
-    # validation languages (docs/adaptation_sweep.md). Scoring only steps 0 and max_steps saves
+    # validation languages (docs/research/adaptation_sweep.md). Scoring only steps 0 and max_steps saves
     # 5 of 7 scoring passes; (0,) stays valid whatever eval.max_steps a user sets.
     eval: EvalConfig = field(
         default_factory=lambda: EvalConfig(max_steps=6, score_steps=(0,))

@@ -9,7 +9,7 @@ from YAML as ``algorithm.<field>``.
 
 The defaults are the inner loop the default run uses: measured on SmolLM2 (at 3 steps of lr 0.03 clipped to
 norm 1.0, FOMAML's adaptation lowered the query loss by 0.33 nats and it trained almost like
-multi-task; 4 steps at lr 0.1 lower it by 1.74; docs/adaptation_sweep.md).
+multi-task; 4 steps at lr 0.1 lower it by 1.74; docs/research/adaptation_sweep.md).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ DEFAULT_LR_GRID: tuple[float, ...] = (0.1, 0.3)
 """Adaptation learning rates evaluation tries per method on validation tasks (each > 0).
 
 At 6 adaptation steps validation chose 0.1 and 0.3 came second; 1.0 oscillated
-(docs/adaptation_sweep.md). The one default: ``eval.lr_grid`` and the evaluation functions'
+(docs/research/adaptation_sweep.md). The one default: ``eval.lr_grid`` and the evaluation functions'
 ``lr_grid`` both start from it."""
 
 

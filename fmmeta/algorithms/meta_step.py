@@ -174,6 +174,20 @@ def _sum_over_ranks(engine: Engine) -> Callable[[Sequence[torch.Tensor]], None]:
     return reduce
 
 
+def _check_plan(plan: MetaBatchPlan, world_size: int) -> None:
+    """Refuses a plan a meta-step cannot run: no real task, or built for another world size."""
+    if plan.n_real_tasks < 1:
+        raise ValueError(
+            f"plan for step {plan.step} has n_real_tasks={plan.n_real_tasks}: a meta-step needs at "
+            "least one real task; check the sampler's meta_batch_size and task pool"
+        )
+    if len(plan.ranks) != world_size:
+        raise ValueError(
+            f"plan for step {plan.step} has {len(plan.ranks)} ranks but the engine has "
+            f"world_size={world_size}: build the plan with the engine's world size"
+        )
+
+
 def meta_step(
     engine: Engine, algorithm: MetaAlgorithm, plan: MetaBatchPlan, work: RankWork | None = None,
     *, data_wait_s: float = 0.0,
@@ -197,16 +211,7 @@ def meta_step(
     Example:
         >>> stats = meta_step(engine, build_algorithm("fomaml", AlgorithmConfig(), pad_id=0), sampler.sample(step))
     """
-    if plan.n_real_tasks < 1:
-        raise ValueError(
-            f"plan for step {plan.step} has n_real_tasks={plan.n_real_tasks}: a meta-step needs at "
-            "least one real task; check the sampler's meta_batch_size and task pool"
-        )
-    if len(plan.ranks) != engine.world_size:
-        raise ValueError(
-            f"plan for step {plan.step} has {len(plan.ranks)} ranks but the engine has "
-            f"world_size={engine.world_size}: build the plan with the engine's world size"
-        )
+    _check_plan(plan, engine.world_size)
     _reset_peak_memory(engine.device)
     start = time.perf_counter()
     mine = plan.for_rank(engine.rank)

@@ -15,9 +15,13 @@ times (then the unit becomes seconds); only ratios matter to the planner.
 
 The rows-across-ranks placement (:mod:`fmmeta.sampling.rows_plan`) also pays one all-reduce of
 the stacked inner gradients per inner step: ``r`` per million floats (:meth:`CostModel.reduce_cost`).
-The default, 4 token-equivalents, is what gloo on two CPU processes costs next to SmolLM2-135M's
-fp32 passes (measured: ``benchmarks/zero3_step.py``); NCCL next to a GPU's passes is cheaper.
-It is not fitted: the pass times it would be fitted on do not contain it.
+Its price depends on the link and on how long a token takes, so the default, 4 token-equivalents,
+is a middle value, not a measurement: gloo between two CPU processes takes 7-15 ms per million
+floats (``benchmarks/zero3_step.py``, which prints ``r_measured``: 25-50 next to its hidden-256
+model's fp32 passes); a token of SmolLM2-135M takes about 35x that model's FLOPs, which puts ``r``
+near 1 there (an estimate from FLOPs, not measured). Set ``sampler.cost_r`` from the benchmark
+for your hardware. It is not fitted: the pass times the other coefficients are fitted on do not
+contain it.
 """
 
 from __future__ import annotations

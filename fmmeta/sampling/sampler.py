@@ -167,6 +167,44 @@ class _Probe:
     mean_length: np.ndarray
 
 
+def _check_arguments(sources: Sequence[EpisodeSource], config: SamplerConfig, *, world_size: int,
+                     seed: int, support_draws: int) -> None:
+    """Refuses a sampler that could not plan honest meta-batches, each problem with its fix."""
+    raise_if_invalid(config)
+    if not sources:
+        raise ValueError("CostAwareSampler got no sources: pass at least one task")
+    if config.meta_batch_size > len(sources):
+        # Drawing with replacement would put one task into a meta-batch twice, weighting it
+        # double without anyone having asked for it: refuse instead.
+        raise ValueError(
+            f"sampler.meta_batch_size={config.meta_batch_size} is larger than the "
+            f"meta-training pool ({len(sources)} tasks), so a meta-batch would hold a task "
+            f"twice: set sampler.meta_batch_size to at most {len(sources)}, or add tasks"
+        )
+    if not (isinstance(world_size, int) and world_size >= 1):
+        raise ValueError(f"world_size={world_size!r} is invalid: must be an integer >= 1")
+    if not (isinstance(seed, int) and seed >= 0):
+        raise ValueError(f"seed={seed!r} is invalid: must be an integer >= 0")
+    if config.on_uneven == "error" and config.meta_batch_size % world_size:
+        raise ValueError(
+            f"sampler.meta_batch_size={config.meta_batch_size} does not divide by "
+            f"world_size={world_size} and sampler.on_uneven='error'; use a multiple of "
+            f"{world_size} or on_uneven='pad'"
+        )
+    if not (isinstance(support_draws, int) and support_draws >= 1):
+        raise ValueError(f"support_draws={support_draws!r} is invalid: must be an integer >= 1")
+    empty = [s.name for s in sources if hasattr(s, "__len__") and len(s) == 0]  # type: ignore[arg-type]
+    if empty:
+        raise ValueError(
+            f"task(s) {empty[:5]} have no examples: a task in a meta-batch counts as one "
+            "slot of the meta-gradient's mean, so an empty one would dilute it; leave them out"
+        )
+    names = [s.name for s in sources]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError(f"task names must be unique; duplicated: {dup[:5]}")
+
+
 class CostAwareSampler:
     """Samples task meta-batches and plans them over ranks (see the module docstring).
 
@@ -205,39 +243,7 @@ class CostAwareSampler:
         fast_weight_numel: int = 0,
         lockstep: bool = True,
     ) -> None:
-        raise_if_invalid(config)
-        if not sources:
-            raise ValueError("CostAwareSampler got no sources: pass at least one task")
-        if config.meta_batch_size > len(sources):
-            # Drawing with replacement would put one task into a meta-batch twice, weighting it
-            # double without anyone having asked for it: refuse instead.
-            raise ValueError(
-                f"sampler.meta_batch_size={config.meta_batch_size} is larger than the "
-                f"meta-training pool ({len(sources)} tasks), so a meta-batch would hold a task "
-                f"twice: set sampler.meta_batch_size to at most {len(sources)}, or add tasks"
-            )
-        if not (isinstance(world_size, int) and world_size >= 1):
-            raise ValueError(f"world_size={world_size!r} is invalid: must be an integer >= 1")
-        if not (isinstance(seed, int) and seed >= 0):
-            raise ValueError(f"seed={seed!r} is invalid: must be an integer >= 0")
-        if config.on_uneven == "error" and config.meta_batch_size % world_size:
-            raise ValueError(
-                f"sampler.meta_batch_size={config.meta_batch_size} does not divide by "
-                f"world_size={world_size} and sampler.on_uneven='error'; use a multiple of "
-                f"{world_size} or on_uneven='pad'"
-            )
-        if not (isinstance(support_draws, int) and support_draws >= 1):
-            raise ValueError(f"support_draws={support_draws!r} is invalid: must be an integer >= 1")
-        empty = [s.name for s in sources if hasattr(s, "__len__") and len(s) == 0]  # type: ignore[arg-type]
-        if empty:
-            raise ValueError(
-                f"task(s) {empty[:5]} have no examples: a task in a meta-batch counts as one "
-                "slot of the meta-gradient's mean, so an empty one would dilute it; leave them out"
-            )
-        names = [s.name for s in sources]
-        if len(set(names)) != len(names):
-            dup = sorted({n for n in names if names.count(n) > 1})
-            raise ValueError(f"task names must be unique; duplicated: {dup[:5]}")
+        _check_arguments(sources, config, world_size=world_size, seed=seed, support_draws=support_draws)
         self.sources = list(sources)
         self.config = config
         self.world_size = world_size
