@@ -212,7 +212,7 @@ def _model(args: argparse.Namespace):
 
 if __name__ == "__main__":
     parsed = _args(sys.argv[1:])
-    if "LOCAL_RANK" in os.environ or parsed.local_rank is not None:
+    if parsed.local_rank is not None:  # the deepspeed launcher passes it to each worker
         _worker(parsed)
     else:
         _launch(sys.argv[1:])

@@ -16,6 +16,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _run(script: str, *args: str) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    # earlier in-process tests leave the variables a launcher sets (init_distributed sets them
+    # for a lone process); a benchmark that launches its own ranks must not inherit them
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *args], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
