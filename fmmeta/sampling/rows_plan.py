@@ -116,6 +116,7 @@ def plan_rows_across_ranks(
     budget: int,
     cost_model: CostModel,
     rng: np.random.Generator,
+    lengths: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> MetaBatchPlan:
     """The rows-across-ranks plan of one meta-batch (see the module docstring).
 
@@ -127,13 +128,15 @@ def plan_rows_across_ranks(
         budget: padded tokens per pass (a row longer than it gets a pass of its own).
         cost_model: prices the candidate packings.
         rng: shuffles which rank takes each lap's longest row.
+        lengths: the :func:`~fmmeta.sampling.lengths.set_lengths` of the episodes' support sets
+            then query sets, when the caller has them already.
     """
     n = len(episodes)
-    lengths, counts = set_lengths([ep.support for ep in episodes] + [ep.query for ep in episodes])
+    flat, counts = lengths or set_lengths([ep.support for ep in episodes] + [ep.query for ep in episodes])
     split = int(counts[:n].sum())
     rank_order = rng.permutation(world_size)
-    support = _deal_phase(lengths[:split], counts[:n], world_size, budget, rank_order, cost_model)
-    query = _deal_phase(lengths[split:], counts[n:], world_size, budget, rank_order, cost_model)
+    support = _deal_phase(flat[:split], counts[:n], world_size, budget, rank_order, cost_model)
+    query = _deal_phase(flat[split:], counts[n:], world_size, budget, rank_order, cost_model)
     slots = tuple(_make_many(TaskSlot, list(episodes), list(map(int, task_ids)), [0.0] * n))
     ranks = tuple(RankPlan(slots, s, q, shared=True) for s, q in zip(support, query))
     return MetaBatchPlan(step=step, ranks=ranks, n_real_tasks=n, placement="rows")
@@ -177,10 +180,10 @@ def plan_placed(
     if world_size == 1 or placement == "tasks":
         return tasks
     with gc_paused():
-        lengths, _ = set_lengths([ep.support for ep in episodes] + [ep.query for ep in episodes])
-        budget = tokens_per_pass or micro_batch_size * int(lengths.max(initial=1))
+        known = set_lengths([ep.support for ep in episodes] + [ep.query for ep in episodes])
+        budget = tokens_per_pass or micro_batch_size * int(known[0].max(initial=1))
         rows = plan_rows_across_ranks(episodes, task_ids, step=step, world_size=world_size,
-                                      budget=budget, cost_model=cost_model, rng=rng)
+                                      budget=budget, cost_model=cost_model, rng=rng, lengths=known)
     predicted: dict[str, float] = {p.placement: plan_cost(p, inner_steps=inner_steps, cost_model=cost_model,
                                                          fast_weight_numel=fast_weight_numel,
                                                          lockstep=lockstep)
