@@ -98,7 +98,7 @@ class Scorer:
         return evaluate_methods(
             self.model, params, methods, draws, a.inner_loop, e.max_steps, pad,
             inner_lrs=selection.chosen, lr_selection=selection, min_seeds=3,
-            domains={t.name: t.family for t in self.suite.validation if t.family != t.name},
+            families={t.name: t.family for t in self.suite.validation if t.family != t.name},
             score_steps=e.score_steps or None, **common,
         )
 
