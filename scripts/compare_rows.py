@@ -45,7 +45,7 @@ def pooled_result(paths: list[Path], suffixes: list[str] | None = None) -> EvalR
         data = json.loads(path.read_text())
         max_steps, n_seeds = max(max_steps, data["max_steps"]), max(n_seeds, data["n_seeds"])
         for raw in data["records"]:
-            rec = EpisodeRecord(**{**raw, "method": raw["method"] + suffix})
+            rec = EpisodeRecord.from_dict({**raw, "method": raw["method"] + suffix})
             task = tasks.setdefault((rec.seed, rec.episode), rec.task)
             if task != rec.task:
                 raise ValueError(f"{path}: seed {rec.seed} episode {rec.episode} is {rec.task}, "

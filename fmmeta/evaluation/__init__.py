@@ -35,7 +35,7 @@ from fmmeta.evaluation.result import (
     EvalResult,
     LrSelection,
     MetricSummary,
-    family_of,
+    kind_of,
 )
 from fmmeta.evaluation.scoring import QueryScore, score_query
 from fmmeta.evaluation.support_fit import FitPoint, support_fit
@@ -54,7 +54,7 @@ __all__ = [
     "QueryScore",
     "evaluate_held_out",
     "evaluate_methods",
-    "family_of",
+    "kind_of",
     "format_markdown",
     "plot_adaptation_curves",
     "plot_training_curves",

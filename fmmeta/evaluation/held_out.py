@@ -45,7 +45,7 @@ from fmmeta.algorithms.task_lora import TaskLoRA
 from fmmeta.evaluation.adaptation import Scored, adapt_and_score, by_length, groups_of
 from fmmeta.evaluation.lockstep import Lockstep, OneRank, Ranks, sharded
 from fmmeta.evaluation.methods import MethodSpec, needs_lr, prepare_methods
-from fmmeta.evaluation.result import EpisodeRecord, EvalResult, LrSelection, family_of
+from fmmeta.evaluation.result import EpisodeRecord, EvalResult, LrSelection, kind_of
 from fmmeta.tasks.episode import Episode
 
 logger = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ def _records(
     episodes_per_seed: Sequence[Sequence[Episode]],
     one: Callable[[list[Episode] | None], list[Scored]],
     ranks: Ranks,
-    domains: Mapping[str, str],
+    families: Mapping[str, str],
     episodes_per_pass: int,
 ) -> list[EpisodeRecord]:
     """``one`` run on every group of ``episodes_per_pass`` episodes (across seeds, episodes of
@@ -114,8 +114,8 @@ def _records(
         scored[j] = sc
     return [
         EpisodeRecord(
-            method=method, seed=seed, episode=i, task=ep.task, family=family_of(ep),
-            domain=domains.get(ep.task, ""), step=step, loss=loss, accuracy=acc, n=n,
+            method=method, seed=seed, episode=i, task=ep.task, kind=kind_of(ep),
+            family=families.get(ep.task, ""), step=step, loss=loss, accuracy=acc, n=n,
         )
         for (seed, i, ep), sc in zip(flat, scored)
         for step, loss, acc, n in sc
@@ -137,7 +137,7 @@ def evaluate_methods(
     lr_selection: LrSelection | None = None,
     progress: bool = False,
     ranks: Ranks | None = None,
-    domains: Mapping[str, str] | None = None,
+    families: Mapping[str, str] | None = None,
     icl_max_length: int = 1024,
     score_steps: Sequence[int] | None = None,
     episodes_per_pass: int = 16,
@@ -164,7 +164,7 @@ def evaluate_methods(
         progress: show a tqdm bar over (method, episode) pairs (turn on for rank 0 only).
         ranks: split the episodes over the ranks of this engine (every rank must call, with the
             same arguments); the result is the same on every rank and equals one process's.
-        domains: task name -> its family in the suite; the report then also has a table per family.
+        families: task name -> its family in the suite; the report then also has a table per family.
         icl_max_length: longest in-context query (demonstrations + query) in tokens; longer ones
             lose their oldest demonstration tokens.
         score_steps: the adaptation steps to score, each in 0..``max_steps`` (``max_steps``, the
@@ -217,7 +217,7 @@ def evaluate_methods(
                     bar.update(min(len(group or []) * ranks.world_size, bar.total - bar.n))
                 return scored
 
-            records.extend(_records(method, episodes_per_seed, one, ranks, domains or {},
+            records.extend(_records(method, episodes_per_seed, one, ranks, families or {},
                                     episodes_per_pass))
     return EvalResult(
         records=records,
@@ -336,7 +336,7 @@ def evaluate_held_out(
     min_seeds: int = 3,
     progress: bool = False,
     ranks: Ranks | None = None,
-    domains: Mapping[str, str] | None = None,
+    families: Mapping[str, str] | None = None,
     icl_max_length: int = 1024,
     score_steps: Sequence[int] | None = None,
     episodes_per_pass: int = 16,
@@ -348,7 +348,7 @@ def evaluate_held_out(
 
     Args:
         model, params, methods, inner, max_steps, pad_id, micro_batch_size, min_seeds, progress,
-            ranks, domains, icl_max_length, score_steps, episodes_per_pass: as for
+            ranks, families, icl_max_length, score_steps, episodes_per_pass: as for
             :func:`evaluate_methods`.
         validation_episodes: episodes of validation tasks, for :func:`select_inner_lr`.
         test_episodes_per_seed: held-out episodes, one list per seed of episode draws.
@@ -379,6 +379,6 @@ def evaluate_held_out(
     return evaluate_methods(
         model, params, methods, test_episodes_per_seed, inner, max_steps, pad_id,
         inner_lrs=sel.chosen, micro_batch_size=micro_batch_size, min_seeds=min_seeds,
-        lr_selection=sel, progress=progress, ranks=ranks, domains=domains,
+        lr_selection=sel, progress=progress, ranks=ranks, families=families,
         icl_max_length=icl_max_length, score_steps=score_steps, episodes_per_pass=episodes_per_pass,
     )

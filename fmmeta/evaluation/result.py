@@ -23,7 +23,7 @@ GENERATION = "generation"
 OVERALL = "overall"
 FAMILIES: tuple[str, ...] = (CLASSIFICATION, GENERATION, OVERALL)
 
-def family_of(episode: Episode) -> str:
+def kind_of(episode: Episode) -> str:
     """``"classification"`` when the episode has answer ``choices``, else ``"generation"``."""
     return CLASSIFICATION if episode.choices is not None else GENERATION
 
@@ -37,8 +37,8 @@ class EpisodeRecord:
         seed: index of the episode draw (seed) the episode belongs to.
         episode: index of the episode within its seed.
         task: the episode's task name.
-        family: ``"classification"`` or ``"generation"``.
-        domain: the task's family in the suite (e.g. ``"cldr-langid"``), or ``""`` if not given.
+        kind: ``"classification"`` or ``"generation"``.
+        family: the task's family in the suite (e.g. ``"cldr-langid"``), or ``""`` if not given.
         step: adaptation steps taken before scoring (0 = none).
         loss: mean query loss per answer token (nats).
         accuracy: query accuracy in [0, 1].
@@ -49,12 +49,26 @@ class EpisodeRecord:
     seed: int
     episode: int
     task: str
-    family: str
+    kind: str
     step: int
     loss: float
     accuracy: float
     n: int
-    domain: str = ""
+    family: str = ""
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> EpisodeRecord:
+        """A record from its ``eval.json`` form (:meth:`EvalResult.to_dict`), either layout.
+
+        ``eval.json`` files written before the rename (``docs/research/`` keeps some) call the
+        kind ``"family"`` and the suite family ``"domain"``; a record without ``"kind"`` is one
+        of those and is mapped onto today's fields.
+        """
+        if "kind" not in raw:  # old layout: "family" was the kind, "domain" the suite family
+            raw = dict(raw)
+            raw["kind"] = raw.pop("family")
+            raw["family"] = raw.pop("domain", "")
+        return cls(**raw)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -168,9 +182,9 @@ class EvalResult:
     def families(self) -> list[str]:
         """Families present in the records (classification, generation, then the suite's task
         families when records name them), then ``"overall"``."""
-        present = {r.family for r in self.records}
-        domains = sorted({r.domain for r in self.records if r.domain})
-        return [f for f in (CLASSIFICATION, GENERATION) if f in present] + domains + [OVERALL]
+        present = {r.kind for r in self.records}
+        families = sorted({r.family for r in self.records if r.family})
+        return [f for f in (CLASSIFICATION, GENERATION) if f in present] + families + [OVERALL]
 
     def summary(self) -> dict[str, dict[str, dict[int, MetricSummary]]]:
         """``summary()[method][family][step]``: mean, worst case over seeds, and intervals."""
@@ -189,7 +203,7 @@ class EvalResult:
             steps = self.steps_of(m)
             step = steps[-1] if steps else 0
             return step, {(r.seed, r.episode): r for r in self.records
-                          if r.method == m and r.step == step and family in (r.family, r.domain, OVERALL)}
+                          if r.method == m and r.step == step and family in (r.kind, r.family, OVERALL)}
 
         m_step, mine = at_headline(method)
         b_step, theirs = at_headline(baseline)
@@ -277,7 +291,7 @@ def summarise(records: Sequence[EpisodeRecord]) -> dict[str, dict[str, dict[int,
     # (method, family, step) -> seed -> records
     cells: dict[tuple[str, str, int], dict[int, list[EpisodeRecord]]] = {}
     for r in records:
-        for fam in {r.family, r.domain, OVERALL} - {""}:
+        for fam in {r.kind, r.family, OVERALL} - {""}:
             cells.setdefault((r.method, fam, r.step), {}).setdefault(r.seed, []).append(r)
     out: dict[str, dict[str, dict[int, MetricSummary]]] = {}
     for (method, fam, step), by_seed in cells.items():

@@ -170,7 +170,7 @@ def evaluate_run(
         tokenizer.pad_token_id, lr_grid=cfg.eval.lr_grid,
         micro_batch_size=cfg.eval.micro_batch_size, min_seeds=min(3, cfg.eval.seeds),
         ranks=engine, icl_max_length=cfg.algorithm.icl_max_length,
-        domains={t.name: t.domain for t in suite.held_out if t.domain != t.name},
+        families={t.name: t.family for t in suite.held_out if t.family != t.name},
         score_steps=cfg.eval.score_steps or None, episodes_per_pass=cfg.eval.episodes_per_pass,
     )
     result.notes = budget_notes(cfg) if notes is None else list(notes)

@@ -256,9 +256,9 @@ class CostAwareSampler:
         self.cost_model = CostModel(a=config.cost_a, b=config.cost_b, c=config.cost_c, r=config.cost_r,
                                     damping=config.cost_damping)
         n = len(self.sources)
-        domain_names = sorted({s.domain for s in self.sources})
-        code = {d: i for i, d in enumerate(domain_names)}
-        self._domains = np.array([code[s.domain] for s in self.sources], dtype=np.int64)
+        family_names = sorted({s.family for s in self.sources})
+        code = {d: i for i, d in enumerate(family_names)}
+        self._families = np.array([code[s.family] for s in self.sources], dtype=np.int64)
         self._tie_break = self._rng(_STREAM_PROBE, 0, 1 << 30).permutation(n)
         self._loss = np.full(n, np.nan)
         self._n_observed = np.zeros(n, dtype=np.int64)
@@ -293,7 +293,7 @@ class CostAwareSampler:
         """What the strategy sees (copies, so a strategy cannot change sampler state)."""
         return PoolView(
             n_tasks=len(self.sources),
-            domains=self._domains,
+            families=self._families,
             loss=self._loss.copy(),
             difficulty_fn=self._difficulty,
             tie_break=self._tie_break,

@@ -1,6 +1,6 @@
 """What the sampler consumes (task sources) and what the trainer feeds back (observations).
 
-The sampler never imports the task layer: anything with a ``name``, a ``domain`` and a
+The sampler never imports the task layer: anything with a ``name``, a ``family`` and a
 ``sample_episode(rng)`` method is a task. Observations flow the other way: ``meta_step`` makes a
 :class:`TaskObservation` per task and a :class:`PassObservation` per pass, and
 ``fmmeta.algorithms.gather_step`` hands every rank's, as these objects, to every rank's sampler,
@@ -25,12 +25,12 @@ class EpisodeSource(Protocol):
 
     Attributes:
         name: unique task name (shows up in ``Episode.task`` and in logs).
-        domain: a grouping key (dataset family, language, embedding cluster) used by the
+        family: a grouping key (dataset family, language, embedding cluster) used by the
             ``diversity`` strategy to spread a meta-batch.
     """
 
     name: str
-    domain: str
+    family: str
 
     def sample_episode(self, rng: np.random.Generator) -> Episode:
         """Draws one episode; every random choice must come from ``rng`` (determinism)."""

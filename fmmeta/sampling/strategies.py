@@ -1,14 +1,14 @@
 """Which tasks a meta-step trains on. Strategies pick task ids; the planner places them.
 
 Every strategy is a small object with ``select(n, rng, pool, step) -> task ids``. It draws only
-from the generator it is given and reads only the :class:`PoolView` (task domains, difficulty
+from the generator it is given and reads only the :class:`PoolView` (task families, difficulty
 measures, loss estimates the sampler keeps), so a plan is a pure function of seed, step and
 sampler state. Within a meta-batch tasks are drawn without replacement where the pool allows.
 
 * ``uniform`` (default): every task equally likely; a strong baseline in task-sampling studies.
 * ``curriculum``: easiest tasks first; the admitted pool (the easiest fraction by a difficulty
   measure) widens with the step from ``pacing_start`` to all tasks at ``pacing_steps``.
-* ``diversity``: spreads a meta-batch over task domains as evenly as the pool allows.
+* ``diversity``: spreads a meta-batch over task families as evenly as the pool allows.
 * ``hard``: samples by recent query loss (softmax with a temperature), mixed with a uniform
   floor so no task starves; unobserved tasks count as the hardest seen (explored first).
 * ``uniform_difficulty``: Arnold et al. (NeurIPS 2021): bins tasks by difficulty into equal-width
@@ -35,7 +35,7 @@ class PoolView:
 
     Attributes:
         n_tasks: pool size.
-        domains: ``[n_tasks]`` integer domain code of each task.
+        families: ``[n_tasks]`` integer family code of each task.
         loss: ``[n_tasks]`` recent query-loss estimate (``nan`` where never observed).
         difficulty_fn: returns ``[n_tasks]`` difficulty for a measure (higher = harder); the
             sampler computes shot and length measures lazily from one probe episode per task.
@@ -44,7 +44,7 @@ class PoolView:
     """
 
     n_tasks: int
-    domains: np.ndarray
+    families: np.ndarray
     loss: np.ndarray
     difficulty_fn: Callable[[str], np.ndarray]
     tie_break: np.ndarray
@@ -125,16 +125,16 @@ class Curriculum:
 
 @dataclass
 class Diversity:
-    """Spreads the meta-batch over domains: each domain gets ``n // D`` or one more task."""
+    """Spreads the meta-batch over families: each family gets ``n // D`` or one more task."""
 
     name: str = "diversity"
 
     def select(self, n: int, rng: np.random.Generator, pool: PoolView, step: int) -> np.ndarray:
-        codes = np.unique(pool.domains)
-        members = [np.flatnonzero(pool.domains == c) for c in codes]
+        codes = np.unique(pool.families)
+        members = [np.flatnonzero(pool.families == c) for c in codes]
         quota = np.zeros(len(codes), dtype=np.int64)
         left = n
-        # Fill quotas round by round in a random domain order; a domain that has run out of
+        # Fill quotas round by round in a random family order; a family that has run out of
         # distinct tasks stops taking a share while others still have some.
         while left > 0:
             open_ = [d for d in rng.permutation(len(codes)) if quota[d] < members[d].size]

@@ -20,7 +20,7 @@ class SyntheticTask:
 
     Attributes:
         name: task name.
-        domain: grouping key.
+        family: grouping key.
         lengths: token length of each example in the task's pool (each >= 2).
         shots: support examples per class.
         ways: classes per episode; ``None`` for a generation task (support = ``shots``).
@@ -28,7 +28,7 @@ class SyntheticTask:
     """
 
     name: str
-    domain: str
+    family: str
     lengths: tuple[int, ...]
     shots: int
     ways: int | None = None
@@ -71,12 +71,12 @@ def lognormal_pool(
     task_sigma: float = 0.6,
     seq_sigma: float = 0.35,
     max_length: int = 1024,
-    n_domains: int = 8,
+    n_families: int = 8,
     examples_per_task: int = 64,
     shots_choices: tuple[int, ...] = (1, 2, 4, 8),
     ways_choices: tuple[int | None, ...] = (None, 2, 3, 5),
 ) -> list[SyntheticTask]:
-    """A heterogeneous pool: lognormal lengths, mixed shots and ways, several domains.
+    """A heterogeneous pool: lognormal lengths, mixed shots and ways, several families.
 
     Each task draws its own median length (lognormal around ``median_length`` with ``task_sigma``)
     and its sequences scatter around it (``seq_sigma``); shots are drawn from ``shots_choices`` and
@@ -88,7 +88,7 @@ def lognormal_pool(
         lengths = _draw_lengths(rng, median_length, task_sigma, seq_sigma, examples_per_task, max_length)
         ways = ways_choices[int(rng.integers(len(ways_choices)))]
         shots = shots_choices[int(rng.integers(len(shots_choices)))]
-        tasks.append(_with_domain(rng, f"task{t:04d}", lengths, shots, ways, n_domains))
+        tasks.append(_with_family(rng, f"task{t:04d}", lengths, shots, ways, n_families))
     return tasks
 
 
@@ -102,10 +102,10 @@ def _draw_lengths(rng: np.random.Generator, median: float, task_sigma: float, se
     return tuple(int(x) for x in lens)
 
 
-def _with_domain(rng: np.random.Generator, name: str, lengths: tuple[int, ...], shots: int, ways: int | None,
-                 n_domains: int) -> SyntheticTask:
-    """The task, in one of ``n_domains`` domains drawn at random (the last draw for a task)."""
-    return SyntheticTask(name=name, domain=f"domain{int(rng.integers(n_domains))}", lengths=lengths,
+def _with_family(rng: np.random.Generator, name: str, lengths: tuple[int, ...], shots: int, ways: int | None,
+                 n_families: int) -> SyntheticTask:
+    """The task, in one of ``n_families`` families drawn at random (the last draw for a task)."""
+    return SyntheticTask(name=name, family=f"family{int(rng.integers(n_families))}", lengths=lengths,
                          shots=shots, ways=ways)
 
 
@@ -119,7 +119,7 @@ def bimodal_pool(
     task_sigma: float = 0.25,
     seq_sigma: float = 0.3,
     max_length: int = 2048,
-    n_domains: int = 8,
+    n_families: int = 8,
     examples_per_task: int = 64,
     short_shots: tuple[int, ...] = (1, 2, 4, 8),
     short_ways: tuple[int, ...] = (2, 3, 5),
@@ -158,5 +158,5 @@ def bimodal_pool(
         else:
             shots = short_shots[int(rng.integers(len(short_shots)))]
             ways = short_ways[int(rng.integers(len(short_ways)))]
-        tasks.append(_with_domain(rng, f"{'gen' if long else 'cls'}{t:04d}", lengths, shots, ways, n_domains))
+        tasks.append(_with_family(rng, f"{'gen' if long else 'cls'}{t:04d}", lengths, shots, ways, n_families))
     return tasks

@@ -61,7 +61,7 @@ class Scorer:
         if not self.suite.validation:
             raise UserInputError("the task suite has no validation tasks: a study chooses on them; "
                                  "give the suite validation tasks (tasks.validation_fraction > 0)")
-        families = {"overall", *(t.domain for t in self.suite.validation)}
+        families = {"overall", *(t.family for t in self.suite.validation)}
         kinds = {"classification" if ep.choices is not None else "generation"
                  for ep in self._validation_draw(0)}
         if family not in families | kinds:
@@ -98,7 +98,7 @@ class Scorer:
         return evaluate_methods(
             self.model, params, methods, draws, a.inner_loop, e.max_steps, pad,
             inner_lrs=selection.chosen, lr_selection=selection, min_seeds=3,
-            domains={t.name: t.domain for t in self.suite.validation if t.domain != t.name},
+            families={t.name: t.family for t in self.suite.validation if t.family != t.name},
             score_steps=e.score_steps or None, **common,
         )
 

@@ -1,7 +1,7 @@
 """The task layer: datasets -> tokenized tasks -> few-shot episodes.
 
 A task is a :class:`GenerationTask` or a :class:`ClassificationTask` (``Task`` names either);
-both are what the sampler calls an episode source (``name``, ``domain``, ``sample_episode``).
+both are what the sampler calls an episode source (``name``, ``family``, ``sample_episode``).
 Import from the submodules (``fmmeta.tasks.task``, ``fmmeta.tasks.builders`` with its
 :class:`TaskOptions`, ``fmmeta.tasks.suites``; ``fmmeta.tasks.config`` for the recipe's ``tasks``
 section, with collections declared in YAML in ``fmmeta.tasks.collection`` and their tokenization

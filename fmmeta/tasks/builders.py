@@ -87,7 +87,7 @@ def classification_tasks(
         read_dataset(data, split=split, name=config_name), spec=options.spec, name=name,
         text_column=text_column, label_column=label_column, template=template,
         answer_template=answer_template, verbalizer=verbalizer,
-        drop_small_classes=drop_small_classes, domain=options.domain,
+        drop_small_classes=drop_small_classes, family=options.family,
     )  # fmt: skip
     return _tokenize([rows], tokenizer, options)
 
@@ -136,7 +136,7 @@ def tasks_from_column(
         read_dataset(data, split=split, name=config_name), spec=options.spec,
         task_column=task_column, input_column=input_column, output_column=output_column,
         options_column=options_column, template=template, answer_template=answer_template,
-        name_prefix=name_prefix, drop_small_tasks=drop_small_tasks, domain=options.domain,
+        name_prefix=name_prefix, drop_small_tasks=drop_small_tasks, family=options.family,
     )  # fmt: skip
     return _tokenize(rows, tokenizer, options)
 
@@ -154,7 +154,7 @@ class DatasetSpec:
         answer_template: answer format; ``{answer}`` is the output value.
         split: split of a DatasetDict or hub dataset.
         config_name: hub dataset configuration.
-        domain: task family (default: the builder's ``options.domain``, else ``name``).
+        family: task family (default: the builder's ``options.family``, else ``name``).
         episode: episode shape for this task only (default: the builder's ``options.spec``).
     """
 
@@ -166,7 +166,7 @@ class DatasetSpec:
     answer_template: str = " {answer}"
     split: str | None = None
     config_name: str | None = None
-    domain: str = ""
+    family: str = ""
     episode: EpisodeSpec | None = None
 
 
@@ -179,7 +179,7 @@ def tasks_from_datasets(
         specs: one :class:`DatasetSpec` per task; names must be unique.
         tokenizer: a Hugging Face tokenizer.
         options: default episode shape and family (a ``DatasetSpec``'s ``episode`` and
-            ``domain`` override them), token budget, overflow rule and separator.
+            ``family`` override them), token budget, overflow rule and separator.
 
     Example:
         >>> tasks = tasks_from_datasets([
@@ -204,7 +204,7 @@ def tasks_from_datasets(
             read_dataset(s.data, split=s.split, name=s.config_name), name=s.name,
             spec=s.episode or options.spec, input_column=s.input_column,
             output_column=s.output_column, template=s.template, answer_template=s.answer_template,
-            domain=s.domain or options.domain,
+            family=s.family or options.family,
             where=f"tasks_from_datasets specs[{k}] (name={s.name!r})",
         )  # fmt: skip
         for k, s in enumerate(specs)
@@ -262,7 +262,7 @@ def tasks_from_examples(
         check_texts(answers, key="answer", where=where)
         return GenerationTask.from_texts(
             name, prompts, [(answer_template or "{answer}").format(answer=a) for a in answers],
-            tokenizer, spec=o.spec, domain=o.domain, max_length=o.max_length,
+            tokenizer, spec=o.spec, family=o.family, max_length=o.max_length,
             on_too_long=o.on_too_long, separator=o.separator,
         )  # fmt: skip
     classes, words, names = labels_to_classes(
@@ -275,7 +275,7 @@ def tasks_from_examples(
         name, [prompts[i] for i in rows], [new_index[classes[i]] for i in rows],
         [words[c] for c in sorted(keep)], tokenizer, spec=o.spec,
         answer_template=answer_template if answer_template is not None else " {answer}",
-        domain=o.domain, max_length=o.max_length, on_too_long=o.on_too_long, separator=o.separator,
+        family=o.family, max_length=o.max_length, on_too_long=o.on_too_long, separator=o.separator,
         class_names=[names[c] for c in sorted(keep)],
     )  # fmt: skip
 

@@ -91,7 +91,7 @@ def _task_meta(r: TaskRows, start: int, end: int) -> dict[str, Any]:
     apart)."""
     s = r.spec
     meta: dict[str, Any] = {
-        "name": r.name, "domain": r.domain, "start": start, "end": end,
+        "name": r.name, "family": r.family, "start": start, "end": end,
         "spec": {"shots": s.shots, "query": s.query, "ways": s.ways,
                  "remap_labels": s.remap_labels, "label_pool": list(s.label_pool or ()) or None},
         "words": None, "class_names": None, "pool": None,
@@ -167,18 +167,21 @@ def _assemble(
     tasks: list[Task] = []
     for m in meta:
         a, b = m["start"], m["end"]
+        # Caches written before the rename to "family" call it "domain"; the key (and so the
+        # folder) is the same, so they are read as they are rather than rebuilt.
+        family = m["family"] if "family" in m else m["domain"]
         spec = EpisodeSpec(**{**m["spec"], "label_pool": tuple(m["spec"]["label_pool"] or ()) or None})
         if m["words"] is not None:
             words = answer_word_ids(tokenizer, [*m["words"], *(m["pool"] or ())])
             tasks.append(ClassificationTask.from_ids(
                 m["name"], prompt_ids[a:b], labels[a:b], words[: len(m["words"])],
                 class_names=m["class_names"], spec=spec, pool_answers=words[len(m["words"]):],
-                domain=m["domain"], max_length=max_length, separator_ids=separator_ids,
+                family=family, max_length=max_length, separator_ids=separator_ids,
             ))  # fmt: skip
         else:
             tasks.append(GenerationTask.from_ids(
                 m["name"], prompt_ids[a:b], [x + eos for x in answer_ids[a:b]], spec=spec,
-                domain=m["domain"], max_length=max_length, on_too_long=on_too_long,
+                family=family, max_length=max_length, on_too_long=on_too_long,
                 separator_ids=separator_ids,
             ))  # fmt: skip
     return tasks

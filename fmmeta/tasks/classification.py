@@ -47,7 +47,7 @@ class ClassificationTask:
         spec: episode shape (``ways`` None means every class).
         pool_answers: answer ids of each ``spec.label_pool`` word; required with
             ``spec.remap_labels``, ignored without.
-        domain: family the task belongs to (for diversity-aware sampling); "" means ``name``.
+        family: the family the task belongs to (for diversity-aware sampling); "" means ``name``.
         separator_ids: tokens between in-context demonstrations.
 
     Raises:
@@ -65,11 +65,11 @@ class ClassificationTask:
         class_names: Sequence[str],
         spec: EpisodeSpec,
         pool_answers: Sequence[Sequence[int]] = (),
-        domain: str = "",
+        family: str = "",
         separator_ids: Sequence[int] = (),
     ) -> None:
         self.name = check_task_name(name)
-        self.domain = domain or name
+        self.family = family or name
         self.spec = spec
         self.separator_ids = tuple(int(t) for t in separator_ids)
         if not prompts:
@@ -110,7 +110,7 @@ class ClassificationTask:
         *,
         spec: EpisodeSpec,
         answer_template: str = " {answer}",
-        domain: str = "",
+        family: str = "",
         max_length: int = 256,
         on_too_long: OnTooLong = "drop",
         separator: str = "\n\n",
@@ -130,7 +130,7 @@ class ClassificationTask:
             tokenizer: a Hugging Face tokenizer.
             spec: episode shape (``ways``, ``remap_labels``, ``label_pool``).
             answer_template: turns a word into answer text; ``{answer}`` is replaced.
-            domain: task family for diversity-aware sampling (defaults to ``name``).
+            family: task family for diversity-aware sampling (defaults to ``name``).
             max_length: token budget of one example (prompt + answer + EOS).
             on_too_long: checked like a generation task's; an answer word over budget is always an
                 error (the same words serve every example).
@@ -158,7 +158,7 @@ class ClassificationTask:
         return cls.from_ids(
             name, encode(tokenizer, prompts), list(labels), answer_ids[: len(words)],
             class_names=list(class_names) if class_names is not None else [str(w) for w in words],
-            pool_answers=answer_ids[len(words) :], spec=spec, domain=domain, max_length=max_length,
+            pool_answers=answer_ids[len(words) :], spec=spec, family=family, max_length=max_length,
             separator_ids=encode(tokenizer, [separator])[0] if separator else (), prompt_texts=prompts,
         )  # fmt: skip
 
@@ -173,7 +173,7 @@ class ClassificationTask:
         class_names: Sequence[str],
         spec: EpisodeSpec,
         pool_answers: Sequence[Sequence[int]] = (),
-        domain: str = "",
+        family: str = "",
         max_length: int = 256,
         separator_ids: Sequence[int] = (),
         prompt_texts: Sequence[str] | None = None,
@@ -192,7 +192,7 @@ class ClassificationTask:
             class_names: display name of each class.
             spec: episode shape.
             pool_answers: answer ids of each ``spec.label_pool`` word (used with ``remap_labels``).
-            domain: task family for diversity-aware sampling (defaults to ``name``).
+            family: task family for diversity-aware sampling (defaults to ``name``).
             max_length: token budget of one example.
             separator_ids: tokens between in-context demonstrations.
             prompt_texts: the prompts as text, only to quote in error messages.
@@ -224,7 +224,7 @@ class ClassificationTask:
             kept_p.append(p[-(max_length - longest) :])  # room >= 1 checked above
         return cls(
             name, prompts=kept_p, labels=list(labels), class_answers=class_answers,
-            class_names=list(class_names), pool_answers=pool, spec=spec, domain=domain,
+            class_names=list(class_names), pool_answers=pool, spec=spec, family=family,
             separator_ids=separator_ids,
         )  # fmt: skip
 
@@ -236,7 +236,7 @@ class ClassificationTask:
     def __repr__(self) -> str:
         return (
             f"ClassificationTask({self.name!r}, {len(self._class_answers)}-class, {len(self)} "
-            f"examples, domain={self.domain!r})"
+            f"examples, family={self.family!r})"
         )
 
     @property
@@ -271,7 +271,7 @@ class ClassificationTask:
         return ClassificationTask(
             self.name, prompts=[e.prompt_ids for e in self._examples], labels=self._labels.tolist(),
             class_answers=self._class_answers, class_names=self.class_names, spec=spec,
-            pool_answers=self._pool_answers if spec.remap_labels else (), domain=self.domain,
+            pool_answers=self._pool_answers if spec.remap_labels else (), family=self.family,
             separator_ids=self.separator_ids,
         )  # fmt: skip
 

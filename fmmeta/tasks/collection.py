@@ -115,26 +115,26 @@ def read_source(
         parts = [(default_name, _load(src, files, cache_dir))]
     rows: list[TaskRows] = []
     for task_name, ds in parts:
-        spec, domain, template = options.spec, options.domain, args.get("template")
+        spec, family, template = options.spec, options.family, args.get("template")
         if builder == "classification":
             rows.append(classification_rows(
                 ds, name=task_name, text_column=args["text_column"],
                 label_column=args["label_column"], verbalizer=src.verbalizer,
                 drop_small_classes=src.drop_small, spec=spec, template=template,
-                answer_template=src.answer_template, domain=domain,
+                answer_template=src.answer_template, family=family,
             ))  # fmt: skip
         elif builder == "task_column":
             rows.extend(column_rows(
                 ds, task_column=args["task_column"], input_column=args["input_column"],
                 output_column=args["output_column"], options_column=args.get("options_column"),
                 name_prefix=src.name_prefix, drop_small_tasks=src.drop_small, spec=spec,
-                template=template, answer_template=src.answer_template, domain=domain,
+                template=template, answer_template=src.answer_template, family=family,
             ))  # fmt: skip
         else:
             rows.append(dataset_rows(
                 ds, name=task_name, input_column=args["input_column"],
                 output_column=args["output_column"], spec=spec, template=template,
-                answer_template=src.answer_template, domain=domain,
+                answer_template=src.answer_template, family=family,
             ))  # fmt: skip
     rng = np.random.default_rng([seed, index])
     rows = [r.subsample(src.max_examples, rng) for r in rows]
@@ -181,7 +181,7 @@ def collection_problems(
                 )
                 continue
             seen[r.name] = i
-            tasks.append((r.name, r.domain or r.name))
+            tasks.append((r.name, r.family or r.name))
     if read_all and tasks:
         problems.extend(assign_splits(tasks, split, seed=seed)[1])
     return problems
@@ -272,7 +272,7 @@ def build_collection(
     if rank == 0:
         barrier()
     check_unique_names(tasks, where="tasks.collection")
-    where, problems = assign_splits([(t.name, t.domain) for t in tasks], split, seed=seed)
+    where, problems = assign_splits([(t.name, t.family) for t in tasks], split, seed=seed)
     if problems:
         raise ValueError("tasks." + "; tasks.".join(problems))
     out = TaskSet(**{s: [t for t in tasks if where[t.name] == s] for s in SPLITS})

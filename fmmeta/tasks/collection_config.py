@@ -139,7 +139,7 @@ class CollectionSource:
         )  # fmt: skip
 
     def task_options(self, *, max_length: int, separator: str = "\n\n") -> TaskOptions:
-        """This source's keys as the builders' options (``family`` is their ``domain``).
+        """This source's keys as the builders' options.
 
         Args:
             max_length: the section's ``tasks.max_length`` (one budget for every source).
@@ -150,7 +150,7 @@ class CollectionSource:
         """
         return TaskOptions(
             spec=self.spec(), max_length=max_length, on_too_long=self.on_too_long,
-            separator=separator, domain=self.family,
+            separator=separator, family=self.family,
         )  # fmt: skip
 
     def validate(self) -> list[str]:

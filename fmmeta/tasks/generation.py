@@ -62,7 +62,7 @@ class GenerationTask:
         prompts: token ids of each example's prompt.
         answers: token ids of each example's answer (EOS included).
         spec: episode shape: ``shots`` and ``query`` (``ways`` and remapping are refused).
-        domain: family the task belongs to (for diversity-aware sampling); "" means ``name``.
+        family: the family the task belongs to (for diversity-aware sampling); "" means ``name``.
         separator_ids: tokens between in-context demonstrations.
         n_dropped: examples dropped while building because their answer could not fit.
 
@@ -77,12 +77,12 @@ class GenerationTask:
         prompts: Sequence[Sequence[int]],
         answers: Sequence[Sequence[int]],
         spec: EpisodeSpec,
-        domain: str = "",
+        family: str = "",
         separator_ids: Sequence[int] = (),
         n_dropped: int = 0,
     ) -> None:
         self.name = check_task_name(name)
-        self.domain = domain or name
+        self.family = family or name
         self.spec = spec
         self.separator_ids = tuple(int(t) for t in separator_ids)
         self.n_dropped = n_dropped
@@ -120,7 +120,7 @@ class GenerationTask:
         tokenizer: Any,
         *,
         spec: EpisodeSpec,
-        domain: str = "",
+        family: str = "",
         max_length: int = 256,
         on_too_long: OnTooLong = "drop",
         separator: str = "\n\n",
@@ -138,7 +138,7 @@ class GenerationTask:
                 space, e.g. ``" Paris"``).
             tokenizer: a Hugging Face tokenizer.
             spec: episode shape.
-            domain: task family for diversity-aware sampling (defaults to ``name``).
+            family: task family for diversity-aware sampling (defaults to ``name``).
             max_length: token budget of one example (prompt + answer + EOS).
             on_too_long: ``"drop"`` (count and log) or ``"error"`` for an answer that cannot fit.
             separator: text between in-context demonstrations.
@@ -165,7 +165,7 @@ class GenerationTask:
             encode(tokenizer, prompts),
             [a + eos for a in encode(tokenizer, answers)],
             spec=spec,
-            domain=domain,
+            family=family,
             max_length=max_length,
             on_too_long=on_too_long,
             separator_ids=encode(tokenizer, [separator])[0] if separator else (),
@@ -180,7 +180,7 @@ class GenerationTask:
         answer_ids: Sequence[Sequence[int]],
         *,
         spec: EpisodeSpec,
-        domain: str = "",
+        family: str = "",
         max_length: int = 256,
         on_too_long: OnTooLong = "drop",
         separator_ids: Sequence[int] = (),
@@ -196,7 +196,7 @@ class GenerationTask:
             prompt_ids: token ids of each prompt.
             answer_ids: token ids of each answer, EOS included.
             spec: episode shape.
-            domain: task family for diversity-aware sampling (defaults to ``name``).
+            family: task family for diversity-aware sampling (defaults to ``name``).
             max_length: token budget of one example (prompt + answer + EOS).
             on_too_long: ``"drop"`` (count and log) or ``"error"`` for an answer that cannot fit.
             separator_ids: tokens between in-context demonstrations.
@@ -223,7 +223,7 @@ class GenerationTask:
             kept_a.append(a)
         log_dropped(where, dropped, len(prompt_ids), max_length)
         return cls(
-            name, prompts=kept_p, answers=kept_a, spec=spec, domain=domain,
+            name, prompts=kept_p, answers=kept_a, spec=spec, family=family,
             separator_ids=separator_ids, n_dropped=dropped,
         )  # fmt: skip
 
@@ -233,7 +233,7 @@ class GenerationTask:
         return len(self._examples)
 
     def __repr__(self) -> str:
-        return f"GenerationTask({self.name!r}, {len(self)} examples, domain={self.domain!r})"
+        return f"GenerationTask({self.name!r}, {len(self)} examples, family={self.family!r})"
 
     @property
     def examples(self) -> tuple[Example, ...]:
@@ -259,7 +259,7 @@ class GenerationTask:
         ex = self._examples
         return GenerationTask(
             self.name, prompts=[e.prompt_ids for e in ex], answers=[e.answer_ids for e in ex],
-            spec=spec, domain=self.domain, separator_ids=self.separator_ids, n_dropped=self.n_dropped,
+            spec=spec, family=self.family, separator_ids=self.separator_ids, n_dropped=self.n_dropped,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ sampling

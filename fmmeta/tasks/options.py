@@ -26,7 +26,7 @@ class TaskOptions:
         on_too_long: ``"drop"`` (count and log) or ``"error"`` for an example whose answer cannot
             fit ``max_length``.
         separator: text between in-context demonstrations.
-        domain: task family for diversity-aware sampling and per-family reports; "" means each
+        family: task family for diversity-aware sampling and per-family reports; "" means each
             task's own name.
 
     Raises:
@@ -42,7 +42,7 @@ class TaskOptions:
     max_length: int = 256
     on_too_long: OnTooLong = "drop"
     separator: str = "\n\n"
-    domain: str = ""
+    family: str = ""
 
     def __post_init__(self) -> None:
         problems = []
@@ -55,8 +55,8 @@ class TaskOptions:
             problems.append(
                 f"separator={self.separator!r} is invalid: it must be a str (\"\" for none)"
             )
-        if not isinstance(self.domain, str):
-            problems.append(f"domain={self.domain!r} is invalid: it must be a str (\"\" = the task's name)")
+        if not isinstance(self.family, str):
+            problems.append(f"family={self.family!r} is invalid: it must be a str (\"\" = the task's name)")
         if problems:
             raise ValueError("TaskOptions: " + "; ".join(problems))
 

@@ -34,14 +34,14 @@ class GenerationRows:
 
     Attributes:
         name: the task's unique name.
-        domain: task family (diversity sampling, per-family reports); "" means ``name``.
+        family: task family (diversity sampling, per-family reports); "" means ``name``.
         spec: episode shape.
         prompts: rendered prompt of each example.
         answers: rendered answer of each example (answer template applied).
     """
 
     name: str
-    domain: str
+    family: str
     spec: EpisodeSpec
     prompts: list[str]
     answers: list[str]
@@ -63,7 +63,7 @@ class ClassificationRows:
 
     Attributes:
         name: the task's unique name.
-        domain: task family (diversity sampling, per-family reports); "" means ``name``.
+        family: task family (diversity sampling, per-family reports); "" means ``name``.
         spec: episode shape.
         prompts: rendered prompt of each example.
         labels: class index of each example, into ``words``.
@@ -73,7 +73,7 @@ class ClassificationRows:
     """
 
     name: str
-    domain: str
+    family: str
     spec: EpisodeSpec
     prompts: list[str]
     labels: list[int]
@@ -105,7 +105,7 @@ def _draw(n: int, max_examples: int | None, rng: np.random.Generator) -> list[in
 def _classification_rows(
     *,
     name: str,
-    domain: str,
+    family: str,
     spec: EpisodeSpec,
     prompts: list[str],
     raw_labels: list[Any],
@@ -133,7 +133,7 @@ def _classification_rows(
     check_texts([words[c] for c in sorted(keep)], key="verbalizer", where=where)
     return ClassificationRows(
         name=name,
-        domain=domain,
+        family=family,
         spec=spec,
         prompts=[prompts[i] for i in rows],
         labels=[new_index[classes[i]] for i in rows],
@@ -154,7 +154,7 @@ def classification_rows(
     answer_template: str = " {answer}",
     verbalizer: Sequence[str] | Mapping[Any, str] | None = None,
     drop_small_classes: bool = False,
-    domain: str = "",
+    family: str = "",
 ) -> ClassificationRows:
     """The checked texts of :func:`classification_tasks` (same arguments), not yet tokenized."""
     where = f"classification_tasks(name={name!r})"
@@ -169,7 +169,7 @@ def classification_rows(
     check_texts(cols[text_column], key=text_column, where=where)
     prompts = render(template, {f: cols[f] for f in fields}, len(ds), where=where)
     return _classification_rows(
-        name=name, domain=domain, spec=spec, prompts=prompts, raw_labels=column(ds, label_column),
+        name=name, family=family, spec=spec, prompts=prompts, raw_labels=column(ds, label_column),
         verbalizer=verbalizer, feature_names=feature_names, answer_template=answer_template,
         drop_small_classes=drop_small_classes, label_key=label_column, where=where,
     )  # fmt: skip
@@ -197,7 +197,7 @@ def column_rows(
     answer_template: str = " {answer}",
     name_prefix: str = "",
     drop_small_tasks: bool = False,
-    domain: str = "",
+    family: str = "",
 ) -> list[TaskRows]:
     """The checked texts of :func:`tasks_from_column` (same arguments), not yet tokenized.
 
@@ -224,7 +224,7 @@ def column_rows(
         fixed = _fixed_options([options[i] for i in rows], [outputs[i] for i in rows]) if options else None
         if fixed is not None:
             out.append(_classification_rows(
-                name=names[value], domain=domain, spec=spec, prompts=[prompts[i] for i in rows],
+                name=names[value], family=family, spec=spec, prompts=[prompts[i] for i in rows],
                 raw_labels=[outputs[i] for i in rows], verbalizer={w: w for w in fixed},
                 feature_names=None, answer_template=answer_template,
                 drop_small_classes=drop_small_tasks, label_key=output_column,
@@ -234,7 +234,7 @@ def column_rows(
         if not _large_enough(names[value], len(rows), spec, drop_small_tasks, where=where):
             continue
         out.append(GenerationRows(
-            name=names[value], domain=domain, spec=generation_spec if options else spec,
+            name=names[value], family=family, spec=generation_spec if options else spec,
             prompts=[prompts[i] for i in rows],
             answers=[answer_template.format(answer=outputs[i]) for i in rows],
         ))  # fmt: skip
@@ -297,7 +297,7 @@ def dataset_rows(
     output_column: str = "output",
     template: str | None = None,
     answer_template: str = " {answer}",
-    domain: str = "",
+    family: str = "",
     where: str | None = None,
 ) -> GenerationRows:
     """The checked texts of one :class:`DatasetSpec` task, not yet tokenized."""
@@ -311,7 +311,7 @@ def dataset_rows(
     outputs = column(ds, output_column)
     check_present(outputs, key=output_column, where=where)
     return GenerationRows(
-        name=name, domain=domain, spec=spec, prompts=prompts,
+        name=name, family=family, spec=spec, prompts=prompts,
         answers=[answer_template.format(answer=o) for o in outputs],
     )  # fmt: skip
 
@@ -337,14 +337,14 @@ def tasks_from_rows(
             tasks.append(ClassificationTask.from_ids(
                 r.name, prompt_ids, r.labels, answers[: len(r.words)],
                 class_names=r.class_names, spec=r.spec, pool_answers=answers[len(r.words):],
-                domain=r.domain, max_length=max_length, separator_ids=separator_ids,
+                family=r.family, max_length=max_length, separator_ids=separator_ids,
                 prompt_texts=r.prompts,
             ))  # fmt: skip
         else:
             check_texts(r.answers, key="answer", where=where)
             tasks.append(GenerationTask.from_ids(
                 r.name, prompt_ids, [a + eos for a in encode(tokenizer, r.answers)], spec=r.spec,
-                domain=r.domain, max_length=max_length, on_too_long=on_too_long,
+                family=r.family, max_length=max_length, on_too_long=on_too_long,
                 separator_ids=separator_ids, prompt_texts=r.prompts,
             ))  # fmt: skip
     check_unique_names(tasks, where="task list")

@@ -9,7 +9,7 @@ two types, each built complete by its own constructors:
   draws ``ways`` classes, answers are verbalizer words (optionally remapped per episode).
 
 Both satisfy the sampler's :class:`~fmmeta.sampling.source.EpisodeSource` protocol (``name``,
-``domain``, ``sample_episode(rng)``); code that needs the kind asks the type
+``family``, ``sample_episode(rng)``); code that needs the kind asks the type
 (``isinstance(task, ClassificationTask)``), never a ``None`` field.
 """
 

@@ -326,7 +326,7 @@ def _translation_task(
         [f" {local[c]}" for c in codes],
         tokenizer,
         spec=spec,
-        domain="cldr-translation",
+        family="cldr-translation",
         max_length=max_length,
         on_too_long=on_too_long,
     )
@@ -359,7 +359,7 @@ def _langid_task(
         [_language_name(lang) for lang in group],
         tokenizer,
         spec=spec,
-        domain="cldr-langid",
+        family="cldr-langid",
         max_length=max_length,
     )
 
@@ -376,6 +376,6 @@ def _continent_task(
         classes,
         tokenizer,
         spec=spec,
-        domain="cldr-continent",
+        family="cldr-continent",
         max_length=max_length,
     )

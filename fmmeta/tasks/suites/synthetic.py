@@ -64,7 +64,7 @@ def build_synthetic_suite(
             [f" {a + k}" for a in range(n_examples)],
             tokenizer,
             spec=gen_spec,
-            domain="arithmetic",
+            family="arithmetic",
             max_length=max_length,
             on_too_long=on_too_long,
         )
@@ -84,7 +84,7 @@ def build_synthetic_suite(
                 [f"r{r}" for r in range(m)],
                 tokenizer,
                 spec=cls_spec,
-                domain="modulo",
+                family="modulo",
                 max_length=max_length,
             )
         )

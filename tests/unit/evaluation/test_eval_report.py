@@ -29,7 +29,7 @@ def _result() -> EvalResult:
                     acc = min(1.0, 0.1 * (m_i + 1) + 0.2 * step + 0.05 * seed + 0.1 * fam_i)
                     loss = 3.0 - 0.5 * step - 0.3 * m_i + 0.1 * seed + 0.2 * fam_i
                     recs.append(EpisodeRecord(method=method, seed=seed, episode=fam_i, task=f"t{fam_i}",
-                                              family=fam, step=step, loss=loss, accuracy=acc, n=4))
+                                              kind=fam, step=step, loss=loss, accuracy=acc, n=4))
     sel = LrSelection(chosen={"base": 0.1, "fomaml": 0.03},
                       val_loss={"base": {0.03: 2.5, 0.1: 2.0}, "fomaml": {0.03: 1.5, 0.1: math.inf}},
                       steps=2, tasks=("val_a", "val_b"))

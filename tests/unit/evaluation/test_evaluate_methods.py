@@ -75,7 +75,7 @@ def test_records_equal_direct_adaptation_and_params_are_restored(optimizer: str)
             ref = _reference(model, params, state, eps[1][0], lr, step, inner)
             rec = by_key[(method, 1, 0, step)]
             assert rec.loss == pytest.approx(ref.loss, rel=1e-5, abs=1e-6)
-            assert rec.accuracy == ref.accuracy and rec.family == "classification"
+            assert rec.accuracy == ref.accuracy and rec.kind == "classification"
     # adaptation really happens: the base model's support-trained loss moves
     assert by_key[("base", 0, 1, 2)].loss != by_key[("base", 0, 1, 0)].loss
     # in-context: base state, support as demonstrations, step 0 only
@@ -83,12 +83,12 @@ def test_records_equal_direct_adaptation_and_params_are_restored(optimizer: str)
     ep = eps[2][1]
     ref = score_query(model, ep.in_context_query(), PAD, choices=ep.choices)
     rec = by_key[(IN_CONTEXT, 2, 1, 0)]
-    assert rec.loss == pytest.approx(ref.loss, rel=1e-6) and rec.family == "generation"
+    assert rec.loss == pytest.approx(ref.loss, rel=1e-6) and rec.kind == "generation"
     assert (IN_CONTEXT, 2, 1, 1) not in by_key
 
 
-def _rec(method: str, seed: int, family: str, loss: float, acc: float, step: int = 0) -> EpisodeRecord:
-    return EpisodeRecord(method=method, seed=seed, episode=0, task=family, family=family,
+def _rec(method: str, seed: int, kind: str, loss: float, acc: float, step: int = 0) -> EpisodeRecord:
+    return EpisodeRecord(method=method, seed=seed, episode=0, task=kind, kind=kind,
                          step=step, loss=loss, accuracy=acc, n=4)
 
 
@@ -209,7 +209,7 @@ def test_every_method_sees_the_same_episodes_and_demonstrations_follow_adaptatio
     eps = _episodes(13)
     inner = InnerLoopConfig(inner_steps=2, inner_lr=0.1)
     res = evaluate_methods(rec, params, methods, eps, inner, 2, PAD, icl_max_length=10_000,
-                           domains={"test_cls": "fam_a", "test_gen": "fam_b"})
+                           families={"test_cls": "fam_a", "test_gen": "fam_b"})
     keys = {m: {(r.seed, r.episode, r.task) for r in res.records if r.method == m} for m in methods}
     assert all(k == keys["base"] for k in keys.values()) and len(keys["base"]) == 6
     assert res.steps_of("icl_only") == [0] and res.steps_of("trained+demos") == [0, 1, 2]

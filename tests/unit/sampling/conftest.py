@@ -23,7 +23,7 @@ class FixedSource:
     name: str
     support_lengths: tuple[int, ...]
     query_lengths: tuple[int, ...]
-    domain: str = "d0"
+    family: str = "d0"
     shots: int = 1
     ways: int | None = None
 

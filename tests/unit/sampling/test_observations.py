@@ -16,7 +16,7 @@ from .conftest import FixedSource
 
 
 def _pool(n: int = 10) -> list[FixedSource]:
-    return [FixedSource(f"t{i}", (10,), (10,), domain=f"d{i % 3}", shots=8 >> (i % 4)) for i in range(n)]
+    return [FixedSource(f"t{i}", (10,), (10,), family=f"d{i % 3}", shots=8 >> (i % 4)) for i in range(n)]
 
 
 def _sampler(pool=None, **kw) -> CostAwareSampler:
@@ -64,8 +64,8 @@ def test_a_task_with_no_examples_is_refused() -> None:
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_every_strategy_draws_without_replacement_when_the_pool_allows(strategy: str) -> None:
     # uniform_difficulty with one task alone in its bin used to repeat it up to n times.
-    pool = [FixedSource(f"e{i}", (10,), (10,), domain=f"d{i % 2}", shots=8) for i in range(9)]
-    pool.append(FixedSource("lone", (10,), (10,), domain="d0", shots=1))
+    pool = [FixedSource(f"e{i}", (10,), (10,), family=f"d{i % 2}", shots=8) for i in range(9)]
+    pool.append(FixedSource("lone", (10,), (10,), family="d0", shots=1))
     sampler = _sampler(pool, strategy=strategy, meta_batch_size=10, pacing_start=1.0,
                        difficulty_bins=4)
     for step in range(50):

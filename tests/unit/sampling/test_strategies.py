@@ -70,24 +70,24 @@ def test_curriculum_by_length_and_by_loss() -> None:
     assert set(np.flatnonzero(_counts(by_loss, 1))) == {16, 17, 18, 19}  # lowest loss = easiest
 
 
-def test_diversity_spreads_a_meta_batch_over_domains() -> None:
-    pool = [FixedSource(f"a{i}", (10,), (10,), domain="big") for i in range(30)]
-    pool += [FixedSource(f"b{i}", (10,), (10,), domain="small1") for i in range(3)]
-    pool += [FixedSource(f"c{i}", (10,), (10,), domain="small2") for i in range(3)]
+def test_diversity_spreads_a_meta_batch_over_families() -> None:
+    pool = [FixedSource(f"a{i}", (10,), (10,), family="big") for i in range(30)]
+    pool += [FixedSource(f"b{i}", (10,), (10,), family="small1") for i in range(3)]
+    pool += [FixedSource(f"c{i}", (10,), (10,), family="small2") for i in range(3)]
     sampler = _sampler(pool, strategy="diversity", meta_batch_size=6)
-    domains = np.array([s.domain for s in pool])
+    families = np.array([s.family for s in pool])
     for step in range(30):
-        picked = domains[sampler.select(step)]
+        picked = families[sampler.select(step)]
         assert sorted(picked.tolist()) == ["big", "big", "small1", "small1", "small2", "small2"]
-    # uniform would give the big domain 5 of 6 slots on average
+    # uniform would give the big family 5 of 6 slots on average
     uni = _sampler(pool, meta_batch_size=6)
-    share = np.mean([np.mean(domains[uni.select(s)] == "big") for s in range(30)])
+    share = np.mean([np.mean(families[uni.select(s)] == "big") for s in range(30)])
     assert share > 0.7
 
 
-def test_diversity_gives_leftover_slots_to_domains_with_tasks_left() -> None:
-    pool = [FixedSource(f"a{i}", (10,), (10,), domain="big") for i in range(10)]
-    pool += [FixedSource("b0", (10,), (10,), domain="tiny")]
+def test_diversity_gives_leftover_slots_to_families_with_tasks_left() -> None:
+    pool = [FixedSource(f"a{i}", (10,), (10,), family="big") for i in range(10)]
+    pool += [FixedSource("b0", (10,), (10,), family="tiny")]
     sampler = _sampler(pool, strategy="diversity", meta_batch_size=6)
     for step in range(10):
         ids = sampler.select(step).tolist()

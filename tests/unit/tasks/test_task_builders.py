@@ -126,10 +126,10 @@ def test_tasks_from_datasets_from_every_kind_of_data(kind: str, tmp_path: Path) 
     src, split = _sources(rows, tmp_path, kind)
     other = datasets.Dataset.from_list([{"input": f"x{i}", "output": f"y{i}"} for i in range(6)])
     tasks = tasks_from_datasets([DatasetSpec(name="capitals", data=src, split=split, input_column="q",
-                     output_column="a", template="Q: {q}\nA:", domain="qa"),
+                     output_column="a", template="Q: {q}\nA:", family="qa"),
          DatasetSpec(name="copy", data=other, episode=EpisodeSpec(shots=1, query=1))], TOK, TaskOptions(spec=GEN))  # fmt: skip
     assert [t.name for t in tasks] == ["capitals", "copy"]
-    assert tasks[0].domain == "qa" and tasks[1].domain == "copy"
+    assert tasks[0].family == "qa" and tasks[1].family == "copy"
     ep = tasks[0].sample_episode(np.random.default_rng(0))
     for ex in ep.query:
         i = TOK.decode(ex.prompt_ids).split()[2].rstrip("?")

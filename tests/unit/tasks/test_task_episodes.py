@@ -90,7 +90,7 @@ def test_task_is_a_sampler_episode_source() -> None:
 
     task = _gen_task()
     assert isinstance(task, EpisodeSource)
-    assert task.domain == "gen"
+    assert task.family == "gen"
     assert task.lengths.tolist() == [ex.n_tokens for ex in task.examples]
 
 

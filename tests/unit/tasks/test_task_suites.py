@@ -45,7 +45,7 @@ def test_cldr_suite_shape_and_language_disjoint_splits(suite: TaskSet) -> None:
     assert not used["validation"] & used["held_out"]
     assert used["meta_train"] | used["validation"] | used["held_out"] == set(DEFAULT_LANGUAGES)
     for t in suite.meta_train + suite.validation + suite.held_out:
-        assert t.domain in ("cldr-translation", "cldr-langid", "cldr-continent")
+        assert t.family in ("cldr-translation", "cldr-langid", "cldr-continent")
         # only a generation task drops examples (a classification task refuses instead)
         assert isinstance(t, ClassificationTask) or t.n_dropped == 0
 

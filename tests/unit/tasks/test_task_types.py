@@ -52,29 +52,29 @@ def test_a_generation_task_has_no_label_fields() -> None:
 def test_both_types_are_episode_sources_and_tasks() -> None:
     gen = tasks_from_examples("g", [(f"{i}=", f" {i}") for i in range(8)], TOK, TaskOptions(spec=SPEC))
     cls = tasks_from_examples("c", [{"prompt": f"n{i}", "label": i % 2} for i in range(8)], TOK,
-                              TaskOptions(spec=SPEC, domain="parity"), verbalizer=["even", "odd"])
+                              TaskOptions(spec=SPEC, family="parity"), verbalizer=["even", "odd"])
     assert isinstance(gen, GenerationTask) and isinstance(cls, ClassificationTask)
     for task in (gen, cls):
         assert isinstance(task, Task) and isinstance(task, EpisodeSource)
-    assert cls.domain == "parity" and gen.domain == "g"  # "" means the task's own name
+    assert cls.family == "parity" and gen.family == "g"  # "" means the task's own name
     assert type(cls.with_spec(EpisodeSpec(shots=1, query=3))) is ClassificationTask
     assert type(gen.with_spec(EpisodeSpec(shots=1, query=3))) is GenerationTask
 
 
 def test_task_options_are_checked_once_with_every_problem() -> None:
     with pytest.raises(ValueError) as err:
-        TaskOptions(spec=SPEC, max_length=1, on_too_long="skip", separator=None, domain=3)  # type: ignore[arg-type]
+        TaskOptions(spec=SPEC, max_length=1, on_too_long="skip", separator=None, family=3)  # type: ignore[arg-type]
     msg = str(err.value)
     assert msg.startswith("TaskOptions: max_length=1 is invalid: it must be an int >= 2")
     assert "on_too_long='skip' is invalid: use 'drop' (skip and count such examples) or 'error'" in msg
     assert "separator=None is invalid: it must be a str" in msg
-    assert "domain=3 is invalid: it must be a str" in msg
+    assert "family=3 is invalid: it must be a str" in msg
     with pytest.raises(ValueError, match=r"TaskOptions: spec=\{'shots': 2\} is invalid: pass an EpisodeSpec"):
         TaskOptions(spec={"shots": 2})  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="max_length=True is invalid"):
         TaskOptions(spec=SPEC, max_length=True)
     options = TaskOptions(spec=SPEC)
-    assert (options.max_length, options.on_too_long, options.separator, options.domain) == (256, "drop", "\n\n", "")
+    assert (options.max_length, options.on_too_long, options.separator, options.family) == (256, "drop", "\n\n", "")
 
 
 def test_a_collection_source_maps_its_keys_onto_the_options() -> None:
@@ -82,6 +82,6 @@ def test_a_collection_source_maps_its_keys_onto_the_options() -> None:
                            on_too_long="error")
     options = src.task_options(max_length=64)
     assert options == TaskOptions(spec=EpisodeSpec(shots=3, query=1), max_length=64,
-                                  on_too_long="error", domain="qa")
+                                  on_too_long="error", family="qa")
     with pytest.raises(ValueError, match="shots must be an int >= 1"):
         CollectionSource(path="x.jsonl", builder="dataset", shots=0).task_options(max_length=64)
