@@ -25,11 +25,14 @@ from __future__ import annotations
 import hashlib
 import itertools
 from dataclasses import dataclass, field
-from typing import Literal, Sequence, TypeVar
+from typing import TYPE_CHECKING, Literal, Sequence, TypeVar
 
 import numpy as np
 
 from fmmeta.tasks.episode import Episode, Example
+
+if TYPE_CHECKING:
+    from fmmeta.sampling.cost import CostModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,8 +189,7 @@ class MetaBatchPlan:
             return self.ranks[0].slots
         return tuple(s for r in self.ranks for s in r.slots)
 
-    def pass_cost(self, coefficients: tuple[float, float, float], *, inner_steps: int,
-                  lockstep: bool = True) -> float:
+    def compute_cost(self, cost_model: CostModel, *, inner_steps: int, lockstep: bool = True) -> float:
         """The passes' price (``a + b * padded tokens + c * sum len^2`` each; support passes run
         ``inner_steps`` times), collectives aside.
 
@@ -195,11 +197,10 @@ class MetaBatchPlan:
         indices of the costliest rank's pass. Otherwise ranks meet only where the placement makes
         them: at the outer step for ``"tasks"`` (the most loaded rank's total), and also after
         every inner step for ``"rows"`` (whose inner steps all-reduce)."""
-        coef = np.array(coefficients, dtype=np.float64)
         cost = []
         for phase in ([r.support for r in self.ranks], [r.query for r in self.ranks]):
             feats = np.array([[p.features for p in passes] for passes in phase])  # R x P x 3
-            cost.append(feats @ coef if feats.size else np.zeros((len(self.ranks), 1)))
+            cost.append(cost_model.predict(feats) if feats.size else np.zeros((len(self.ranks), 1)))
         support, query = cost
         if lockstep:
             return inner_steps * float(support.max(axis=0).sum()) + float(query.max(axis=0).sum())

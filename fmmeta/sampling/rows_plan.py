@@ -50,21 +50,23 @@ def _cut_laps(width: np.ndarray, budget: int, cost_model: CostModel) -> np.ndarr
     rank (one lap always fits). Cutting sorted rows contiguously loses nothing: a pass pays its
     longest row's width, so mixing a long row into a pass of short ones only adds padding."""
     n_laps = width.size
-    a, b, c = cost_model.coefficients
     w = width.astype(np.float64)
     most = np.maximum(1, budget // np.maximum(width, 1))  # laps a pass starting at i may take
+    span = np.arange(1, min(int(most.max()), n_laps) + 1)
+    # price[j - 1, m - 1]: the pass of m laps that ends at lap j (starts at i = j - m), priced in
+    # one call: features (1 pass, padded tokens m * w_i, sum of squared lengths m * w_i^2)
+    start = np.arange(1, n_laps + 1)[:, None] - span[None, :]
+    first = np.maximum(start, 0)
+    padded = span[None, :] * w[first]
+    price = cost_model.predict(np.stack([np.ones_like(padded), padded, padded * w[first]], axis=-1))
+    price[(start < 0) | (span[None, :] > most[first])] = np.inf
     best = np.full(n_laps + 1, np.inf)
     best[0] = 0.0
     back = np.zeros(n_laps + 1, dtype=np.int64)
-    span = np.arange(1, int(most.max()) + 1)
     for j in range(1, n_laps + 1):  # one step per lap: the pass ending at j starts at j - m
-        m = span[: min(j, span.size)]
-        i = j - m
-        ok = m <= most[i]
-        cost = best[i] + a + b * m * w[i] + c * m * w[i] * w[i]
-        cost[~ok] = np.inf
+        cost = best[first[j - 1]] + price[j - 1]
         k = int(np.argmin(cost))
-        best[j], back[j] = cost[k], i[k]
+        best[j], back[j] = cost[k], first[j - 1, k]
     starts = []
     j = n_laps
     while j > 0:
@@ -194,10 +196,10 @@ def plan_placed(
 
 def plan_cost(plan: MetaBatchPlan, *, inner_steps: int, cost_model: CostModel,
               fast_weight_numel: int, lockstep: bool = True) -> float:
-    """A plan's predicted price: its passes (:meth:`MetaBatchPlan.pass_cost`), plus for rows
+    """A plan's predicted price: its passes (:meth:`MetaBatchPlan.compute_cost`), plus for rows
     across ranks ``inner_steps`` all-reduces of every task's inner gradient (``n_tasks x
     fast_weight_numel`` floats)."""
-    passes = plan.pass_cost(cost_model.coefficients, inner_steps=inner_steps, lockstep=lockstep)
+    passes = plan.compute_cost(cost_model, inner_steps=inner_steps, lockstep=lockstep)
     if plan.placement != "rows" or len(plan.ranks) == 1:
         return passes
     return passes + inner_steps * cost_model.reduce_cost(plan.n_real_tasks * fast_weight_numel)
