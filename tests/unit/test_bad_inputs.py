@@ -111,6 +111,10 @@ CONFIG_CASES = {
         ["sampler.tokens_per_pass=1"],
         ["sampler.tokens_per_pass=1 is below one sequence (tasks.max_length=48)",
          "use >= 48, or 0 for micro_batch_size x the longest sequence"]),
+    "placement_unknown_and_negative_all_reduce_price": (
+        ["sampler.placement=row", "sampler.cost_r=-1"],
+        ["sampler.placement='row' is invalid: allowed: auto, tasks, rows",
+         "sampler.cost_r=-1.0 is invalid: must be a finite number >= 0"]),
     "method_listed_twice": (["methods=[fomaml,fomaml]"],
                             ["methods=['fomaml', 'fomaml'] is invalid: a method is listed twice"]),
     "demonstrations_for_a_method_not_run": (
