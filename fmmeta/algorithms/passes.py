@@ -8,7 +8,9 @@ and evaluation's forward-only losses all run.
 
 Gradients come from ``torch.autograd.grad`` over the given weights only, never from
 ``.backward()``: under DeepSpeed ZeRO-2/3 every ``engine.backward()`` reduce-scatters across ranks,
-and inner loops are rank-local (docs/design.md, "No `no_sync` under ZeRO-2/3").
+and inner loops must choose their own collectives: none when each task is on one rank, one sum
+of the inner gradients per step when rows are dealt across ranks (docs/design.md, "No `no_sync`
+under ZeRO-2/3").
 """
 
 from __future__ import annotations
