@@ -44,3 +44,17 @@ def test_accelerate_zero3_matches_deepspeed(tmp_path: Path, local_short: Path, d
     assert _recipe.max_relative_diff(acc, _recipe.adapter(local_short / "fomaml" / "adapter")) <= RTOL
     assert [r[:2] for r in _recipe.losses(out / "metrics.jsonl")] == \
         [r[:2] for r in _recipe.losses(deepspeed_short / "metrics.jsonl")]
+
+
+@pytest.mark.timeout(300)
+def test_rows_across_ranks_in_the_recipe_matches_one_process(tmp_path: Path, local_short: Path) -> None:
+    """The user's path of rows across ranks: ``sampler.placement=rows`` under 2 ZeRO-3 ranks trains
+    the adapter one process trains, says so in the banner and in every metrics line."""
+    out = tmp_path / "rows"
+    proc = _recipe.run("deepspeed", [*_recipe.SHORT, "sampler.placement=rows", f"output_dir={out}"],
+                       nprocs=2, timeout_s=180)
+    assert "placement rows | rows across ranks would hold" in proc.stdout, proc.stdout[-3000:]
+    assert [r["placement"] for r in _recipe.records(out / "metrics.jsonl")] == ["rows"] * 8
+    diff = _recipe.max_relative_diff(_recipe.adapter(out / "fomaml" / "adapter"),
+                                     _recipe.adapter(local_short / "fomaml" / "adapter"))
+    assert diff <= RTOL, diff
