@@ -38,7 +38,7 @@ from fmmeta.startup import ctrl_c_raises  # first: Ctrl-C during the imports bel
 import torch
 from tqdm import tqdm
 
-from fmmeta.algorithms.build import build_algorithm
+from fmmeta.algorithms.build import adapts_in_context, build_algorithm
 from fmmeta.algorithms.gather import gather_step
 from fmmeta.algorithms.meta_step import meta_step
 from fmmeta.algorithms.protocol import MetaAlgorithm
@@ -74,6 +74,7 @@ from fmmeta.recipe_config import RecipeConfig
 from fmmeta.sampling import CostAwareSampler, Prefetcher, fast_weight_megabytes
 from fmmeta.shipped import shipped_path, with_shipped_paths
 from fmmeta.tasks.config import build_task_set
+from fmmeta.tasks.in_context import InContextTask
 from fmmeta.telemetry import RankWatch, save_telemetry
 from fmmeta.tracking import MetricsLog, open_trackers, report_evaluation
 
@@ -269,8 +270,11 @@ def _train(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.Modul
     algorithm = build_algorithm(method, cfg.algorithm, pad_id)
     fast_weight_numel = count_parameters(model)[0] if algorithm.fast_weights else 0
     banner(cfg, method, engine, model, fast_weight_numel)
+    tasks = suite.meta_train
+    if adapts_in_context(method, cfg.algorithm):  # the inner loop adapts on in-context rows
+        tasks = [InContextTask(t, cfg.algorithm.icl_max_length) for t in tasks]
     sampler = CostAwareSampler(
-        suite.meta_train, cfg.sampler, world_size=engine.world_size, seed=cfg.train.seed,
+        tasks, cfg.sampler, world_size=engine.world_size, seed=cfg.train.seed,
         support_draws=algorithm.support_draws, support_repeats=algorithm.support_repeats,
         fast_weight_numel=fast_weight_numel, lockstep=getattr(engine, "zero_stage", 0) == 3,
     )

@@ -14,10 +14,15 @@ from fmmeta.algorithms.meta_sgd import MetaSGD
 from fmmeta.algorithms.protocol import MetaAlgorithm
 from fmmeta.config import raise_if_invalid
 
-__all__ = ["ALGORITHMS", "BUDGET_RULES", "build_algorithm"]
+__all__ = ["ALGORITHMS", "BUDGET_RULES", "adapts_in_context", "build_algorithm"]
 
 ALGORITHMS = ("fomaml", "metasgd", "reptile", "multitask", "metaicl")
 """Every method name ``methods`` accepts."""
+
+_HAS_FAST_WEIGHTS: dict[str, bool] = {
+    "fomaml": FOMAML.fast_weights, "metasgd": MetaSGD.fast_weights, "reptile": Reptile.fast_weights,
+    "multitask": MultiTask.fast_weights, "metaicl": MetaICL.fast_weights,
+}
 
 BUDGET_RULES: dict[str, str] = {
     "fomaml": "{k} inner steps over the support set, then the query gradient at the adapted weights.",
@@ -56,3 +61,10 @@ def build_algorithm(name: str, cfg: AlgorithmConfig, pad_id: int) -> MetaAlgorit
     if name == "metasgd":  # FOMAML plus learned step sizes: composed, not subclassed
         return MetaSGD(FOMAML(cfg, pad_id), cfg)
     return classes[name](cfg, pad_id)
+
+
+def adapts_in_context(name: str, cfg: AlgorithmConfig) -> bool:
+    """Whether method ``name`` adapts, and is scored, on in-context rows: ``cfg.inner_format`` is
+    ``"in_context"`` and the method has fast weights (FOMAML, Meta-SGD, Reptile; multi-task and
+    MetaICL keep their own rows)."""
+    return cfg.inner_format == "in_context" and _HAS_FAST_WEIGHTS.get(name, False)

@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
+from fmmeta.tasks.in_context import INNER_FORMATS
+
 __all__ = ["DEFAULT_LR_GRID", "INNER_OPTIMIZERS", "AlgorithmConfig", "InnerLoopConfig"]
 
 INNER_OPTIMIZERS = ("sgd", "adam")
@@ -100,8 +102,14 @@ class AlgorithmConfig(InnerLoopConfig):
     """MultiTask only: run FOMAML's pass count (support passes inner_steps times each, query once)
     so the baseline spends the same compute (see fmmeta.algorithms.baselines)."""
     icl_max_length: int = 1024
-    """MetaICL (training and in-context scoring): longest sequence of demonstrations + query in
-    tokens (>= 2); longer ones lose their oldest demonstration tokens."""
+    """MetaICL (training and in-context scoring) and the in-context inner loop: longest sequence
+    of demonstrations + example in tokens (>= 2); longer ones lose their oldest demonstration
+    tokens."""
+    inner_format: str = "plain"
+    """Rows the adapting methods (fomaml, metasgd, reptile) adapt and are scored on: "plain", or
+    "in_context" (MAML-en-LLM style: each support row has the other support examples as
+    demonstrations, each query row all of them; evaluation adapts and scores those methods the
+    same way). Multi-task trains on plain rows and MetaICL on in-context queries either way."""
     step_size_lr: float = 0.01
     """metasgd only: Adam learning rate of the log inner step sizes (> 0); one meta-step changes
     each step size by at most about this fraction (0.01: 1%)."""
@@ -118,6 +126,8 @@ class AlgorithmConfig(InnerLoopConfig):
                 f"icl_max_length={self.icl_max_length} is invalid: must be >= 2 (tokens of "
                 "demonstrations + query; MetaICL used 1024)"
             )
+        if self.inner_format not in INNER_FORMATS:
+            problems.append(f"inner_format={self.inner_format!r} is invalid: allowed {list(INNER_FORMATS)}")
         if not (math.isfinite(self.step_size_lr) and self.step_size_lr > 0):
             problems.append(
                 f"step_size_lr={self.step_size_lr} is invalid: must be > 0 (Adam lr of metasgd's "

@@ -29,7 +29,7 @@ RESUME_FACTS = "resume_facts"
 RESUME_KEYS: tuple[str, ...] = (
     "algorithm.name", "algorithm.inner_steps", "algorithm.inner_lr", "algorithm.inner_optimizer",
     "algorithm.inner_clip_norm", "algorithm.reptile_query_step", "algorithm.multitask_match_passes",
-    "algorithm.icl_max_length",
+    "algorithm.icl_max_length", "algorithm.inner_format",
     "model.name_or_path", "model.gguf_file", "model.tiny", "model.tiny_vocab_size",
     "model.tiny_hidden_size", "model.tiny_intermediate_size", "model.tiny_num_layers",
     "model.tiny_num_heads", "model.tiny_num_kv_heads", "model.tiny_max_positions",

@@ -40,12 +40,15 @@ a few thousand tokens keep a CPU pass compute-bound (below that, per-operation o
 dominates) while bounding activation memory."""
 
 
-def support_passes(episodes: Sequence[Episode], pad_id: int, micro_batch_size: int) -> list[Pass]:
+def support_passes(episodes: Sequence[Episode], pad_id: int, micro_batch_size: int,
+                   icl_max_length: int | None = None) -> list[Pass]:
     """The support sets of episodes adapted together, every row routed to its episode (task
     ``g``): all rows sorted by length and cut into passes of at most ``micro_batch_size`` rows
     per episode and :data:`SUPPORT_PASS_TOKENS` padded tokens (a pass mixes episodes; each
-    episode's gradient sums over the passes its rows are in)."""
-    rows = sorted(((ex.n_tokens, g, i) for g, ep in enumerate(episodes) for i, ex in enumerate(ep.support)))
+    episode's gradient sums over the passes its rows are in). With ``icl_max_length`` the rows are
+    in the in-context format (:meth:`~fmmeta.tasks.episode.Episode.in_context_support`)."""
+    sets = [ep.support if icl_max_length is None else ep.in_context_support(icl_max_length) for ep in episodes]
+    rows = sorted(((ex.n_tokens, g, i) for g, support in enumerate(sets) for i, ex in enumerate(support)))
     max_rows = micro_batch_size * max(1, len(episodes))
     cuts: list[list[tuple[int, int, int]]] = []
     for row in rows:  # ascending length: the row joining a pass is its longest
@@ -53,7 +56,7 @@ def support_passes(episodes: Sequence[Episode], pad_id: int, micro_batch_size: i
             cuts[-1].append(row)
         else:
             cuts.append([row])
-    return [PackedBatch(collate([episodes[g].support[i] for _, g, i in cut], pad_id),
+    return [PackedBatch(collate([sets[g][i] for _, g, i in cut], pad_id),
                         torch.tensor([g for _, g, _ in cut], dtype=torch.long)) for cut in cuts]
 
 
@@ -134,6 +137,7 @@ def adapt_and_score(
     lockstep: Lockstep,
     *,
     icl_max_length: int | None = None,
+    support_icl_max_length: int | None = None,
     score_steps: Collection[int] | None = None,
     lrs: Sequence[float] | None = None,
     task_lrs: Sequence[float] | None = None,
@@ -144,12 +148,14 @@ def adapt_and_score(
     One inner optimizer carries the trajectories across the steps (:func:`adapting`), so stepping
     and scoring in between gives exactly the weights of ``steps`` steps in a row. No episodes
     runs only the dummy passes that keep this rank in step with the others. With
-    ``icl_max_length`` every query is scored with the support prepended as demonstrations;
+    ``icl_max_length`` every query is scored with the support prepended as demonstrations, with
+    ``support_icl_max_length`` the support rows adapted on are in the in-context format too;
     ``score_steps`` limits scoring to those steps (``None``: every step; the last one always);
     ``lrs`` gives every adapter tensor its own step size, ``task_lrs`` every episode its own.
     """
     out: list[Scored] = [[] for _ in episodes]
-    support = lockstep.support(support_passes(episodes, pad_id, micro_batch_size)) if steps else []
+    support = (lockstep.support(support_passes(episodes, pad_id, micro_batch_size, support_icl_max_length))
+               if steps else [])
     n_answer = answer_tokens_per_task(support, len(episodes))
     with adapting(model, lora, params, start, support, n_answer, cfg, lrs, task_lrs) as adapt_step:
         for step in range(steps + 1):

@@ -206,12 +206,14 @@ def evaluate_methods(
             cfg = dataclasses.replace(inner, inner_lr=lrs.get(method, inner.inner_lr))
             steps = max_steps if spec.adapt else 0
             icl = icl_max_length if spec.demonstrations else None
+            support_icl = icl_max_length if spec.in_context_support else None
             logger.info("evaluating %s (lr %s) on %d seeds", method,
                         "learned" if spec.step_sizes is not None else lrs.get(method), len(episodes_per_seed))
 
             def one(group: list[Episode] | None) -> list[Scored]:
                 scored = adapt_and_score(model, lora, params, start, group or [], cfg, steps,
                                           pad_id, micro_batch_size, lockstep, icl_max_length=icl,
+                                          support_icl_max_length=support_icl,
                                           score_steps=score_steps, lrs=spec.step_sizes)
                 if bar is not None:
                     bar.update(min(len(group or []) * ranks.world_size, bar.total - bar.n))
@@ -291,6 +293,7 @@ def select_inner_lr(
             spec = specs[method]
             start = theta if spec.state is None else [t.detach() for t in spec.state]
             icl = icl_max_length if spec.demonstrations else None
+            support_icl = icl_max_length if spec.in_context_support else None
             # Every (lr, episode) pair of the grid is one task: the lrs are tried side by side.
             pairs = [(lr, validation_episodes[j]) for j in by_length(validation_episodes)
                      for lr in sorted(lr_grid)]
@@ -298,7 +301,8 @@ def select_inner_lr(
             def final_loss(group: list[tuple[float, Episode]] | None) -> list[float]:
                 scored = adapt_and_score(
                     model, lora, params, start, [ep for _, ep in group or []], inner, steps,
-                    pad_id, micro_batch_size, lockstep, icl_max_length=icl, score_steps=(),
+                    pad_id, micro_batch_size, lockstep, icl_max_length=icl,
+                    support_icl_max_length=support_icl, score_steps=(),
                     task_lrs=[lr for lr, _ in group or []] if steps else None,
                 )
                 return [sc[0][1] for sc in scored]

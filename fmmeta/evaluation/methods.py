@@ -32,6 +32,9 @@ class EvalMethod:
             demonstrations (MetaICL style), after adaptation if ``adapt``.
         adapt: adapt on the support for 1..max_steps steps and score after each; ``False``
             scores at step 0 only.
+        in_context_support: adapt on the support rows in the in-context format (each with the
+            other support examples as demonstrations), as ``algorithm.inner_format=in_context``
+            trains; normally with ``demonstrations``.
         step_sizes: one adaptation step size per adapter tensor, learned in meta-training
             (``metasgd``, :func:`~fmmeta.algorithms.meta_sgd.load_step_sizes`); used as they are,
             so no lr is chosen from the grid for this method. ``None``: a single lr.
@@ -40,6 +43,7 @@ class EvalMethod:
     state: Sequence[torch.Tensor] | None = None
     demonstrations: bool = False
     adapt: bool = True
+    in_context_support: bool = False
     step_sizes: Sequence[float] | None = None
 
 

@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from fmmeta.algorithms.build import BUDGET_RULES
+from fmmeta.algorithms.build import BUDGET_RULES, adapts_in_context
 from fmmeta.algorithms.meta_sgd import load_step_sizes
 from fmmeta.engine.protocol import Engine
 from fmmeta.errors import UserInputError
@@ -93,7 +93,8 @@ def eval_methods(
 ) -> dict[str, EvalMethod]:
     """The report's rows: each state adapted and scored plainly (at its learned step sizes where
     ``step_sizes`` has them), except MetaICL's, which is scored with its demonstrations and no
-    adaptation; in-context demonstrations on the base (``eval.in_context``); and
+    adaptation, and the methods meta-trained on in-context rows (``algorithm.inner_format``), which
+    adapt and are scored in that format; in-context demonstrations on the base (``eval.in_context``); and
     ``<method>+demos`` for every method of ``eval.with_demonstrations`` (adapted, then scored with
     the demonstrations)."""
     learned = step_sizes or {}
@@ -104,6 +105,9 @@ def eval_methods(
             rows[IN_CONTEXT] = EvalMethod(state, demonstrations=True, adapt=False)
         elif name == "metaicl":
             rows[name] = EvalMethod(state, demonstrations=True, adapt=False)
+        elif adapts_in_context(name, cfg.algorithm):  # scored in the format it was trained in
+            rows[name] = EvalMethod(state, demonstrations=True, in_context_support=True,
+                                    step_sizes=learned.get(name))
         else:
             rows[name] = EvalMethod(state, step_sizes=learned.get(name))
     for name in cfg.eval.with_demonstrations:
@@ -120,6 +124,11 @@ def budget_notes(cfg: RecipeConfig) -> list[str]:
         f"outer lr {cfg.optim.outer_lr:g}, from the same initial adapter and the same episode draws."
     ]
     notes += [f"{m}: {BUDGET_RULES[m].format(k=a.inner_steps)}" for m in cfg.methods if m in BUDGET_RULES]
+    in_context = [m for m in cfg.methods if adapts_in_context(m, cfg.algorithm)]
+    if in_context:
+        notes.append(f"{', '.join(in_context)}: adapted on in-context rows (algorithm.inner_format="
+                     "in_context: each support row with the other support examples as demonstrations), "
+                     "in training and here, and scored with the support as demonstrations.")
     notes.append("base / in_context: the initial adapter (LoRA B = 0), no meta-training.")
     return notes
 

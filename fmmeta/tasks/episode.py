@@ -10,11 +10,14 @@ The two uses of an episode share this module:
 * support as inner-loop training data: each support example is its own sequence
   (``collate(episode.support, ...)``);
 * support as in-context demonstrations (MetaICL style): :meth:`Episode.in_context_query`
-  prepends the support examples to each query, and the loss still covers only the query's answer.
+  prepends the support examples to each query, and the loss still covers only the query's answer;
+  :meth:`Episode.in_context` formats support and query alike, for an inner loop that adapts on
+  in-context rows (each support example with the others as demonstrations).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -78,6 +81,16 @@ class Episode:
         """Token count of each query sequence."""
         return [ex.n_tokens for ex in self.query]
 
+    def _demonstrations(self, skip: int | None = None) -> tuple[int, ...]:
+        """The support examples (all, or all but ``skip``) as one run of demonstration tokens."""
+        demos: list[int] = []
+        for i, ex in enumerate(self.support):
+            if i != skip:
+                demos.extend(ex.prompt_ids)
+                demos.extend(ex.answer_ids)
+                demos.extend(self.separator_ids)
+        return tuple(demos)
+
     def in_context_query(self, max_length: int | None = None) -> tuple[Example, ...]:
         """Queries with every support example prepended as a demonstration (MetaICL style).
 
@@ -89,19 +102,29 @@ class Episode:
                 the left of its prompt (the oldest demonstrations first, as tasks truncate long
                 prompts), so the query and its answer always survive. ``None`` keeps everything.
         """
-        demos: list[int] = []
-        for ex in self.support:
-            demos.extend(ex.prompt_ids)
-            demos.extend(ex.answer_ids)
-            demos.extend(self.separator_ids)
-        prefix = tuple(demos)
-        out = []
-        for ex in self.query:
-            prompt = prefix + ex.prompt_ids
-            if max_length is not None and len(prompt) + len(ex.answer_ids) > max_length:
-                prompt = prompt[-max(max_length - len(ex.answer_ids), 1) :]
-            out.append(Example(prompt, ex.answer_ids, ex.label))
-        return tuple(out)
+        prefix = self._demonstrations()
+        return tuple(_with_prefix(prefix, ex, max_length) for ex in self.query)
+
+    def in_context_support(self, max_length: int | None = None) -> tuple[Example, ...]:
+        """Support examples, each with the *other* support examples prepended as demonstrations
+        (leave one out): the rows an in-context inner loop adapts on, so adaptation sees the
+        format the query is scored in. Truncated as :meth:`in_context_query`."""
+        return tuple(_with_prefix(self._demonstrations(skip=i), ex, max_length)
+                     for i, ex in enumerate(self.support))
+
+    def in_context(self, max_length: int | None = None) -> Episode:
+        """This episode in the in-context format: :meth:`in_context_support` as its support and
+        :meth:`in_context_query` as its query (``algorithm.inner_format=in_context``)."""
+        return dataclasses.replace(self, support=self.in_context_support(max_length),
+                                   query=self.in_context_query(max_length))
+
+
+def _with_prefix(prefix: tuple[int, ...], ex: Example, max_length: int | None) -> Example:
+    """``ex`` with ``prefix`` before its prompt, the prompt cut from the left to fit ``max_length``."""
+    prompt = prefix + ex.prompt_ids
+    if max_length is not None and len(prompt) + len(ex.answer_ids) > max_length:
+        prompt = prompt[-max(max_length - len(ex.answer_ids), 1) :]
+    return Example(prompt, ex.answer_ids, ex.label)
 
 
 @dataclass(frozen=True)

@@ -163,3 +163,20 @@ def test_bad_overrides_exit_2_listing_every_problem_before_any_model(tmp_path: P
     assert not out.exists()
     assert "model and" not in err and "Traceback" not in err
     assert seconds < 30, seconds  # only interpreter start and imports (~4 s on 2 busy cores)
+
+
+@pytest.mark.timeout(240)
+def test_the_in_context_inner_loop_end_to_end(smoke, tmp_path: Path) -> None:
+    """``algorithm.inner_format=in_context``: FOMAML meta-trains on the same draws with longer,
+    in-context rows; multi-task keeps its plain rows; the report says which adapted in context."""
+    plain, _ = smoke
+    out = tmp_path / "in_context"
+    _recipe.run("python", ["algorithm.inner_format=in_context", "methods=[fomaml,multitask]",
+                           f"output_dir={out}"], timeout_s=180)
+    tokens = {(r["method"], r["step"]): r["tokens"] for r in _recipe.records(out / "metrics.jsonl")}
+    before = {(r["method"], r["step"]): r["tokens"] for r in _recipe.records(plain / "metrics.jsonl")}
+    for step in range(STEPS):
+        assert tokens[("fomaml", step)] > 2 * before[("fomaml", step)]  # demonstrations in every row
+        assert tokens[("multitask", step)] == before[("multitask", step)]
+    report = (out / "eval" / "eval.md").read_text()
+    assert "fomaml: adapted on in-context rows" in report

@@ -115,6 +115,8 @@ CONFIG_CASES = {
         ["sampler.placement=row", "sampler.cost_r=-1"],
         ["sampler.placement='row' is invalid: allowed: auto, tasks, rows",
          "sampler.cost_r=-1.0 is invalid: must be a finite number >= 0"]),
+    "unknown_inner_format": (["algorithm.inner_format=icl"],
+                             ["algorithm.inner_format='icl' is invalid: allowed ['plain', 'in_context']"]),
     "method_listed_twice": (["methods=[fomaml,fomaml]"],
                             ["methods=['fomaml', 'fomaml'] is invalid: a method is listed twice"]),
     "demonstrations_for_a_method_not_run": (

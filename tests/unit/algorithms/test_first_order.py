@@ -219,3 +219,41 @@ def test_algorithm_config_errors_name_the_key() -> None:
 
 def test_chunks_helper() -> None:
     assert chunks(5, 2) == ((0, 1), (2, 3), (4,))
+
+
+def _leave_one_out(ep, max_length: int | None = None) -> list:
+    """Reference in-context support rows, built by hand: every other support example's prompt,
+    answer and separator, in order, before this example's prompt; cut from the left."""
+    rows = []
+    for i, ex in enumerate(ep.support):
+        demos = [t for j, d in enumerate(ep.support) if j != i for t in (*d.prompt_ids, *d.answer_ids, *ep.separator_ids)]
+        prompt = tuple(demos) + ex.prompt_ids
+        if max_length is not None and len(prompt) + len(ex.answer_ids) > max_length:
+            prompt = prompt[len(prompt) + len(ex.answer_ids) - max_length:]
+        rows.append(dataclasses.replace(ex, prompt_ids=prompt))
+    return rows
+
+
+@pytest.mark.parametrize("max_length", [None, 30])
+def test_in_context_inner_loop_is_fomaml_on_leave_one_out_demonstrations(peft_factory, episodes,
+                                                                         max_length) -> None:
+    """``algorithm.inner_format=in_context``: FOMAML adapts on each support example with the other
+    support examples as demonstrations and takes the query gradient with all of them; equal to
+    plain SGD on rows built by hand (and not to the plain-row gradient)."""
+    ep = dataclasses.replace(episodes[1], separator_ids=(5, 6))
+    in_context = ep.in_context(max_length)
+    support = _leave_one_out(ep, max_length)
+    assert list(in_context.support) == support
+    assert in_context.query == ep.in_context_query(max_length)
+    assert max_length is None or max(x.n_tokens for x in (*in_context.support, *in_context.query)) <= max_length
+    assert all(x.answer_ids == o.answer_ids for x, o in zip(in_context.support, ep.support))
+    cfg = AlgorithmConfig(inner_steps=2, inner_lr=0.1, inner_clip_norm=None, inner_format="in_context")
+    model = peft_factory(0)
+    res = _run(FOMAML(cfg, PAD_ID), model, make_rank([in_context], 2, 2))
+    ref = peft_factory(0)
+    _manual_sgd(ref, support, 0.1, 2)
+    grads, q_loss = _hf_grad(ref, list(in_context.query))
+    _close(res.grads, grads)
+    assert float(res.query_loss_after[0]) == pytest.approx(q_loss, rel=1e-5)
+    plain = _run(FOMAML(cfg, PAD_ID), peft_factory(0), make_rank([ep], 2, 2))
+    assert max(float((a - b).abs().max()) for a, b in zip(res.grads, plain.grads)) > 1e-4

@@ -343,3 +343,37 @@ def test_support_passes_sort_rows_by_length_within_the_token_budget(monkeypatch)
     assert sorted(seen) == sorted(want) and len(passes) > 1
     longest = [p.batch.input_ids.shape[1] for p in passes]
     assert longest == sorted(longest)  # short rows together, long rows together
+
+
+def test_a_method_trained_in_context_adapts_and_is_scored_in_that_format() -> None:
+    """``EvalMethod(in_context_support=True, demonstrations=True)`` (``inner_format=in_context``)
+    gives the scores of the plain path on the episodes formatted beforehand
+    (``Episode.in_context``: leave-one-out support rows, in-context queries), in evaluation and in
+    the lr choice alike; and not the plain-row adaptation's."""
+    model = tiny_lora_llama(seed=21)
+    params = lora_params(model)
+    model.eval()
+    trained = random_state(params, seed=22)
+    eps = _episodes(23, n_seeds=3)
+    formatted = [[ep.in_context(200) for ep in seed] for seed in eps]
+    inner = InnerLoopConfig(inner_steps=2, inner_lr=0.1)
+    kw = dict(icl_max_length=200, families={"test_cls": "fam_a", "test_gen": "fam_b"})
+    ours = evaluate_methods(model, params, {"m": EvalMethod(trained, demonstrations=True, in_context_support=True)},
+                            eps, inner, 2, PAD, **kw)
+    ref = evaluate_methods(model, params, {"m": EvalMethod(trained)}, formatted, inner, 2, PAD, **kw)
+    assert len(ours.records) == len(ref.records) == 3 * 2 * 3
+    for a, b in zip(ours.records, ref.records, strict=True):
+        assert (a.seed, a.episode, a.step, a.accuracy) == (b.seed, b.episode, b.step, b.accuracy)
+        assert a.loss == pytest.approx(b.loss, rel=1e-5)
+    demos_only = evaluate_methods(model, params, {"m": EvalMethod(trained, demonstrations=True)},
+                                  eps, inner, 2, PAD, **kw)
+    after = [r.loss for r in ours.records if r.step == 2]
+    assert max(abs(x - r.loss) for x, r in zip(after, [r for r in demos_only.records if r.step == 2])) > 1e-4
+    val = [ep for seed in eps for ep in seed]
+    grid = (0.05, 0.3)
+    chose = select_inner_lr(model, params, {"m": EvalMethod(trained, demonstrations=True, in_context_support=True)},
+                            val, inner, steps=2, pad_id=PAD, lr_grid=grid, icl_max_length=200)
+    chose_ref = select_inner_lr(model, params, {"m": EvalMethod(trained)}, [ep.in_context(200) for ep in val],
+                                inner, steps=2, pad_id=PAD, lr_grid=grid)
+    for lr in grid:
+        assert chose.val_loss["m"][lr] == pytest.approx(chose_ref.val_loss["m"][lr], rel=1e-5)
