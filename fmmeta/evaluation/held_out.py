@@ -205,22 +205,20 @@ def evaluate_methods(
             start = theta if spec.state is None else [t.detach() for t in spec.state]
             cfg = dataclasses.replace(inner, inner_lr=lrs.get(method, inner.inner_lr))
             steps = max_steps if spec.adapt else 0
-            icl = icl_max_length if spec.demonstrations else None
-            support_icl = icl_max_length if spec.in_context_support else None
+            icl, support_icl = (icl_max_length if f else None for f in (spec.demonstrations, spec.in_context_support))
             logger.info("evaluating %s (lr %s) on %d seeds", method,
                         "learned" if spec.step_sizes is not None else lrs.get(method), len(episodes_per_seed))
 
             def one(group: list[Episode] | None) -> list[Scored]:
                 scored = adapt_and_score(model, lora, params, start, group or [], cfg, steps,
                                           pad_id, micro_batch_size, lockstep, icl_max_length=icl,
-                                          support_icl_max_length=support_icl,
-                                          score_steps=score_steps, lrs=spec.step_sizes)
+                                          support_icl_max_length=support_icl, score_steps=score_steps,
+                                          lrs=spec.step_sizes)
                 if bar is not None:
                     bar.update(min(len(group or []) * ranks.world_size, bar.total - bar.n))
                 return scored
 
-            records.extend(_records(method, episodes_per_seed, one, ranks, families or {},
-                                    episodes_per_pass))
+            records.extend(_records(method, episodes_per_seed, one, ranks, families or {}, episodes_per_pass))
     return EvalResult(
         records=records,
         methods=list(specs),
@@ -292,11 +290,9 @@ def select_inner_lr(
         for method in needs_lr(specs):
             spec = specs[method]
             start = theta if spec.state is None else [t.detach() for t in spec.state]
-            icl = icl_max_length if spec.demonstrations else None
-            support_icl = icl_max_length if spec.in_context_support else None
+            icl, support_icl = (icl_max_length if f else None for f in (spec.demonstrations, spec.in_context_support))
             # Every (lr, episode) pair of the grid is one task: the lrs are tried side by side.
-            pairs = [(lr, validation_episodes[j]) for j in by_length(validation_episodes)
-                     for lr in sorted(lr_grid)]
+            pairs = [(lr, validation_episodes[j]) for j in by_length(validation_episodes) for lr in sorted(lr_grid)]
 
             def final_loss(group: list[tuple[float, Episode]] | None) -> list[float]:
                 scored = adapt_and_score(
