@@ -19,10 +19,12 @@ __all__ = ["ALGORITHMS", "BUDGET_RULES", "adapts_in_context", "build_algorithm"]
 ALGORITHMS = ("fomaml", "metasgd", "reptile", "multitask", "metaicl")
 """Every method name ``methods`` accepts."""
 
-_HAS_FAST_WEIGHTS: dict[str, bool] = {
-    "fomaml": FOMAML.fast_weights, "metasgd": MetaSGD.fast_weights, "reptile": Reptile.fast_weights,
-    "multitask": MultiTask.fast_weights, "metaicl": MetaICL.fast_weights,
+_BUILT_ALONE: dict[str, type[FOMAML | Reptile | MultiTask | MetaICL]] = {
+    "fomaml": FOMAML, "reptile": Reptile, "multitask": MultiTask, "metaicl": MetaICL,
 }
+_CLASSES: dict[str, type[FOMAML | MetaSGD | Reptile | MultiTask | MetaICL]] = {**_BUILT_ALONE, "metasgd": MetaSGD}
+"""The class behind each name (what it is, e.g. its ``fast_weights``). MetaSGD is built around a
+FOMAML, so :func:`build_algorithm` composes it; the others are built alone."""
 
 BUDGET_RULES: dict[str, str] = {
     "fomaml": "{k} inner steps over the support set, then the query gradient at the adapted weights.",
@@ -52,19 +54,16 @@ def build_algorithm(name: str, cfg: AlgorithmConfig, pad_id: int) -> MetaAlgorit
     Example:
         >>> algo = build_algorithm("reptile", AlgorithmConfig(inner_steps=5), pad_id=tok.pad_token_id)
     """
-    classes: dict[str, type[FOMAML | Reptile | MultiTask | MetaICL]] = {
-        "fomaml": FOMAML, "reptile": Reptile, "multitask": MultiTask, "metaicl": MetaICL,
-    }
-    if name not in (*classes, "metasgd"):
+    if name not in _CLASSES:
         raise ValueError(f"algorithm {name!r} is unknown: choose one of {list(ALGORITHMS)}")
     raise_if_invalid(cfg)
     if name == "metasgd":  # FOMAML plus learned step sizes: composed, not subclassed
         return MetaSGD(FOMAML(cfg, pad_id), cfg)
-    return classes[name](cfg, pad_id)
+    return _BUILT_ALONE[name](cfg, pad_id)
 
 
 def adapts_in_context(name: str, cfg: AlgorithmConfig) -> bool:
     """Whether method ``name`` adapts, and is scored, on in-context rows: ``cfg.inner_format`` is
     ``"in_context"`` and the method has fast weights (FOMAML, Meta-SGD, Reptile; multi-task and
     MetaICL keep their own rows)."""
-    return cfg.inner_format == "in_context" and _HAS_FAST_WEIGHTS.get(name, False)
+    return cfg.inner_format == "in_context" and name in _CLASSES and _CLASSES[name].fast_weights
