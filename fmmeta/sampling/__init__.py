@@ -38,8 +38,8 @@ __all__ = [
     "fast_weight_megabytes",
     "observation_from_dict",
     "plan_meta_batch",
+    "plan_cost",
     "plan_placed",
     "plan_rows_across_ranks",
     "plan_stats",
-    "plan_cost",
 ]

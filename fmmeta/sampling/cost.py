@@ -131,6 +131,7 @@ class CostModel:
         x = np.array([r[0] for r in rows], dtype=np.float64)
         y = np.array([r[1] for r in rows], dtype=np.float64)
         theta0 = np.array(self.coefficients, dtype=np.float64)
+        scale = 1.0  # the first fit moves the model into the measurements' unit
         if self.n_fits == 0:
             pred = x @ theta0
             scale = float(y.sum() / pred.sum()) if pred.sum() > 0 else 1.0
@@ -148,8 +149,7 @@ class CostModel:
         if not np.all(np.isfinite(theta)) or theta.sum() <= 0:
             logger.warning("cost fit gave unusable coefficients %s; keeping %s", theta, self.coefficients)
             return False
-        if self.n_fits == 0 and sum(self.coefficients) > 0:  # the all-reduce moves to the new unit too
-            self.r *= float(theta0.sum() / sum(self.coefficients))
+        self.r *= scale  # the all-reduce moves to the new unit too
         self.a, self.b, self.c = (float(v) for v in theta)
         self.n_fits += 1
         return True

@@ -164,7 +164,8 @@ def plan_placed(
     """The meta-batch's plan under ``placement``: :func:`~fmmeta.sampling.planner.plan_meta_batch`
     (``"tasks"``), :func:`plan_rows_across_ranks` (``"rows"``), or with ``"auto"`` both, and the
     one the cost model prices lower (ties: ``"tasks"``, which needs no collective inside the inner
-    loop), with both prices in ``plan.predicted``. One rank always plans ``"tasks"``.
+    loop), with the prices of the plans built in ``plan.predicted`` (a forced ``"rows"`` builds
+    only that one). One rank always plans ``"tasks"``.
 
     Args:
         fast_weight_numel: floats of one task's fast weights (the adapter's size; 0 for methods
@@ -175,22 +176,24 @@ def plan_placed(
     """
     if placement not in PLACEMENTS:
         raise ValueError(f"placement={placement!r} is invalid: allowed {', '.join(PLACEMENTS)}")
-    tasks = plan_meta_batch(episodes, task_ids, step=step, world_size=world_size,
-                            micro_batch_size=micro_batch_size, inner_steps=inner_steps,
-                            cost_model=cost_model, rng=rng, tokens_per_pass=tokens_per_pass,
-                            on_uneven=on_uneven, tol=tol)
-    if world_size == 1 or placement == "tasks":
-        return tasks
+    plans: list[MetaBatchPlan] = []
+    if world_size == 1 or placement != "rows":
+        plans.append(plan_meta_batch(episodes, task_ids, step=step, world_size=world_size,
+                                     micro_batch_size=micro_batch_size, inner_steps=inner_steps,
+                                     cost_model=cost_model, rng=rng, tokens_per_pass=tokens_per_pass,
+                                     on_uneven=on_uneven, tol=tol))
+        if world_size == 1 or placement == "tasks":
+            return plans[0]
     with gc_paused():
         known = set_lengths([ep.support for ep in episodes] + [ep.query for ep in episodes])
         budget = tokens_per_pass or micro_batch_size * int(known[0].max(initial=1))
-        rows = plan_rows_across_ranks(episodes, task_ids, step=step, world_size=world_size,
-                                      budget=budget, cost_model=cost_model, rng=rng, lengths=known)
+        plans.append(plan_rows_across_ranks(episodes, task_ids, step=step, world_size=world_size,
+                                            budget=budget, cost_model=cost_model, rng=rng, lengths=known))
     predicted: dict[str, float] = {p.placement: plan_cost(p, inner_steps=inner_steps, cost_model=cost_model,
                                                          fast_weight_numel=fast_weight_numel,
                                                          lockstep=lockstep)
-                                  for p in (tasks, rows)}
-    chosen = rows if placement == "rows" or predicted["rows"] < predicted["tasks"] else tasks
+                                  for p in plans}
+    chosen = min(plans, key=lambda p: predicted[p.placement])  # a tie keeps "tasks", listed first
     return dataclasses.replace(chosen, predicted=predicted)
 
 
