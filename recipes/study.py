@@ -128,7 +128,8 @@ def run(study: StudyConfig) -> int:
             write_study(folder, study, trials, choice, None, scorer.held_out_tasks())
             report_dir = start_held_out(folder, choice)
             adapters = {m: folder / m / c["folder"] / m / "adapter" for m, c in choice.items()}
-            paths = scorer.held_out(adapters, report_dir, budget_notes(study, choice))
+            formats = {m: c["params"].get("algorithm.inner_format") for m, c in choice.items()}
+            paths = scorer.held_out(adapters, report_dir, budget_notes(study, choice), formats)
             held_out = json.loads(paths["eval.json"].read_text(encoding="utf-8"))
             paths = write_study(folder, study, trials, choice, held_out, scorer.held_out_tasks())
         finally:
@@ -172,10 +173,10 @@ def rungs(total: int, every: int) -> list[int]:
     return [*range(every, total, every), total] if every else [total]
 
 
-def run_trial(study: StudyConfig, method: str, values: dict[str, float], trial_dir: Path,
+def run_trial(study: StudyConfig, method: str, values: dict[str, float | str], trial_dir: Path,
               scorer: Scorer, trial: Any) -> tuple[str, float | None]:
     """Trains and scores one trial segment by segment; ``("complete" | "pruned" | "diverged", score)``."""
-    total = int(values.get("train.meta_steps", study.meta_steps))
+    total = int(float(values.get("train.meta_steps", study.meta_steps)))
     score: float | None = None
     for steps in rungs(total, study.report_every):
         score = segment(study, method, values, steps, trial_dir, scorer)
@@ -187,7 +188,7 @@ def run_trial(study: StudyConfig, method: str, values: dict[str, float], trial_d
     return "complete", score
 
 
-def segment(study: StudyConfig, method: str, values: dict[str, float], steps: int, trial_dir: Path,
+def segment(study: StudyConfig, method: str, values: dict[str, float | str], steps: int, trial_dir: Path,
             scorer: Scorer) -> float | None:
     """The trial trained to ``steps`` meta-steps (resuming its last checkpoint) and scored on
     validation tasks; None if it diverged. A segment scored before a kill is read back."""
@@ -207,7 +208,9 @@ def segment(study: StudyConfig, method: str, values: dict[str, float], steps: in
     if rc != 0:  # 1: a bug in the run, whose traceback the recipe logged
         raise RuntimeError(f"the train recipe failed in trial {str(trial_dir)!r} (exit {rc}); its "
                            "traceback is above")
-    result = scorer.validation(method, trial_dir / method / "adapter")
+    inner_format = values.get("algorithm.inner_format")
+    result = scorer.validation(method, trial_dir / method / "adapter",
+                               inner_format if isinstance(inner_format, str) else None)
     score = score_of(result, method, study.metric, study.family)
     scored.parent.mkdir(parents=True, exist_ok=True)
     replace_text(scored, dumps_strict({"step": steps, "metric": study.metric, "family": study.family,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -90,13 +90,15 @@ def eval_methods(
     cfg: RecipeConfig,
     states: Mapping[str, list[torch.Tensor] | None],
     step_sizes: Mapping[str, list[float]] | None = None,
+    in_context: Collection[str] | None = None,
 ) -> dict[str, EvalMethod]:
     """The report's rows: each state adapted and scored plainly (at its learned step sizes where
     ``step_sizes`` has them), except MetaICL's, which is scored with its demonstrations and no
     adaptation, and the methods meta-trained on in-context rows (``algorithm.inner_format``), which
     adapt and are scored in that format; in-context demonstrations on the base (``eval.in_context``); and
     ``<method>+demos`` for every method of ``eval.with_demonstrations`` (adapted, then scored with
-    the demonstrations)."""
+    the demonstrations). ``in_context`` names the methods trained on in-context rows when they were
+    not all trained as ``cfg.algorithm`` says (a study's chosen adapters); ``None``: as it says."""
     learned = step_sizes or {}
     rows: dict[str, EvalMethod] = {}
     for name, state in states.items():
@@ -105,7 +107,8 @@ def eval_methods(
             rows[IN_CONTEXT] = EvalMethod(state, demonstrations=True, adapt=False)
         elif name == "metaicl":
             rows[name] = EvalMethod(state, demonstrations=True, adapt=False)
-        elif adapts_in_context(name, cfg.algorithm):  # scored in the format it was trained in
+        elif (adapts_in_context(name, cfg.algorithm) if in_context is None else name in in_context):
+            # scored in the format it was trained in
             rows[name] = EvalMethod(state, demonstrations=True, in_context_support=True,
                                     step_sizes=learned.get(name))
         else:
@@ -136,7 +139,7 @@ def budget_notes(cfg: RecipeConfig) -> list[str]:
 def evaluate_run(
     cfg: RecipeConfig, engine: Engine, tokenizer: Any, suite: Any,
     adapters: Mapping[str, Path], out: Path, report_dir: Path | None = None,
-    notes: Sequence[str] | None = None,
+    notes: Sequence[str] | None = None, in_context: Collection[str] | None = None,
 ) -> dict[str, Path]:
     """Evaluates the base model, in-context demonstrations and every adapter; writes the report.
 
@@ -150,6 +153,8 @@ def evaluate_run(
         report_dir: where the report goes; ``None`` = ``out/eval``.
         notes: how each compared adapter was trained, for the report; ``None`` = every method
             trained as ``cfg`` says (a study's chosen adapters were each trained their own way).
+        in_context: the adapters trained on in-context rows, scored in that format; ``None`` =
+            those ``cfg.algorithm`` says (see :func:`eval_methods`).
 
     Returns:
         Name -> path of each report file (eval.json, eval.md, PNG plots); empty on other ranks.
@@ -164,7 +169,7 @@ def evaluate_run(
         sizes = load_step_sizes(folder, names)
         if sizes is not None:
             learned[name] = sizes
-    methods = eval_methods(cfg, states, learned)
+    methods = eval_methods(cfg, states, learned, in_context)
     seed, query = cfg.train.seed, cfg.eval.query
     val = draw_episodes(evaluation_tasks(suite.validation, query), seed, 0, cfg.eval.val_episodes_per_task)
     held_out = evaluation_tasks(suite.held_out, query)

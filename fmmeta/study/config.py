@@ -41,6 +41,7 @@ __all__ = ["SEARCHED", "AlgorithmSpace", "MethodSpace", "OptimSpace", "Range", "
 SEARCHED: dict[str, type] = {
     "algorithm.inner_steps": int,
     "algorithm.inner_lr": float,
+    "algorithm.inner_format": str,
     "algorithm.step_size_lr": float,
     "optim.outer_lr": float,
     "train.meta_steps": int,
@@ -62,8 +63,9 @@ class Range:
     """Largest value tried (>= low)."""
     log: bool = False
     """Draw on a log scale (low > 0): for learning rates."""
-    choices: tuple[float, ...] = ()
-    """The values tried, instead of a range (one or more)."""
+    choices: tuple[float | str, ...] = ()
+    """The values tried, instead of a range (one or more; words for a word key such as
+    ``inner_format``)."""
 
     def validate(self) -> list[str]:
         """Either a range or choices, each well formed."""
@@ -81,7 +83,7 @@ class Range:
             return [f"low={self.low} is invalid with log=true: a log scale needs low > 0"]
         return []
 
-    def values(self) -> tuple[float, ...]:
+    def values(self) -> tuple[float | str, ...]:
         """The extremes a trial can draw (both ends of a range, or every choice)."""
         if self.choices:
             return self.choices
@@ -98,6 +100,9 @@ class AlgorithmSpace:
     """Inner learning rate in meta-training."""
     step_size_lr: Range | None = None
     """metasgd only: Adam lr of its learned step sizes."""
+    inner_format: Range | None = None
+    """Rows the inner loop adapts on: choices among ``plain`` and ``in_context`` (FOMAML, Meta-SGD,
+    Reptile); a trial is scored on validation in the format it trained in."""
 
 
 @dataclass(kw_only=True)
@@ -206,18 +211,28 @@ class StudyConfig:
 
 
 def _type_problems(key: str, tp: type, rng: Range) -> list[str]:
-    """Refuses non-integer values of an int key and non-positive learning rates."""
+    """Refuses values of the wrong kind: a word for a number key or a number for a word key (which
+    takes choices only), non-integers for an int key, non-finite numbers."""
+    name, values = key.rsplit(".", 1)[1], rng.values()
+    if tp is str:
+        if not rng.choices or any(not isinstance(v, str) for v in values):
+            return [f"{key}={list(values)} is invalid: {name} is a word; give its choices, e.g. "
+                    "choices: [plain, in_context]"]
+        return []
+    words = [v for v in values if isinstance(v, str)]
+    if words:
+        return [f"{key}={list(values)} is invalid: {name} is a number, got {words}"]
+    numbers = [float(v) for v in values]
     problems = []
-    values = rng.values()
-    if tp is int and any(not float(v).is_integer() for v in values):
-        problems.append(f"{key}={list(values)} is invalid: {key.split('.', 1)[1]} is a whole "
+    if tp is int and any(not v.is_integer() for v in numbers):
+        problems.append(f"{key}={list(values)} is invalid: {name} is a whole "
                         "number; give integer low/high or choices")
-    if any(not math.isfinite(v) for v in values):
+    if any(not math.isfinite(v) for v in numbers):
         problems.append(f"{key}={list(values)} is invalid: every value must be finite")
     return problems
 
 
-def recipe_config(study: StudyConfig, method: str, values: dict[str, float], meta_steps: int,
+def recipe_config(study: StudyConfig, method: str, values: dict[str, float | str], meta_steps: int,
                   output_dir: str | Path) -> RecipeConfig:
     """The train recipe's config of one trial (or one of its segments) of ``method``."""
     return load_config(RecipeConfig, _config_path(study),
@@ -229,7 +244,7 @@ def _config_path(study: StudyConfig) -> str | None:
     return None if study.config is None else shipped_path(study.config)
 
 
-def trial_overrides(study: StudyConfig, method: str, values: dict[str, float], meta_steps: int,
+def trial_overrides(study: StudyConfig, method: str, values: dict[str, float | str], meta_steps: int,
                     output_dir: str | Path) -> list[str]:
     """The train recipe's overrides for one trial: the shared ones, the trial's values, and what
     the study sets (one method, no held-out evaluation, resume on, the segment's meta-steps)."""
@@ -239,8 +254,10 @@ def trial_overrides(study: StudyConfig, method: str, values: dict[str, float], m
             "train.resume=auto", f"train.meta_steps={meta_steps}", f"output_dir={output_dir}"]
 
 
-def _plain(key: str, value: float) -> str:
-    """A drawn value as an override: ints of int keys without a decimal point."""
+def _plain(key: str, value: float | str) -> str:
+    """A drawn value as an override: ints of int keys without a decimal point, words as they are."""
+    if isinstance(value, str):
+        return value
     return str(int(value)) if SEARCHED[key] is int else repr(float(value))
 
 
@@ -258,11 +275,11 @@ def recipe_problems(study: StudyConfig) -> list[str]:
                 for p in err.problems]
     problems: list[str] = []
     for method, space in study.space.items():
-        checks: list[tuple[str, dict[str, float]]] = [(f"space.{method}", {})]
+        checks: list[tuple[str, dict[str, float | str]]] = [(f"space.{method}", {})]
         for key, rng in searched_keys(space).items():
             checks.extend((f"space.{method}.{key}={_plain(key, v)}", {key: v}) for v in rng.values())
         for where, values in checks:
-            steps = int(values.get("train.meta_steps", study.meta_steps))
+            steps = int(float(values.get("train.meta_steps", study.meta_steps)))
             try:
                 recipe_config(study, method, values, steps, study.output_dir)
             except ConfigError as err:

@@ -106,13 +106,13 @@ def seed_sampler(optuna: ModuleType, opt_study: Any, study: StudyConfig, method:
     opt_study.sampler = optuna.samplers.TPESampler(seed=seed)
 
 
-def suggest(trial: Any, keys: dict[str, Range]) -> dict[str, float]:
-    """One value per searched key, drawn by Optuna (ints for int keys)."""
-    values: dict[str, float] = {}
+def suggest(trial: Any, keys: dict[str, Range]) -> dict[str, float | str]:
+    """One value per searched key, drawn by Optuna (ints for int keys, words for word keys)."""
+    values: dict[str, float | str] = {}
     for key, rng in keys.items():
         whole = SEARCHED[key] is int
         if rng.choices:
-            choices = [int(c) if whole else float(c) for c in rng.choices]
+            choices = [c if isinstance(c, str) else int(c) if whole else float(c) for c in rng.choices]
             values[key] = trial.suggest_categorical(key, choices)
         elif whole:
             values[key] = trial.suggest_int(key, int(rng.low or 0), int(rng.high or 0), log=rng.log)

@@ -180,3 +180,35 @@ def test_held_out_tasks_are_not_touched_before_the_choice(tmp_path: Path, monkey
     assert sum(1 for tasks, chosen in scorings if tasks <= validation and not chosen) == segments == 12
     pairs = json.loads((out / "study.json").read_text())["held_out"]["comparisons"]
     assert {(c["method"], c["baseline"]) for c in pairs} >= {("fomaml", "multitask"), ("reptile", "multitask")}
+
+
+def test_a_searched_inner_format_is_scored_in_the_format_it_trained_in(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trial that drew ``inner_format=in_context`` trains on in-context rows and is scored, on
+    validation and held out, adapted on in-context rows with demonstrations; the plain baseline is not."""
+    from fmmeta.evaluation import held_out as held_out_module
+    from fmmeta.recipes import study as recipe
+    from fmmeta.study import scoring
+
+    declaration = _declaration(tmp_path, "formats", trials=1, meta_steps=2, report_every=0, space={
+        "fomaml": {"algorithm": {"inner_format": {"choices": ["in_context"]}}}, "multitask": {}})
+    seen: list[tuple[str, dict[str, tuple[bool, bool]]]] = []  # (where, method -> (in-context support, demos))
+
+    def spy(where: str, evaluate):  # noqa: ANN001, ANN202 - wraps evaluate_methods
+        def counted(model, params, methods, *args, **kwargs):
+            seen.append((where, {m: (e.in_context_support, e.demonstrations) for m, e in methods.items()}))
+            return evaluate(model, params, methods, *args, **kwargs)
+        return counted
+
+    monkeypatch.setattr(held_out_module, "evaluate_methods", spy("held_out", held_out_module.evaluate_methods))
+    monkeypatch.setattr(scoring, "evaluate_methods", spy("validation", scoring.evaluate_methods))
+    assert recipe.main(["--config", str(declaration)]) == 0
+
+    trial = yaml.safe_load((tmp_path / "formats" / "fomaml" / "trial_000" / "config.yaml").read_text())
+    assert trial["algorithm"]["inner_format"] == "in_context"
+    assert ("validation", {"fomaml": (True, True)}) in seen
+    assert ("validation", {"multitask": (False, False)}) in seen
+    held = [methods for where, methods in seen if where == "held_out"]
+    assert len(held) == 1 and held[0]["fomaml"] == (True, True) and held[0]["multitask"] == (False, False)
+    choice = json.loads((tmp_path / "formats" / "choice.json").read_text())
+    assert choice["fomaml"]["params"] == {"algorithm.inner_format": "in_context"}

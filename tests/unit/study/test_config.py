@@ -125,3 +125,29 @@ def test_fmmeta_study_refuses_a_bad_declaration_with_exit_2(tmp_path: Path, caps
     assert main(["study", "--config", str(path)]) == 2
     assert "space.fomaml.optim.outer_lr.low=0.1 is invalid: above high=0.01" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()  # refused before the folder is made
+
+
+def test_inner_format_is_searched_by_its_words(tmp_path: Path) -> None:
+    study = _load(tmp_path, {"space": {"fomaml": {"algorithm": {"inner_format": {"choices": ["plain", "in_context"]}}}}})
+    assert searched_keys(study.space["fomaml"])["algorithm.inner_format"].choices == ("plain", "in_context")
+    assert recipe_problems(study) == []
+    argv = trial_overrides(study, "fomaml", {"algorithm.inner_format": "in_context"}, 4, tmp_path / "t")
+    assert "algorithm.inner_format=in_context" in argv
+
+
+def test_a_misspelt_format_is_refused_by_the_recipe_before_a_trial(tmp_path: Path) -> None:
+    study = _load(tmp_path, {"space": {"fomaml": {"algorithm": {"inner_format": {"choices": ["plain", "in_contxt"]}}}}})
+    problems = recipe_problems(study)
+    assert len(problems) == 1, problems
+    assert problems[0].startswith("space.fomaml.algorithm.inner_format=in_contxt: the train recipe refuses it")
+    assert "in_context" in problems[0]
+
+
+@pytest.mark.parametrize(("algorithm", "expected"), [
+    ({"inner_format": {"low": 0.0, "high": 1.0}}, "inner_format is a word; give its choices"),
+    ({"inner_format": {"choices": [1]}}, "inner_format is a word; give its choices"),
+    ({"inner_lr": {"choices": [0.1, "fast"]}}, "inner_lr is a number, got ['fast']"),
+])
+def test_a_value_of_the_wrong_kind_is_refused(tmp_path: Path, algorithm: dict, expected: str) -> None:
+    problems = _problems(tmp_path, {"space": {"fomaml": {"algorithm": algorithm}}})
+    assert len(problems) == 1 and expected in problems[0], problems

@@ -153,3 +153,17 @@ def test_the_pruner_stops_a_trial_whose_validation_curve_trails(tmp_path: Path, 
     # The pruned trial was not trained past its first validation score.
     assert trained == [(0, 2), (0, 4), (0, 6), (1, 2), (2, 2), (2, 4), (2, 6)]
     assert recipe.rungs(6, 2) == [2, 4, 6] and recipe.rungs(5, 2) == [2, 4, 5] and recipe.rungs(5, 0) == [5]
+
+
+def test_a_word_key_is_drawn_among_its_words(tmp_path: Path) -> None:
+    study = _study(tmp_path)
+    opt = open_study(optuna, tmp_path, "fomaml", study)
+    drawn = set()
+    for n in range(6):
+        seed_sampler(optuna, opt, study, "fomaml", n)
+        trial = opt.ask()
+        value = suggest(trial, {"algorithm.inner_format": Range(choices=("plain", "in_context"))})["algorithm.inner_format"]
+        opt.tell(trial, float(n))
+        drawn.add(value)
+    assert drawn <= {"plain", "in_context"} and all(isinstance(v, str) for v in drawn)
+    assert len(drawn) == 2  # six seeded draws of two words reach both
