@@ -128,8 +128,8 @@ def run(study: StudyConfig) -> int:
             write_study(folder, study, trials, choice, None, scorer.held_out_tasks())
             report_dir = start_held_out(folder, choice)
             adapters = {m: folder / m / c["folder"] / m / "adapter" for m, c in choice.items()}
-            formats = {m: c["params"].get("algorithm.inner_format") for m, c in choice.items()}
-            paths = scorer.held_out(adapters, report_dir, budget_notes(study, choice), formats)
+            paths = scorer.held_out(adapters, report_dir, budget_notes(study, choice),
+                                    {m: c["params"] for m, c in choice.items()})
             held_out = json.loads(paths["eval.json"].read_text(encoding="utf-8"))
             paths = write_study(folder, study, trials, choice, held_out, scorer.held_out_tasks())
         finally:
@@ -208,9 +208,7 @@ def segment(study: StudyConfig, method: str, values: dict[str, float | str], ste
     if rc != 0:  # 1: a bug in the run, whose traceback the recipe logged
         raise RuntimeError(f"the train recipe failed in trial {str(trial_dir)!r} (exit {rc}); its "
                            "traceback is above")
-    inner_format = values.get("algorithm.inner_format")
-    result = scorer.validation(method, trial_dir / method / "adapter",
-                               inner_format if isinstance(inner_format, str) else None)
+    result = scorer.validation(method, trial_dir / method / "adapter", values)
     score = score_of(result, method, study.metric, study.family)
     scored.parent.mkdir(parents=True, exist_ok=True)
     replace_text(scored, dumps_strict({"step": steps, "metric": study.metric, "family": study.family,

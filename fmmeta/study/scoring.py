@@ -81,17 +81,18 @@ class Scorer:
         return draw_episodes(tasks, self.cfg.train.seed, draw,
                              per_task or self.cfg.eval.val_episodes_per_task)
 
-    def _algorithm(self, inner_format: str | None) -> AlgorithmConfig:
-        """The study's algorithm section with a trial's ``inner_format`` (``None``: the study's)."""
-        a = self.cfg.algorithm
-        return a if inner_format is None else dataclasses.replace(a, inner_format=inner_format)
+    def _algorithm(self, drawn: Mapping[str, object] | None) -> AlgorithmConfig:
+        """The study's algorithm section with the ``algorithm.inner_format`` a trial drew, if it
+        drew one (``drawn``: the trial's searched values)."""
+        a, inner_format = self.cfg.algorithm, (drawn or {}).get("algorithm.inner_format")
+        return dataclasses.replace(a, inner_format=inner_format) if isinstance(inner_format, str) else a
 
-    def validation(self, method: str, adapter_dir: Path, inner_format: str | None = None) -> EvalResult:
+    def validation(self, method: str, adapter_dir: Path, drawn: Mapping[str, object] | None = None) -> EvalResult:
         """``method``'s adapter in ``adapter_dir`` scored on validation tasks over ``seeds`` draws,
         its adaptation lr chosen on another draw, as held-out evaluation chooses it, in the rows'
-        format it was trained in (``inner_format``: the trial's, ``None`` for the study's)."""
+        format it was trained in (``drawn``: the trial's searched values; ``None``: the study's)."""
         cfg = dataclasses.replace(self.cfg, eval=dataclasses.replace(self.cfg.eval, with_demonstrations=()),
-                                  algorithm=self._algorithm(inner_format))
+                                  algorithm=self._algorithm(drawn))
         names = [n for n, p in self.model.named_parameters() if p.requires_grad]
         lrs = load_step_sizes(adapter_dir, names)
         methods = eval_methods(cfg, {method: adapter_tensors(self.model, adapter_dir)},
@@ -112,13 +113,13 @@ class Scorer:
         )
 
     def held_out(self, adapters: Mapping[str, Path], report_dir: Path, notes: Sequence[str],
-                 inner_formats: Mapping[str, str | None] | None = None) -> dict[str, Path]:
+                 drawn: Mapping[str, Mapping[str, object]] | None = None) -> dict[str, Path]:
         """The chosen adapters, the base model and in-context demonstrations scored once on the
         held-out tasks by the train recipe's own evaluation, each adapter in the rows' format its
-        trial trained in (``inner_formats``: method -> the trial's; missing or ``None``: the
+        trial trained in (``drawn``: method -> its chosen trial's searched values; missing: the
         study's); the report goes to ``report_dir``."""
-        formats = inner_formats or {}
-        in_context = [m for m in adapters if adapts_in_context(m, self._algorithm(formats.get(m)))]
+        chosen = drawn or {}
+        in_context = [m for m in adapters if adapts_in_context(m, self._algorithm(chosen.get(m)))]
         return evaluate_run(self.cfg, self.engine, self.tokenizer, self.suite, dict(adapters),
                             report_dir.parent, report_dir=report_dir, notes=list(notes),
                             in_context=in_context)
