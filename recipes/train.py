@@ -38,6 +38,7 @@ from fmmeta.startup import ctrl_c_raises  # first: Ctrl-C during the imports bel
 import torch
 from tqdm import tqdm
 
+from fmmeta.algorithms.answer_loss import check_lines
 from fmmeta.algorithms.build import adapts_in_context, build_algorithm
 from fmmeta.algorithms.gather import gather_step
 from fmmeta.algorithms.meta_step import meta_step
@@ -270,6 +271,8 @@ def _train(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.Modul
     algorithm = build_algorithm(method, cfg.algorithm, pad_id)
     fast_weight_numel = count_parameters(model)[0] if algorithm.fast_weights else 0
     banner(cfg, method, engine, model, fast_weight_numel)
+    if cfg.algorithm.padding_free:
+        check_lines(engine.model)
     tasks = suite.meta_train
     if adapts_in_context(method, cfg.algorithm):  # the inner loop adapts on in-context rows
         tasks = [InContextTask(t, cfg.algorithm.icl_max_length) for t in tasks]

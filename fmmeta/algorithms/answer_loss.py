@@ -93,15 +93,23 @@ def answer_logits(model: nn.Module, batch: Batch, **model_kwargs: object
 
     Returns:
         ``(logits [M, V], targets [M], rows [M])``: one entry per answer token, its target token
-        and its row, in row-major order.
+        and its example (the row of a padded batch; of padding-free lines, the example the token
+        is in), in row-major order.
     """
     labels = batch.labels
     need = torch.zeros_like(labels, dtype=torch.bool)
     need[:, :-1] = labels[:, 1:] != IGNORE_INDEX  # position p predicts token p + 1
-    logits = logits_at(model, need, input_ids=batch.input_ids,
-                       attention_mask=batch.attention_mask, **model_kwargs)
+    lines = batch.lines
+    if lines is None:
+        logits = logits_at(model, need, input_ids=batch.input_ids,
+                           attention_mask=batch.attention_mask, **model_kwargs)
+    else:  # an example's first token is not predicted by the one before it in its line
+        need[:, :-1] &= lines.token_rows[:, 1:] == lines.token_rows[:, :-1]
+        logits = logits_at(model, need, input_ids=batch.input_ids, position_ids=lines.position_ids,
+                           use_cache=False, **model_kwargs)
     rows, cols = torch.nonzero(need, as_tuple=True)
-    return logits, labels[rows, cols + 1], rows
+    targets = labels[rows, cols + 1]
+    return logits, targets, rows if lines is None else lines.token_rows[rows, cols]
 
 
 def answer_loss_rows(model: nn.Module, batch: Batch) -> torch.Tensor:
@@ -112,13 +120,13 @@ def answer_loss_rows(model: nn.Module, batch: Batch) -> torch.Tensor:
 
     Args:
         model: a causal LM (peft-wrapped or not) returning ``.logits``.
-        batch: a collated micro-batch on the model's device.
+        batch: a collated micro-batch on the model's device (padded or padding-free lines).
 
     Returns:
-        ``[B]`` fp32 tensor connected to the graph (zeros, still connected, where no answer tokens).
+        ``[B]`` (one per example) fp32 tensor connected to the graph (zeros, still connected, where no answer tokens).
     """
     logits, targets, rows = answer_logits(model, batch)
-    n_rows = batch.labels.shape[0]
+    n_rows = batch.n_rows
     zero = logits.float().sum() * 0.0  # keeps the result connected to the graph
     if rows.numel() == 0:
         return zero.expand(n_rows)
@@ -129,6 +137,41 @@ def answer_loss_rows(model: nn.Module, batch: Batch) -> torch.Tensor:
 def answer_loss_sum(model: nn.Module, batch: Batch) -> torch.Tensor:
     """Sum of next-token NLL over all of the batch's answer tokens, in fp32 (0-dim)."""
     return answer_loss_rows(model, batch).sum()
+
+
+def check_lines(model: nn.Module) -> None:
+    """Refuses a model on which an example in a padding-free line sees the one before it.
+
+    Lines rely on the model splitting a row where ``position_ids`` restart (transformers does it
+    in ``create_causal_mask`` when there is no attention mask and no cache); a model that does
+    not would silently let examples attend to each other. So one tiny forward checks it: the
+    same example after two different ones must get the same logits. Run it on every rank (under
+    ZeRO-3 a forward is a collective).
+
+    Raises:
+        ValueError: if the second example's logits depend on the first.
+    """
+    config = getattr(_unwrap(model), "config", None)
+    vocab = int(getattr(config, "vocab_size", 0) or 8)
+    device = next(model.parameters()).device
+    positions = torch.tensor([[0, 1, 2, 0, 1]], device=device)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            after = [model(input_ids=torch.tensor([[t % vocab for t in first + [4, 5]]], device=device),
+                           position_ids=positions, use_cache=False).logits[0, 3:].float()
+                     for first in ([1, 2, 3], [3, 1, 2])]
+    finally:
+        model.train(was_training)
+    change = float((after[0] - after[1]).abs().max())
+    if change > 1e-3 * (1.0 + float(after[0].abs().max())):
+        raise ValueError(
+            f"algorithm.padding_free=true needs a model that keeps packed examples apart, but "
+            f"{type(_unwrap(model)).__name__} lets an example attend to the one before it in its "
+            f"line (its logits moved by {change:.3g} when that one changed); set "
+            "algorithm.padding_free: false for this model"
+        )
 
 
 def dummy_batch(device: torch.device | str) -> Batch:

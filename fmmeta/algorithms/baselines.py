@@ -47,6 +47,7 @@ from fmmeta.algorithms.passes import (
     PackedBatch,
     Pass,
     answer_tokens_per_task,
+    collate_pass,
     inverse_tokens,
     per_token,
     run_passes,
@@ -59,7 +60,6 @@ from fmmeta.algorithms.protocol import (
     sum_over_ranks,
 )
 from fmmeta.sampling.plan import RankPlan
-from fmmeta.tasks.episode import collate
 
 __all__ = ["MetaICL", "MultiTask"]
 
@@ -83,7 +83,8 @@ class MultiTask:
 
     def prepare(self, plan: RankPlan) -> RankWork:
         """Collates a rank's plan into its support and query passes (:func:`prepare_rank`)."""
-        return prepare_rank(plan, self.pad_id, pad_to_multiple_of=self.cfg.pad_to_multiple_of)
+        return prepare_rank(plan, self.pad_id, pad_to_multiple_of=self.cfg.pad_to_multiple_of,
+                            padding_free=self.cfg.padding_free)
 
     def rank_gradient(self, model: nn.Module, params: Sequence[nn.Parameter], work: RankWork) -> RankResult:
         """Returns the sum over tasks of each task's pooled support+query loss gradient at theta."""
@@ -140,7 +141,8 @@ class MetaICL:
                 query.append(None)
                 continue
             rows = [in_context[s][e] for s, e in zip(p.slots, p.examples)]
-            batch = collate(rows, self.pad_id, self.cfg.pad_to_multiple_of)
+            batch = collate_pass(rows, self.pad_id, self.cfg.pad_to_multiple_of,
+                                 padding_free=self.cfg.padding_free)
             query.append(PackedBatch(batch, torch.tensor(p.slots, dtype=torch.long)))
         n = max(len(plan.slots), 1)
         answers = answer_tokens_of_sets(in_context) if plan.shared else answer_tokens_per_task(query, n)

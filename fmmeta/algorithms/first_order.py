@@ -90,7 +90,8 @@ class FOMAML:
 
     def prepare(self, plan: RankPlan) -> RankWork:
         """Collates a rank's plan into its support and query passes (:func:`prepare_rank`)."""
-        return prepare_rank(plan, self.pad_id, pad_to_multiple_of=self.cfg.pad_to_multiple_of)
+        return prepare_rank(plan, self.pad_id, pad_to_multiple_of=self.cfg.pad_to_multiple_of,
+                            padding_free=self.cfg.padding_free)
 
     def rank_gradient(self, model: nn.Module, params: Sequence[nn.Parameter], work: RankWork, *,
                       step_sizes: Sequence[float] | None = None) -> RankResult:
@@ -157,7 +158,8 @@ class Reptile:
 
     def prepare(self, plan: RankPlan) -> RankWork:
         """Collates a rank's plan into its support and query passes (:func:`prepare_rank`)."""
-        return prepare_rank(plan, self.pad_id, pad_to_multiple_of=self.cfg.pad_to_multiple_of)
+        return prepare_rank(plan, self.pad_id, pad_to_multiple_of=self.cfg.pad_to_multiple_of,
+                            padding_free=self.cfg.padding_free)
 
     def rank_gradient(self, model: nn.Module, params: Sequence[nn.Parameter], work: RankWork) -> RankResult:
         """Adapts every task on its support (and optionally query) rows and returns sum(theta - phi)."""

@@ -1,7 +1,8 @@
 """Passes and the sweep over them: one forward (and one ``torch.autograd.grad``) per pass.
 
-A pass is a :class:`PackedBatch`: a collated micro-batch whose rows may belong to several tasks
-(``rows`` names each row's task), or ``None`` for a dummy pass, one forward+backward on a 2-token
+A pass is a :class:`PackedBatch`: a collated micro-batch whose examples may belong to several tasks
+(``rows`` names each example's task; an example is a row of the batch, or a stretch of one in
+padding-free lines, :mod:`fmmeta.tasks.lines`), or ``None`` for a dummy pass, one forward+backward on a 2-token
 sequence with weight 0 that keeps ZeRO-3's per-pass collectives in lockstep across ranks without
 changing any result. :func:`run_passes` is the sweep the inner loop, the outer (query) gradient
 and evaluation's forward-only losses all run.
@@ -25,12 +26,13 @@ from torch import nn
 from fmmeta.algorithms.answer_loss import answer_loss_rows, dummy_batch
 from fmmeta.algorithms.task_lora import TaskLoRA
 from fmmeta.sampling.plan import PackedPass, TaskSlot
-from fmmeta.tasks.episode import IGNORE_INDEX, Batch, collate
+from fmmeta.tasks.episode import Batch, Example, collate
+from fmmeta.tasks.lines import collate_lines
 
 
 @dataclass(frozen=True)
 class PackedBatch:
-    """One pass: a collated micro-batch and the task (index into the rank's tasks) of each row."""
+    """One pass: a collated micro-batch and the task (index into the rank's tasks) of each example."""
 
     batch: Batch
     rows: torch.Tensor
@@ -38,7 +40,15 @@ class PackedBatch:
     @classmethod
     def one_task(cls, batch: Batch) -> PackedBatch:
         """Every row belongs to task 0."""
-        return cls(batch, torch.zeros(batch.input_ids.shape[0], dtype=torch.long))
+        return cls(batch, torch.zeros(batch.n_rows, dtype=torch.long))
+
+    def routes(self) -> torch.Tensor:
+        """What :attr:`TaskLoRA.rows` takes: the task of each row, or of each token when the
+        batch is padding-free lines (padding goes to task 0; nothing reads its output)."""
+        lines = self.batch.lines
+        if lines is None:
+            return self.rows
+        return self.rows.index_select(0, lines.token_rows.clamp(min=0).flatten()).view_as(lines.token_rows)
 
     def to(self, device: torch.device | str) -> PackedBatch:
         """The pass on ``device``."""
@@ -49,13 +59,20 @@ Pass = PackedBatch | None
 """A pass of a loop; ``None`` is a dummy pass."""
 
 
+def collate_pass(examples: Sequence[Example], pad_id: int, pad_to_multiple_of: int | None = None,
+                 *, padding_free: bool = False) -> Batch:
+    """The examples padded to one length, or packed into padding-free lines."""
+    return (collate_lines if padding_free else collate)(examples, pad_id, pad_to_multiple_of)
+
+
 def pack_pass(p: PackedPass, slots: Sequence[TaskSlot], pad_id: int, *, query: bool,
-              pad_to_multiple_of: int | None = None) -> Pass:
+              pad_to_multiple_of: int | None = None, padding_free: bool = False) -> Pass:
     """Collates a plan's :class:`~fmmeta.sampling.plan.PackedPass` (``None`` for a dummy pass)."""
     if p.is_dummy:
         return None
     examples = p.rows(tuple(slots), query=query)
-    return PackedBatch(collate(examples, pad_id, pad_to_multiple_of), torch.tensor(p.slots, dtype=torch.long))
+    return PackedBatch(collate_pass(examples, pad_id, pad_to_multiple_of, padding_free=padding_free),
+                       torch.tensor(p.slots, dtype=torch.long))
 
 
 def answer_tokens_per_task(passes: Sequence[Pass], n_tasks: int) -> torch.Tensor:
@@ -63,8 +80,7 @@ def answer_tokens_per_task(passes: Sequence[Pass], n_tasks: int) -> torch.Tensor
     out = torch.zeros(n_tasks, dtype=torch.float64)
     for p in passes:
         if p is not None:
-            per_row = (p.batch.labels != IGNORE_INDEX).sum(dim=1).to(torch.float64)
-            out.index_add_(0, p.rows, per_row)
+            out.index_add_(0, p.rows, p.batch.answers_per_row().to(torch.float64))
     return out
 
 
@@ -147,11 +163,13 @@ def run_passes(
         t0 = time.perf_counter()
         if p is None:
             batch, rows, weight = dummy_batch(device), torch.zeros(1, dtype=torch.long, device=device), 0.0
+            routes = rows
         else:
             p = p.to(device)
             batch, rows, weight = p.batch, p.rows, 1.0 if pass_scales is None else pass_scales[i]
+            routes = p.routes()
         if lora is not None:
-            lora.rows = rows
+            lora.rows = routes
         with torch.set_grad_enabled(grad):
             per_row = answer_loss_rows(model, batch)
             if grad:

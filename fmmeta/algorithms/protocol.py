@@ -19,7 +19,7 @@ from torch import nn
 
 from fmmeta.algorithms.passes import Pass, answer_tokens_per_task, pack_pass
 from fmmeta.engine.protocol import Engine
-from fmmeta.sampling.plan import RankPlan
+from fmmeta.sampling.plan import PackedPass, RankPlan
 from fmmeta.tasks.episode import Example
 
 
@@ -80,13 +80,17 @@ def answer_tokens_of_sets(sets: Sequence[Sequence[Example]]) -> torch.Tensor:
     return torch.tensor(counts or [0.0], dtype=torch.float64)
 
 
-def prepare_rank(plan: RankPlan, pad_id: int, *, pad_to_multiple_of: int | None = None) -> RankWork:
-    """Collates a rank's plan into tensors (cheap enough to run in the prefetcher's thread)."""
+def prepare_rank(plan: RankPlan, pad_id: int, *, pad_to_multiple_of: int | None = None,
+                 padding_free: bool = False) -> RankWork:
+    """Collates a rank's plan into tensors (cheap enough to run in the prefetcher's thread):
+    each pass padded to its longest row, or packed into padding-free lines."""
     n = len(plan.slots)
-    support = [pack_pass(p, plan.slots, pad_id, query=False, pad_to_multiple_of=pad_to_multiple_of)
-               for p in plan.support]
-    query = [pack_pass(p, plan.slots, pad_id, query=True, pad_to_multiple_of=pad_to_multiple_of)
-             for p in plan.query]
+
+    def collated(passes: Sequence[PackedPass], query: bool) -> list[Pass]:
+        return [pack_pass(p, plan.slots, pad_id, query=query, pad_to_multiple_of=pad_to_multiple_of,
+                          padding_free=padding_free) for p in passes]
+
+    support, query = collated(plan.support, False), collated(plan.query, True)
     if plan.shared:
         return RankWork(n, support, query, answer_tokens_of_sets([s.episode.support for s in plan.slots]),
                         answer_tokens_of_sets([s.episode.query for s in plan.slots]))

@@ -12,7 +12,9 @@ scaling``. While :meth:`TaskLoRA.active` is entered, the ``forward`` of every tr
 ``lora_A``/``lora_B`` module is replaced on the instance by a row-wise matmul with the stacked
 weight: ``x[i] @ W[rows[i]].T``. Dropout, scaling, the base layer and every framework hook
 (DeepSpeed's ZeRO-3 gathers) run unchanged, because ``nn.Module.__call__`` still runs them.
-A pass whose rows all belong to one task takes a plain matmul with that task's slice.
+A pass whose rows all belong to one task takes a plain matmul with that task's slice; a pass of
+padding-free lines, whose rows hold several tasks' examples, routes each token instead
+(:meth:`TaskLoRA._per_token`).
 """
 
 from __future__ import annotations
@@ -86,15 +88,18 @@ class TaskLoRA:
             raise ValueError("the model has no trainable LoRA layers: wrap it with fmmeta.models.add_lora")
         self._rows: torch.Tensor | None = None
         self._single: int | None = 0
+        self._one_hot: torch.Tensor | None = None  # [tokens, T] of a per-token ``rows``, built once per pass
 
     @property
     def rows(self) -> torch.Tensor | None:
-        """Task index of each row of the next pass (``None``: every row is task 0)."""
+        """Task index of each row of the next pass, ``[B]``, or of each token, ``[B, T]``
+        (padding-free lines hold several tasks' examples in a row); ``None``: all are task 0."""
         return self._rows
 
     @rows.setter
     def rows(self, rows: torch.Tensor | None) -> None:
         self._rows = rows
+        self._one_hot = None
         if rows is None or rows.numel() == 0:
             self._single = 0
         else:
@@ -122,6 +127,8 @@ class TaskLoRA:
                 return torch.matmul(x, w[single].transpose(0, 1))
             rows = self._rows
             assert rows is not None  # _single is None only for a multi-task rows tensor
+            if rows.dim() == 2:
+                return self._per_token(x, w)
             if x.dim() != 3 or x.shape[0] != rows.shape[0]:
                 raise ValueError(
                     f"task-batched LoRA expects [rows, length, features] inputs with {rows.shape[0]} "
@@ -131,6 +138,30 @@ class TaskLoRA:
             return torch.bmm(x, per_row.transpose(1, 2))
 
         return forward
+
+    def _per_token(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """``x[i, t] @ w[rows[i, t]].T`` as two dense ops: a LoRA factor is thin (rank ``r``), so
+        all ``T`` tasks' products cost ``T`` times a thin matmul, far less than the base layer's.
+        A (``in -> r``) computes every task's output and keeps each token's own; B (``r -> out``)
+        places each token's input in its task's block of a ``[T * r]`` vector and multiplies once."""
+        rows = self._rows
+        assert rows is not None
+        if x.shape[:-1] != rows.shape:
+            raise ValueError(f"task-batched LoRA with a task per token expects inputs of shape "
+                             f"{tuple(rows.shape)} + [features], got {tuple(x.shape)}")
+        n_tasks, n_out, n_in = w.shape
+        if self._one_hot is None or self._one_hot.shape[1] != n_tasks or self._one_hot.dtype != x.dtype:
+            self._one_hot = torch.nn.functional.one_hot(
+                rows.reshape(-1).to(x.device), n_tasks).to(x.dtype)
+        pick = self._one_hot.unsqueeze(-1)  # [N, T, 1]
+        flat = x.reshape(-1, n_in)
+        if n_out <= n_in:
+            every = (flat @ w.reshape(n_tasks * n_out, n_in).transpose(0, 1)).view(-1, n_tasks, n_out)
+            out = (every * pick).sum(dim=1)
+        else:
+            blocks = (flat.unsqueeze(1) * pick).reshape(-1, n_tasks * n_in)
+            out = blocks @ w.transpose(1, 2).reshape(n_tasks * n_in, n_out)
+        return out.view(*x.shape[:-1], n_out)
 
 
 def stack_adapters(params: Sequence[torch.Tensor], n_tasks: int) -> list[torch.Tensor]:

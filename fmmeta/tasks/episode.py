@@ -144,11 +144,27 @@ class Batch:
     labels: torch.Tensor
     n_answer_tokens: int
     n_tokens: int
+    lines: Lines | None = None
+    """Set when several examples share a row (padding-free lines, :mod:`fmmeta.tasks.lines`)."""
 
     @property
     def n_padded_tokens(self) -> int:
         """Tokens processed including padding (``B * T``)."""
         return int(self.input_ids.numel())
+
+    @property
+    def n_rows(self) -> int:
+        """Examples in the batch (rows of its tensors, unless they are padding-free lines)."""
+        return int(self.input_ids.shape[0]) if self.lines is None else self.lines.n_rows
+
+    def answers_per_row(self) -> torch.Tensor:
+        """``[n_rows]`` int64 answer tokens of each example."""
+        labelled = self.labels != IGNORE_INDEX
+        if self.lines is None:
+            return labelled.sum(dim=1)
+        rows = self.lines.token_rows[labelled]
+        return torch.zeros(self.n_rows, dtype=torch.long, device=rows.device).index_add_(
+            0, rows, torch.ones_like(rows))
 
     def to(self, device: torch.device | str) -> "Batch":
         """Returns the batch on ``device``."""
@@ -158,7 +174,30 @@ class Batch:
             self.labels.to(device),
             self.n_answer_tokens,
             self.n_tokens,
+            None if self.lines is None else self.lines.to(device),
         )
+
+
+@dataclass(frozen=True)
+class Lines:
+    """How examples sit in the rows of a padding-free :class:`Batch`: several per row, each
+    restarting its positions at 0, so the model sees each one alone (transformers splits a row
+    into sequences where ``position_ids`` restart, given no attention mask and no cache).
+
+    Attributes:
+        position_ids: ``[L, W]`` each token's position within its own example (padding at a row's
+            end restarts too, a sequence of its own that nothing attends to).
+        token_rows: ``[L, W]`` int64 the example each token belongs to (``-1`` on padding).
+        n_rows: examples in the batch.
+    """
+
+    position_ids: torch.Tensor
+    token_rows: torch.Tensor
+    n_rows: int
+
+    def to(self, device: torch.device | str) -> "Lines":
+        """Returns the layout on ``device``."""
+        return Lines(self.position_ids.to(device), self.token_rows.to(device), self.n_rows)
 
 
 def collate(

@@ -58,8 +58,19 @@ ROWS = [
     ("four_proc", "ds2:rows:multitask", "local:all:multitask"),
     ("four_proc", "ds3:rows:metaicl", "local:all:metaicl"),
 ]
+# Padding-free lines (``algorithm.padding_free``): several examples, of several tasks, per row of
+# a pass; each against its reference with one task per pass and against the same layout padded.
+LINES = [
+    ("one_proc", "local:mixed:lines", "local:all", "local:mixed"),
+    ("two_proc", "ds3:mixed:gc:lines", "local:all", "ds3:mixed:gc"),
+    ("two_proc", "ds3:rows:uneven:clip:lines", "local:all:uneven:clip", "ds3:rows:uneven:clip"),
+    ("two_proc", "ds2:spread:lines:reptile", "local:all:reptile", "ds2:spread:reptile"),
+    ("two_proc", "ds3:rows:uneven:lines:metaicl", "local:all:uneven:metaicl", "ds3:rows:uneven:metaicl"),
+]
 ONE_PROC += sorted({ref for _, _, ref in ROWS} - set(ONE_PROC)) + [s for launch, s, _ in ROWS if launch == "one_proc"]
 TWO_PROC += [s for launch, s, _ in ROWS if launch == "two_proc"]
+ONE_PROC += [s for launch, s, _, _ in LINES if launch == "one_proc"]
+TWO_PROC += [s for launch, s, _, _ in LINES if launch == "two_proc"]
 FOUR_PROC = [s for launch, s, _ in ROWS if launch == "four_proc"]
 ACCEL = ["acc:all", "acc:one:gc", *(f"acc:mixed:{m}" for m in METHODS), "acc:all:metasgd"]
 
@@ -329,3 +340,15 @@ def test_rank_leaving_early_fails_fast_not_hangs(tmp_path: Path) -> None:
                    timeout_s=150, pg_timeout_s=15)
     assert time.monotonic() - start < 150
     assert not (tmp_path / "ds3_all_exit_early.safetensors").exists()
+
+
+@pytest.mark.parametrize(("launch", "spec", "ref", "padded"), LINES)
+def test_padding_free_lines_match_the_reference_with_fewer_padded_tokens(
+    request: pytest.FixtureRequest, one_proc: Path, launch: str, spec: str, ref: str, padded: str
+) -> None:
+    """Padding-free passes (examples end to end, positions restarting, per-token task routing)
+    give the one-process adapter with one task per pass, and process fewer padded tokens than the
+    same layout padded."""
+    out = request.getfixturevalue(launch)
+    meta = _check(out, spec, one_proc, ref)
+    assert meta["padded_tokens"] < _load(out, padded)[1]["padded_tokens"]

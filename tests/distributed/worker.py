@@ -3,9 +3,10 @@ and writes each one's final adapter tensors and outer-step stats to ``--out``.
 
 Each launch costs seconds of imports, so one launch runs every configuration it is given:
 ``--configs local:all,ds0:all,ds3:one:gc,...`` where a configuration is
-``engine:layout[:gc][:uneven][:clip][:save][:gather][:reptile|:multitask|:metasgd|:metaicl]``
+``engine:layout[:gc][:uneven][:clip][:lines][:save][:gather][:reptile|:multitask|:metasgd|:metaicl]``
 (engine: local, ds0, ds1, ds2, ds3, ds3off, acc; layout: a key of ``_common.LAYOUTS``, or ``rows``
-for rows across ranks; ``clip``: inner clipping at norm 2e-4; FOMAML unless an algorithm is
+for rows across ranks; ``clip``: inner clipping at norm 2e-4; ``lines``: padding-free passes
+(``algorithm.padding_free``); FOMAML unless an algorithm is
 named). For metasgd the learned inner lrs are written too (``inner_lrs`` in the JSON); with
 ``gather`` every rank writes what ``gather_step`` gave it each step (``<tag>.gathered.<rank>.json``).
 """
@@ -103,10 +104,10 @@ def main() -> None:
         n_tasks = 3 if "uneven" in flags else N_TASKS
         method = next((m for m in ("reptile", "multitask", "metasgd", "metaicl") if m in flags), "fomaml")
         clip = 2e-4 if "clip" in flags else None  # below the inner gradients' norms: it acts
-        algo = build_algorithm(method, AlgorithmConfig(inner_steps=2, inner_lr=0.05, inner_clip_norm=clip),
-                               pad_id=0)
+        algo = build_algorithm(method, AlgorithmConfig(inner_steps=2, inner_lr=0.05, inner_clip_norm=clip,
+                                                       padding_free="lines" in flags), pad_id=0)
         norms = []
-        passes = 0
+        passes = padded_tokens = 0
         shapes_ok = True
         gathered = []
         for step in range(STEPS):
@@ -133,6 +134,7 @@ def main() -> None:
                                  "record": g.record(), "mine": [o.to_dict() for o in stats.observations]})
             norms.append(stats.outer["grad_norm"])
             passes += stats.n_passes
+            padded_tokens += stats.n_padded_tokens
             shapes_ok &= all(p.numel() > 0 for p in engine.adapter_parameters())
         params = engine.adapter_parameters()
         if gathered:
@@ -145,7 +147,7 @@ def main() -> None:
             (out / f"{tag}.json").write_text(json.dumps({
                 "grad_norms": norms, "world": world, "shapes_ok": shapes_ok,
                 "shapes_after_init": shapes_after_init, "gc_on": gc_on,
-                "dtype": str(params[0].dtype), "passes": passes, "layer_calls": layer_calls[0],
+                "dtype": str(params[0].dtype), "passes": passes, "padded_tokens": padded_tokens, "layer_calls": layer_calls[0],
                 "layers": sum(type(m).__name__.endswith("MLP") for m in engine.model.modules()),
                 "inner_lrs": algo.step_sizes.lrs(len(params)) if method == "metasgd" else None,
             }))

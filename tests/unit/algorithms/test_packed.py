@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from fmmeta.algorithms.answer_loss import check_lines
 from fmmeta.algorithms.build import build_algorithm
 from fmmeta.algorithms.config import AlgorithmConfig
 from fmmeta.algorithms.inner_loop import snapshot
@@ -62,8 +63,8 @@ LAYOUTS = {
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 @pytest.mark.parametrize("method", ["fomaml", "reptile", "multitask"])
-@pytest.mark.parametrize("clip", [None, 0.05])
-def test_packed_equals_reference(uneven_episodes, layout, method, clip) -> None:
+@pytest.mark.parametrize(("clip", "padding_free"), [(None, False), (0.05, False), (0.05, True)])
+def test_packed_equals_reference(uneven_episodes, layout, method, clip, padding_free) -> None:
     rank = LAYOUTS[layout](uneven_episodes)
     if layout == "planner_packed":  # the planner mixes tasks in a pass and spreads tasks over passes
         assert any(len(set(p.slots)) > 1 for p in rank.support)
@@ -73,7 +74,13 @@ def test_packed_equals_reference(uneven_episodes, layout, method, clip) -> None:
     episodes = [s.episode for s in rank.slots]
     ref = summed_meta_gradient(model, episodes, method, lr=0.1, steps=2, clip=clip)
     engine = SGDEngine(model, 0.0)
-    algo = build_algorithm(method, AlgorithmConfig(inner_steps=2, inner_lr=0.1, inner_clip_norm=clip), PAD_ID)
+    algo = build_algorithm(method, AlgorithmConfig(inner_steps=2, inner_lr=0.1, inner_clip_norm=clip,
+                                                   padding_free=padding_free), PAD_ID)
+    if padding_free and method != "multitask":  # lines hold several examples, of several tasks
+        passes = [p for p in algo.prepare(rank).support if p is not None]
+        assert any(p.batch.n_rows > p.batch.input_ids.shape[0] for p in passes)
+        if layout != "one_task_per_pass":
+            assert any(len(set(line.tolist())) > 1 for p in passes for line in p.routes())
     theta = snapshot(trainable(model))
     stats = meta_step(engine, algo, make_plan([rank]))
     _close(engine.handed, ref)
@@ -137,3 +144,21 @@ def test_dora_is_refused() -> None:
     model = get_peft_model(base, LoraConfig(r=2, target_modules=["q_proj"], use_dora=True))
     with pytest.raises(ValueError, match="DoRA"):
         TaskLoRA(model, trainable(model))
+
+
+class _NoPositions(torch.nn.Module):
+    """A model that drops ``position_ids``: examples packed in a line would see each other."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, input_ids, position_ids=None, use_cache=None):  # noqa: ANN001, ANN201
+        return self.inner(input_ids=input_ids, use_cache=False)
+
+
+def test_check_lines_accepts_llama_and_refuses_a_model_that_mixes_examples() -> None:
+    model = build_tiny_peft()
+    check_lines(model)
+    with pytest.raises(ValueError, match="padding_free: false"):
+        check_lines(_NoPositions(model))
