@@ -130,11 +130,12 @@ def banner(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.Modul
     budget = cfg.sampler.tokens_per_pass or f"{cfg.sampler.micro_batch_size} x longest sequence"
     logger.info(
         "== %s | model %s (%s) | params trainable %s / total %s (%.3f%%) | world size %d | ZeRO stage %s"
-        " | tasks per meta-step %d (~%.1f per rank, packed into passes of %s tokens)"
+        " | tasks per meta-step %d (~%.1f per rank, packed into passes of %s tokens, %s)"
         " | inner steps %d | meta-steps %d",
         method, model_id(cfg.model), cfg.model.dtype, f"{trainable:,}", f"{total:,}", 100 * trainable / total,
         engine.world_size, getattr(engine, "zero_stage", "-"), cfg.sampler.meta_batch_size,
-        per_rank, budget, cfg.algorithm.inner_steps, cfg.train.meta_steps,
+        per_rank, budget, "padding-free" if cfg.algorithm.padding_free else "padded",
+        cfg.algorithm.inner_steps, cfg.train.meta_steps,
     )
     if engine.world_size > 1:
         n = cfg.sampler.meta_batch_size

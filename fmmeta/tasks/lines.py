@@ -22,10 +22,16 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from fmmeta.tasks.episode import IGNORE_INDEX, Batch, Example, Lines
+from fmmeta.tasks.episode import IGNORE_INDEX, Batch, Example, Lines, collate
 
 MAX_WIDTH_FACTOR = 4
 """The widest line a pass may take, in multiples of its longest example."""
+
+MIN_SAVING = 0.05
+"""Lines are used only where they process at least this fraction fewer tokens than padding:
+a line costs a little more per token (a mask per line, LoRA routed per token; SmolLM2 on CPU,
+MetaICL passes whose lines held one example each: 2-6% slower than padded), so a pass they
+barely shorten stays padded."""
 
 
 def first_fit(lengths: Sequence[int], width: int) -> list[list[int]]:
@@ -64,12 +70,17 @@ def line_layout(lengths: Sequence[int], pad_to_multiple_of: int | None = None
 
 
 def collate_lines(examples: Sequence[Example], pad_id: int, pad_to_multiple_of: int | None = None) -> Batch:
-    """Packs ``examples`` into padding-free lines (see the module docstring).
+    """Packs ``examples`` into padding-free lines (see the module docstring), or pads them
+    (:func:`~fmmeta.tasks.episode.collate`) where lines save under :data:`MIN_SAVING`.
 
     Raises:
         ValueError: if ``examples`` is empty.
     """
-    width, layout = line_layout([ex.n_tokens for ex in examples], pad_to_multiple_of)
+    lengths = [ex.n_tokens for ex in examples]
+    width, layout = line_layout(lengths, pad_to_multiple_of)
+    step = pad_to_multiple_of or 1
+    if len(layout) * width > (1 - MIN_SAVING) * len(lengths) * (-(-max(lengths) // step) * step):
+        return collate(examples, pad_id, pad_to_multiple_of)
     shape = (len(layout), width)
     ids = np.full(shape, pad_id, dtype=np.int64)
     labels = np.full(shape, IGNORE_INDEX, dtype=np.int64)
@@ -91,4 +102,4 @@ def collate_lines(examples: Sequence[Example], pad_id: int, pad_to_multiple_of: 
                  Lines(torch.from_numpy(positions), token_rows, len(examples)))
 
 
-__all__ = ["MAX_WIDTH_FACTOR", "collate_lines", "first_fit", "line_layout"]
+__all__ = ["MAX_WIDTH_FACTOR", "MIN_SAVING", "collate_lines", "first_fit", "line_layout"]

@@ -48,6 +48,17 @@ def test_precision_benchmark_runs_small() -> None:
 
 
 @pytest.mark.timeout(300)
+def test_padding_free_benchmark_runs_small() -> None:
+    out = _run("padding_free.py", "--tiny", "--reps", "1", "--steps", "1", "--threads", "1",
+               "--dtypes", "float32", "--methods", "fomaml", "metaicl")
+    for method, row in out["results"]["float32"].items():
+        assert row["grad_rel_error"] < 1e-5, method  # the same arithmetic, rounded differently
+        eff = row["padding_efficiency"]
+        assert 0 < eff["padded"] <= eff["lines"] <= 1, method
+        assert row["seconds"]["padded"] > 0 and row["seconds"]["lines"] > 0
+
+
+@pytest.mark.timeout(300)
 def test_sampler_benchmark_runs_small() -> None:
     out = _run("sampler.py", "--steps", "2", "--tasks", "64", "--plan-repeats", "1",
                "--plan-ranks", "8", "--plan-tasks-per-rank", "4")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fmmeta.tasks.episode import IGNORE_INDEX, Example, collate
-from fmmeta.tasks.lines import MAX_WIDTH_FACTOR, collate_lines, first_fit, line_layout
+from fmmeta.tasks.lines import MAX_WIDTH_FACTOR, MIN_SAVING, collate_lines, first_fit, line_layout
 
 
 def _examples(seed: int, n: int) -> list[Example]:
@@ -56,3 +56,12 @@ def test_lines_hold_the_padded_batch_tokens_example_by_example(seed) -> None:
         assert lines.labels[at].tolist() == [IGNORE_INDEX] * len(ex.prompt_ids) + list(ex.answer_ids)
     pad = rows < 0
     assert not bool(lines.attention_mask[pad].any()) and bool((lines.labels[pad] == IGNORE_INDEX).all())
+
+
+def test_a_pass_that_lines_barely_shorten_stays_padded() -> None:
+    same = [Example((1, 2, 3), (4,)) for _ in range(5)]  # equal lengths: lines save nothing
+    assert collate_lines(same, pad_id=0).lines is None
+    short = [Example((1,) * 9, (2,))] + [Example((1,), (2,)) for _ in range(8)]  # one long, many short
+    packed = collate_lines(short, pad_id=0)
+    assert packed.lines is not None
+    assert packed.n_padded_tokens <= (1 - MIN_SAVING) * collate(short, pad_id=0).n_padded_tokens
