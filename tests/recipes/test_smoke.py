@@ -68,7 +68,7 @@ def test_log_shows_banner_and_one_line_per_step(smoke) -> None:
     for m in METHODS:
         banner = re.search(rf"== {m} \| model tiny-llama.*\| params trainable ([\d,]+) / total ([\d,]+)"
                            rf".*\| world size 1 .*\| tasks per meta-step {TASKS} \(~{TASKS}\.0 per rank, packed into passes"
-                           rf" of \d+ x longest sequence tokens\)", log)
+                           rf" of \d+ x longest sequence tokens, padding-free\)", log)
         assert banner, f"no banner for {m}:\n{log[-3000:]}"
         # Meta-steps are numbered from 0 everywhere (log, metrics.jsonl, step_XXXXXXXX), with
         # the count done in brackets.
