@@ -54,6 +54,12 @@ class InnerLoopConfig:
     """(beta1, beta2) of the inner Adam, each in [0, 1); unused for SGD."""
     adam_eps: float = 1e-8
     """Epsilon of the inner Adam (> 0); unused for SGD."""
+    padding_free: bool = False
+    """Pack each pass's examples several to a row, positions restarting per example, instead of
+    padding every row to the longest (fmmeta.tasks.lines): training's passes and evaluation's
+    adaptation passes. Losses equal the padded pass's to float rounding; needs a model whose
+    attention honours restarting ``position_ids`` without a mask (transformers' Llama family and
+    others built on ``create_causal_mask``; checked before the first pass)."""
 
     def validate(self) -> list[str]:
         """Range and choice checks, one problem per field."""
@@ -92,12 +98,6 @@ class AlgorithmConfig(InnerLoopConfig):
 
     pad_to_multiple_of: int | None = None
     """Pad each micro-batch's length to a multiple of this (>= 1); null = exact lengths."""
-    padding_free: bool = False
-    """Pack each training pass's examples several to a row, positions restarting per example,
-    instead of padding every row to the longest (fmmeta.tasks.lines). Losses equal the padded
-    pass's to float rounding; needs a model whose attention honours restarting ``position_ids``
-    without a mask (transformers' Llama family and others built on ``create_causal_mask``;
-    checked when training starts)."""
     measure_query_before: bool = False
     """Also measure the query loss at theta (one extra forward pass per query pass). Equal on
     every rank (under ZeRO-3 every forward is a collective)."""

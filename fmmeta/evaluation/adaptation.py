@@ -21,11 +21,11 @@ from torch import nn
 
 from fmmeta.algorithms.config import InnerLoopConfig
 from fmmeta.algorithms.inner_loop import InnerOptimizer, adapt_tasks
-from fmmeta.algorithms.passes import PackedBatch, Pass, answer_tokens_per_task
+from fmmeta.algorithms.passes import PackedBatch, Pass, answer_tokens_per_task, collate_pass
 from fmmeta.algorithms.task_lora import TaskLoRA, stack_adapters
 from fmmeta.evaluation.lockstep import Lockstep
 from fmmeta.evaluation.scoring import QueryScore, QuerySet, score_passes, score_query_sets
-from fmmeta.tasks.episode import Episode, collate
+from fmmeta.tasks.episode import Episode
 
 _T = TypeVar("_T")
 
@@ -41,12 +41,13 @@ dominates) while bounding activation memory."""
 
 
 def support_passes(episodes: Sequence[Episode], pad_id: int, micro_batch_size: int,
-                   icl_max_length: int | None = None) -> list[Pass]:
+                   icl_max_length: int | None = None, *, padding_free: bool = False) -> list[Pass]:
     """The support sets of episodes adapted together, every row routed to its episode (task
     ``g``): all rows sorted by length and cut into passes of at most ``micro_batch_size`` rows
     per episode and :data:`SUPPORT_PASS_TOKENS` padded tokens (a pass mixes episodes; each
     episode's gradient sums over the passes its rows are in). With ``icl_max_length`` the rows are
-    in the in-context format (:meth:`~fmmeta.tasks.episode.Episode.in_context_support`)."""
+    in the in-context format (:meth:`~fmmeta.tasks.episode.Episode.in_context_support`); with
+    ``padding_free`` each pass is laid out in padding-free lines (:mod:`fmmeta.tasks.lines`)."""
     sets = [ep.support if icl_max_length is None else ep.in_context_support(icl_max_length) for ep in episodes]
     rows = sorted(((ex.n_tokens, g, i) for g, support in enumerate(sets) for i, ex in enumerate(support)))
     max_rows = micro_batch_size * max(1, len(episodes))
@@ -56,7 +57,7 @@ def support_passes(episodes: Sequence[Episode], pad_id: int, micro_batch_size: i
             cuts[-1].append(row)
         else:
             cuts.append([row])
-    return [PackedBatch(collate([sets[g][i] for _, g, i in cut], pad_id),
+    return [PackedBatch(collate_pass([sets[g][i] for _, g, i in cut], pad_id, padding_free=padding_free),
                         torch.tensor([g for _, g, _ in cut], dtype=torch.long)) for cut in cuts]
 
 
@@ -154,8 +155,8 @@ def adapt_and_score(
     ``lrs`` gives every adapter tensor its own step size, ``task_lrs`` every episode its own.
     """
     out: list[Scored] = [[] for _ in episodes]
-    support = (lockstep.support(support_passes(episodes, pad_id, micro_batch_size, support_icl_max_length))
-               if steps else [])
+    support = (lockstep.support(support_passes(episodes, pad_id, micro_batch_size, support_icl_max_length,
+                                               padding_free=cfg.padding_free)) if steps else [])
     n_answer = answer_tokens_per_task(support, len(episodes))
     with adapting(model, lora, params, start, support, n_answer, cfg, lrs, task_lrs) as adapt_step:
         for step in range(steps + 1):

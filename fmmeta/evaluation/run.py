@@ -16,6 +16,7 @@ from typing import Any, Collection, Mapping, Sequence
 import numpy as np
 import torch
 
+from fmmeta.algorithms.answer_loss import check_lines
 from fmmeta.algorithms.build import BUDGET_RULES, adapts_in_context
 from fmmeta.algorithms.meta_sgd import load_step_sizes
 from fmmeta.engine.protocol import Engine
@@ -170,6 +171,8 @@ def evaluate_run(
         if sizes is not None:
             learned[name] = sizes
     methods = eval_methods(cfg, states, learned, in_context)
+    if cfg.algorithm.padding_free:  # adaptation's passes are laid out in lines too
+        check_lines(model)
     seed, query = cfg.train.seed, cfg.eval.query
     val = draw_episodes(evaluation_tasks(suite.validation, query), seed, 0, cfg.eval.val_episodes_per_task)
     held_out = evaluation_tasks(suite.held_out, query)

@@ -79,7 +79,7 @@ def support_fit(
     model.eval()
     try:
         for ep in episodes:
-            support = support_passes([ep], pad_id, micro_batch_size)
+            support = support_passes([ep], pad_id, micro_batch_size, padding_free=inner.padding_free)
             n_answer = answer_tokens_per_task(support, 1)
             with adapting(model, lora, params, theta, support, n_answer, inner) as adapt_step:
                 for step in range(steps + 1):

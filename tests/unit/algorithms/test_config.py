@@ -35,7 +35,8 @@ def test_every_inner_loop_field_is_an_algorithm_key_settable_from_yaml(tmp_path)
 
 def test_one_set_of_inner_loop_defaults_and_one_lr_grid() -> None:
     run = RecipeConfig()
-    assert run.algorithm.inner_loop == InnerLoopConfig()  # the run's inner loop is the class default
+    # the run's inner loop is the class default, laid out in padding-free passes
+    assert run.algorithm.inner_loop == dataclasses.replace(InnerLoopConfig(), padding_free=True)
     assert (InnerLoopConfig().inner_steps, InnerLoopConfig().inner_lr, InnerLoopConfig().inner_clip_norm) == (
         4, 0.1, 1.0)
     assert run.eval.lr_grid == EvalConfig().lr_grid == DEFAULT_LR_GRID

@@ -293,12 +293,16 @@ def test_scoring_a_few_steps_gives_the_same_scores_at_those_steps() -> None:
         evaluate_methods(model, params, methods, eps, inner, 3, PAD, score_steps=(4,))
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_episodes_adapted_together_score_as_one_at_a_time(optimizer: str) -> None:
+@pytest.mark.parametrize(("optimizer", "padding_free"), [("sgd", False), ("adam", False), ("adam", True)])
+def test_episodes_adapted_together_score_as_one_at_a_time(optimizer: str, padding_free: bool, monkeypatch) -> None:
     """Groups of episodes share passes (rows routed to each episode's own fast weights): the
     records equal one episode per pass (rel 1e-5), with uneven groups (5 episodes per seed in
     groups of 2), support sets of different sizes split into several passes, learned step sizes,
-    demonstrations and per-episode clipping."""
+    demonstrations and per-episode clipping; also when the groups' passes are padding-free lines
+    (each token routed to its episode) and the reference's are padded."""
+    from fmmeta.tasks import lines
+
+    monkeypatch.setattr(lines, "MIN_SAVING", 0.0)  # lines wherever they save a token
     model = tiny_lora_llama(seed=0)
     params = lora_params(model)
     trained = random_state(params, seed=1)
@@ -310,12 +314,17 @@ def test_episodes_adapted_together_score_as_one_at_a_time(optimizer: str) -> Non
                "learned": EvalMethod(trained, step_sizes=learned)}
     inner = InnerLoopConfig(inner_steps=2, inner_lr=0.2, inner_optimizer=optimizer, inner_clip_norm=0.5)
 
-    def run(per_pass: int) -> dict:
-        res = evaluate_methods(model, params, methods, eps, inner, 2, PAD, micro_batch_size=2,
+    def run(per_pass: int, padding_free: bool = False) -> dict:
+        cfg = dataclasses.replace(inner, padding_free=padding_free)
+        res = evaluate_methods(model, params, methods, eps, cfg, 2, PAD, micro_batch_size=2,
                                episodes_per_pass=per_pass)
         return {(r.method, r.seed, r.episode, r.step): r for r in res.records}
 
-    alone, together = run(1), run(2)
+    alone, together = run(1), run(2, padding_free)
+    if padding_free:  # the groups' passes really are lines
+        from fmmeta.evaluation.adaptation import support_passes
+
+        assert any(p.batch.lines is not None for p in support_passes(eps[0][:2], PAD, 2, padding_free=True))
     assert alone.keys() == together.keys() and len(alone) == 3 * 5 * 3 * 3
     for key, r in alone.items():
         assert together[key].loss == pytest.approx(r.loss, rel=1e-5, abs=1e-6), key
