@@ -200,6 +200,12 @@ class Lines:
         return Lines(self.position_ids.to(device), self.token_rows.to(device), self.n_rows)
 
 
+def padded_length(n: int, pad_to_multiple_of: int | None) -> int:
+    """``n`` rounded up to a multiple of ``pad_to_multiple_of`` (``None``: ``n`` itself)."""
+    step = pad_to_multiple_of or 1
+    return -(-n // step) * step
+
+
 def collate(
     examples: Sequence[Example], pad_id: int, pad_to_multiple_of: int | None = None
 ) -> Batch:
@@ -215,9 +221,7 @@ def collate(
     """
     if not examples:
         raise ValueError("collate() got no examples: a micro-batch needs at least one sequence")
-    width = max(ex.n_tokens for ex in examples)
-    if pad_to_multiple_of:
-        width = -(-width // pad_to_multiple_of) * pad_to_multiple_of
+    width = padded_length(max(ex.n_tokens for ex in examples), pad_to_multiple_of)
     # Fill numpy buffers row by row and convert once: one tensor per batch, not per row.
     n = len(examples)
     ids = np.full((n, width), pad_id, dtype=np.int64)

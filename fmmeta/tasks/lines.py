@@ -22,7 +22,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from fmmeta.tasks.episode import IGNORE_INDEX, Batch, Example, Lines, collate
+from fmmeta.tasks.episode import IGNORE_INDEX, Batch, Example, Lines, collate, padded_length
 
 MAX_WIDTH_FACTOR = 4
 """The widest line a pass may take, in multiples of its longest example."""
@@ -57,8 +57,8 @@ def line_layout(lengths: Sequence[int], pad_to_multiple_of: int | None = None
     if not lengths:
         raise ValueError("line_layout() got no examples: a pass needs at least one sequence")
     longest, total = max(lengths), sum(lengths)
-    step = pad_to_multiple_of or 1
-    widths = sorted({-(-max(longest, -(-total // n)) // step) * step for n in range(1, len(lengths) + 1)})
+    widths = sorted({padded_length(max(longest, -(-total // n)), pad_to_multiple_of)
+                     for n in range(1, len(lengths) + 1)})
     widest = max(widths[0], MAX_WIDTH_FACTOR * longest)
     best: tuple[int, int, list[list[int]]] | None = None
     for width in (w for w in widths if w <= widest):
@@ -78,8 +78,7 @@ def collate_lines(examples: Sequence[Example], pad_id: int, pad_to_multiple_of: 
     """
     lengths = [ex.n_tokens for ex in examples]
     width, layout = line_layout(lengths, pad_to_multiple_of)
-    step = pad_to_multiple_of or 1
-    if len(layout) * width > (1 - MIN_SAVING) * len(lengths) * (-(-max(lengths) // step) * step):
+    if len(layout) * width > (1 - MIN_SAVING) * len(lengths) * padded_length(max(lengths), pad_to_multiple_of):
         return collate(examples, pad_id, pad_to_multiple_of)
     shape = (len(layout), width)
     ids = np.full(shape, pad_id, dtype=np.int64)
