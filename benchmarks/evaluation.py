@@ -31,9 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -41,18 +39,28 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fmmeta.algorithms.answer_loss import answer_logits
-from fmmeta.algorithms.config import InnerLoopConfig
-from fmmeta.config import LoraConfig, ModelConfig
-from fmmeta.evaluation.held_out import evaluate_methods
-from fmmeta.evaluation.methods import IN_CONTEXT
-from fmmeta.evaluation.run import draw_episodes, evaluation_tasks
-from fmmeta.evaluation.scoring import score_query
-from fmmeta.models import add_lora, build_model_and_tokenizer
-from fmmeta.models.precision import native_bf16
-from fmmeta.tasks.config import TasksConfig, build_task_set
-from fmmeta.tasks.episode import Example, collate
+from common import (  # noqa: E402  (benchmarks/common.py)
+    PassCounter,
+    add_model_arguments,
+    build_lora_model,
+    matmul_peak,
+    median_times,
+    model_name,
+    non_embedding_parameters,
+)
+
+from fmmeta.algorithms.answer_loss import answer_logits  # noqa: E402
+from fmmeta.algorithms.config import InnerLoopConfig  # noqa: E402
+from fmmeta.config import LoraConfig  # noqa: E402
+from fmmeta.evaluation.held_out import evaluate_methods  # noqa: E402
+from fmmeta.evaluation.methods import IN_CONTEXT  # noqa: E402
+from fmmeta.evaluation.run import draw_episodes, evaluation_tasks  # noqa: E402
+from fmmeta.evaluation.scoring import score_query  # noqa: E402
+from fmmeta.models.precision import native_bf16  # noqa: E402
+from fmmeta.tasks.config import TasksConfig, build_task_set  # noqa: E402
+from fmmeta.tasks.episode import Example, collate  # noqa: E402
 
 
 def one_sequence_per_candidate(model: torch.nn.Module, examples: Sequence[Example],
@@ -63,12 +71,13 @@ def one_sequence_per_candidate(model: torch.nn.Module, examples: Sequence[Exampl
     head on answer positions only. Returns (loss of the gold answers, accuracy)."""
     cands = [Example(ex.prompt_ids, tuple(c), ex.label) for ex in examples for c in choices]
     logprob = []
+    device = next(model.parameters()).device
     with torch.no_grad():
         for i in range(0, len(cands), micro_batch_size):
-            batch = collate(cands[i : i + micro_batch_size], pad_id)
+            batch = collate(cands[i : i + micro_batch_size], pad_id).to(device)
             logits, tgt, rows = answer_logits(model, batch, use_cache=False)
             lp = F.log_softmax(logits.float(), -1).gather(1, tgt[:, None]).squeeze(1)
-            logprob.append(torch.zeros(batch.input_ids.shape[0]).index_add_(0, rows, lp))
+            logprob.append(torch.zeros(batch.input_ids.shape[0], device=device).index_add_(0, rows, lp).cpu())
     scores = torch.cat(logprob).view(len(examples), len(choices))
     labels = torch.tensor([ex.label for ex in examples])
     gold = scores.gather(1, labels[:, None]).squeeze(1)
@@ -76,68 +85,28 @@ def one_sequence_per_candidate(model: torch.nn.Module, examples: Sequence[Exampl
     return float(-gold.sum()), float((gold > others).float().mean())
 
 
-def median_times(fns: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
-    """Median wall seconds of each function, runs interleaved (rotating order) after a warm-up."""
-    for fn in fns.values():
-        fn()
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    names = list(fns)
-    for r in range(reps):
-        for k in names[r % len(names):] + names[: r % len(names)]:
-            t0 = time.perf_counter()
-            fns[k]()
-            times[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
-
-
-class PassCounter:
-    """Tokens (padding included) of the model's forward passes, with and without gradient."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.tokens = {"adapt": 0, "score": 0}
-        model.register_forward_pre_hook(self._count, with_kwargs=True)
-
-    def _count(self, _module: object, args: tuple, kwargs: dict) -> None:
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        if ids is not None:
-            self.tokens["adapt" if torch.is_grad_enabled() else "score"] += int(ids.numel())
-
-
-def matmul_peak(hidden: int, inner: int, tokens: int, dtype: torch.dtype, reps: int) -> float:
-    """FLOP/s of ``[tokens, hidden] @ [hidden, inner]`` in ``dtype`` (the model's MLP shape)."""
-    a, b = torch.randn(tokens, hidden, dtype=dtype), torch.randn(hidden, inner, dtype=dtype)
-    t = median_times({"mm": lambda: [a @ b for _ in range(10)]}, reps)["mm"]
-    return 10 * 2 * tokens * hidden * inner / t
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--tiny", action="store_true", help="small random model (a smoke size)")
+    add_model_arguments(ap)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--episodes", type=int, default=32, help="held-out episodes per evaluation")
     ap.add_argument("--group", type=int, default=16, help="episodes per pass (eval.episodes_per_pass)")
     ap.add_argument("--steps", type=int, default=6, help="adaptation steps")
     ap.add_argument("--micro-batch", type=int, default=8)
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    tiny = {"tiny": True, "tokenizer": "bytes"} if args.tiny else {}
     dtypes = ["float32"] + (["bfloat16"] if native_bf16()[0] else [])
     built = {}
     for dt in dtypes:
-        base, tok = build_model_and_tokenizer(ModelConfig(dtype=dt, **tiny))
-        model = add_lora(base, LoraConfig(r=4) if args.tiny else LoraConfig(), seed=0).eval()
-        built[dt] = (model, [p for p in model.parameters() if p.requires_grad])
+        model, params, tok = build_lora_model(args, dt, LoraConfig())
+        built[dt] = (model.eval(), params)
     suite = build_task_set(TasksConfig(), tok, seed=0)
     episodes = draw_episodes(evaluation_tasks(suite.held_out, None), 0, 1, 1)
     classification = [ep for ep in episodes if ep.choices is not None]
     episodes = (episodes * (1 + args.episodes // len(episodes)))[: args.episodes]
     pad = tok.pad_token_id
     cfg = next(iter(built.values()))[0].base_model.model.config
-    non_embedding = sum(p.numel() for n, p in built["float32"][0].named_parameters()
-                        if "embed" not in n and "lm_head" not in n)
-    print(f"model {'tiny' if args.tiny else 'SmolLM2-135M'}: {non_embedding:,} non-embedding "
+    non_embedding = non_embedding_parameters(built["float32"][0])
+    print(f"model {model_name(args)}: {non_embedding:,} non-embedding "
           f"parameters; {len(episodes)} episodes, {len(classification)} classification; "
           f"dtypes {dtypes}; threads {torch.get_num_threads()}")
 
@@ -180,21 +149,20 @@ def main() -> None:
         tokens_per_s[dt] = {}
         for kind, key in (("adapted_row", f"{dt}/{args.group}"),
                           ("in_context_row", f"{dt}/{args.group}/in_context")):
-            counters[dt].tokens = {"adapt": 0, "score": 0}
+            counters[dt].reset()
             runs[key]()  # once more, counting its passes' tokens
-            tok = counters[dt].tokens
-            tokens_per_s[dt][kind] = (tok["adapt"] + tok["score"]) / t_eval[key]
+            tokens_per_s[dt][kind] = sum(counters[dt].tokens.values()) / t_eval[key]
             if kind == "adapted_row":
-                flops[dt] = (6 * tok["adapt"] + 2 * tok["score"]) * non_embedding / t_eval[key]
+                flops[dt] = counters[dt].model_flops(non_embedding) / t_eval[key]
     peak = {dt: matmul_peak(cfg.hidden_size, cfg.intermediate_size, 512,
-                            getattr(torch, dt), args.reps) for dt in dtypes}
+                            getattr(torch, dt), args.reps, args.device) for dt in dtypes}
     for k, v in t_eval.items():
         print(f"evaluation {k} (dtype/episodes per pass): {v:.2f}s")
     for dt in dtypes:
         print(f"{dt}: adapted row {flops[dt] / 1e9:.1f} model GFLOP/s of a {peak[dt] / 1e9:.1f} "
               f"GFLOP/s matmul peak (mfu {flops[dt] / peak[dt]:.2f}); tokens/s {tokens_per_s[dt]}")
     result = {
-        "device": "cpu", "threads": torch.get_num_threads(), "tiny": args.tiny,
+        "device": args.device, "model": model_name(args), "threads": torch.get_num_threads(), "tiny": args.tiny,
         "classification_scoring_speedup": round(t["old"] / t["new"], 2),
         "in_context_scoring_speedup": round(t["old_icl"] / t["new_icl"], 2),
         "grouped_speedup": round(t_eval["float32/1"] / t_eval[f"float32/{args.group}"], 2),

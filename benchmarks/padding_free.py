@@ -1,20 +1,28 @@
 """Benchmark: a meta-step's passes padded against padding-free lines (``algorithm.padding_free``).
 
 On the default run's model (SmolLM2-135M, embedded) and settings (recipe defaults: 4 tasks of the
-CLDR suite per meta-step, passes of up to 32 rows), or with ``--tiny`` on a small random model
-(what ``make test`` runs). For every method and compute dtype the same meta-batches are collated
-both ways: each pass padded to its longest row, and packed into padding-free lines
+CLDR suite per meta-step, passes of up to 32 rows), with ``--tiny`` on a small random model (what
+``make test`` runs), or with ``--random`` on random weights of SmolLM2-135M's shape; ``--device
+cuda`` on a GPU, ``--meta-batch`` and ``--rows`` for the bigger passes a GPU needs, ``--attn`` for
+the attention implementations to try (``sdpa`` is the library's own choice for the dtype; others,
+such as ``flex_attention`` or ``flash_attention_2``, are set on the model and first probed with
+:func:`fmmeta.algorithms.answer_loss.check_lines`: one that lets packed examples see each other is
+reported as refused, not measured). For every dtype, attention and method the same meta-batches are
+collated both ways: each pass padded to its longest row, and packed into padding-free lines
 (``fmmeta.tasks.lines``: examples end to end, positions restarting, LoRA routed per token). Prints
-a few human lines and, as the last line, one JSON object with, per dtype and method:
+a few human lines and, as the last line, one JSON object with, per dtype, method (and attention
+other than sdpa, as ``method@attn``):
 
 * ``padding_efficiency``: real / processed tokens of the rank's passes, each layout.
 * ``seconds``: median wall seconds of the rank's meta-gradient (every sampled meta-batch), runs
-  interleaved; ``speedup`` = padded / padding-free (above 1: padding-free is faster).
+  interleaved; ``speedup`` = padded / padding-free (above 1: padding-free is faster);
+  ``real_tokens_per_s``: the real (non-pad) tokens of the passes per second, each layout.
 * ``grad_rel_error``: ``|g_lines - g_padded| / |g_padded|`` over the adapter's meta-gradient (the
   same arithmetic up to float rounding: ~1e-6 in fp32).
 
 Usage:
-    python benchmarks/padding_free.py [--tiny] [--reps 3] [--steps 2] [--threads 1]
+    python benchmarks/padding_free.py [--tiny | --random] [--device cuda] [--attn sdpa flex_attention]
+        [--reps 3] [--steps 2] [--threads 1]
 """
 
 from __future__ import annotations
@@ -30,12 +38,18 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from evaluation import median_times  # noqa: E402  (benchmarks/evaluation.py)
-from precision import relative_error  # noqa: E402  (benchmarks/precision.py)
+from common import (  # noqa: E402  (benchmarks/common.py)
+    add_model_arguments,
+    add_pass_arguments,
+    build_lora_model,
+    median_times,
+    model_name,
+    recipe_config,
+    relative_error,
+)
 
+from fmmeta.algorithms.answer_loss import check_lines  # noqa: E402
 from fmmeta.algorithms.build import build_algorithm  # noqa: E402
-from fmmeta.config import LoraConfig, ModelConfig  # noqa: E402
-from fmmeta.models import add_lora, build_model_and_tokenizer  # noqa: E402
 from fmmeta.recipe_config import RecipeConfig  # noqa: E402
 from fmmeta.sampling.sampler import CostAwareSampler  # noqa: E402
 from fmmeta.tasks.config import build_task_set  # noqa: E402
@@ -43,10 +57,10 @@ from fmmeta.tasks.config import build_task_set  # noqa: E402
 LAYOUTS = ("padded", "lines")
 
 
-def efficiency(works: list) -> float:
-    """Real / processed tokens over every pass of the works (dummy passes excluded)."""
+def tokens(works: list, padded: bool) -> int:
+    """Real (or processed) tokens over every pass of the works (dummy passes excluded)."""
     batches = [p.batch for w in works for p in [*w.support, *w.query] if p is not None]
-    return sum(b.n_tokens for b in batches) / max(sum(b.n_padded_tokens for b in batches), 1)
+    return sum(b.n_padded_tokens if padded else b.n_tokens for b in batches)
 
 
 def measure(model: torch.nn.Module, params: list, method: str, suite: object, cfg: RecipeConfig,
@@ -70,39 +84,67 @@ def measure(model: torch.nn.Module, params: list, method: str, suite: object, cf
 
     err, _ = relative_error(run("lines"), run("padded"))
     secs = median_times({layout: (lambda layout=layout: run(layout)) for layout in LAYOUTS}, args.reps)
-    return {"padding_efficiency": {layout: round(efficiency(works[layout]), 3) for layout in LAYOUTS},
-            "seconds": {layout: round(s, 3) for layout, s in secs.items()},
+    real = tokens(works["padded"], padded=False)
+    return {"padding_efficiency": {layout: round(real / max(tokens(works[layout], padded=True), 1), 3)
+                                   for layout in LAYOUTS},
+            "seconds": {layout: round(s, 4) for layout, s in secs.items()},
+            "real_tokens_per_s": {layout: round(real / s) for layout, s in secs.items()},
             "speedup": round(secs["padded"] / secs["lines"], 3), "grad_rel_error": float(f"{err:.3g}")}
+
+
+def set_attention(model: torch.nn.Module, attn: str, built_with: str) -> str | None:
+    """Switches the model to ``attn`` (``sdpa``: the implementation it was built with) and probes
+    that lines stay apart under it; returns why it cannot be measured, or None."""
+    try:
+        model.base_model.model.set_attn_implementation(  # type: ignore[operator, union-attr]
+            built_with if attn == "sdpa" else attn)
+        check_lines(model)
+    except Exception as err:  # noqa: BLE001  (reported in the JSON, not measured)
+        return f"{type(err).__name__}: {str(err)[:300]}"
+    return None
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--tiny", action="store_true", help="small random model (a smoke size)")
+    add_model_arguments(ap)
+    add_pass_arguments(ap)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--steps", type=int, default=2, help="meta-batches per measurement")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     ap.add_argument("--methods", nargs="+", default=["fomaml", "multitask", "metaicl"])
+    ap.add_argument("--attn", nargs="+", default=["sdpa"], help="attention implementations to try")
     args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    cfg = RecipeConfig()
-    tiny = {"tiny": True, "tokenizer": "bytes"} if args.tiny else {}
+    cfg = recipe_config(args)
     out: dict[str, dict] = {}
+    refused: dict[str, str] = {}
     for dt in args.dtypes:
-        base, tok = build_model_and_tokenizer(ModelConfig(dtype=dt, **tiny))
-        model = add_lora(base, LoraConfig(r=4) if args.tiny else cfg.lora, seed=0).train()
-        params = [p for p in model.parameters() if p.requires_grad]
+        model, params, tok = build_lora_model(args, dt, cfg.lora)
         suite = build_task_set(cfg.tasks, tok, seed=0)
+        built_with = model.base_model.model.config._attn_implementation  # type: ignore[union-attr]
         out[dt] = {}
-        for method in args.methods:
-            row = out[dt][method] = measure(model, params, method, suite, cfg, tok.pad_token_id, args)
-            eff = row["padding_efficiency"]
-            print(f"{dt} {method}: padding efficiency {eff['padded']:.3f} -> {eff['lines']:.3f}; "
-                  f"{row['seconds']['padded']:.2f}s padded, {row['seconds']['lines']:.2f}s padding-free "
-                  f"({row['speedup']:.2f}x); gradient error {row['grad_rel_error']:.2e}")
-    print(json.dumps({"device": "cpu", "threads": torch.get_num_threads(), "tiny": args.tiny,
-                      "steps": args.steps, "results": out}))
+        for attn in args.attn:
+            why = set_attention(model, attn, built_with)
+            if why is not None:
+                refused[f"{dt}/{attn}"] = why
+                print(f"{dt} {attn}: not measured ({why})")
+                continue
+            for method in args.methods:
+                key = method if attn == "sdpa" else f"{method}@{attn}"
+                try:
+                    row = out[dt][key] = measure(model, params, method, suite, cfg, tok.pad_token_id, args)
+                except Exception as err:
+                    if attn == "sdpa":  # the library's own path must work
+                        raise
+                    refused[f"{dt}/{key}"] = f"{type(err).__name__}: {str(err)[:300]}"
+                    print(f"{dt} {key}: failed ({refused[f'{dt}/{key}']})")
+                    continue
+                eff = row["padding_efficiency"]
+                print(f"{dt} {key}: padding efficiency {eff['padded']:.3f} -> {eff['lines']:.3f}; "
+                      f"{row['seconds']['padded']:.3f}s padded, {row['seconds']['lines']:.3f}s padding-free "
+                      f"({row['speedup']:.2f}x); gradient error {row['grad_rel_error']:.2e}")
+    print(json.dumps({"device": args.device, "model": model_name(args), "threads": torch.get_num_threads(),
+                      "tiny": args.tiny, "steps": args.steps, "meta_batch_size": cfg.sampler.meta_batch_size,
+                      "rows_per_pass": cfg.sampler.micro_batch_size, "results": out, "refused": refused}))
 
 
 if __name__ == "__main__":

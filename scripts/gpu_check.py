@@ -12,7 +12,17 @@ config, the reference every engine is held to:
   hold float32 flat groups); the adapter and the logged losses may differ from the fp32 reference
   by bf16 rounding;
 * ``benchmarks/meta_step.py`` and ``benchmarks/throughput.py`` (~1B random Llama, bf16: tokens/s
-  and MFU of a meta-step and of a plain LoRA loop on the same tokens).
+  and MFU of a meta-step and of a plain LoRA loop on the same tokens);
+* ``benchmarks/precision.py`` on random weights of SmolLM2-135M's shape: fp32, bf16 weights and
+  bf16 autocast side by side (gradient error, tokens/s, MFU against a matmul peak measured on the
+  GPU), at the recipe's pass size and at a GPU's (16 tasks, 256 rows per pass);
+* ``benchmarks/padding_free.py``: padded passes against padding-free lines under SDPA in fp32 and
+  bf16 (gradient error, padding efficiency, tokens/s), and under FlexAttention (probed first:
+  refused if it lets packed examples see each other);
+* ``benchmarks/evaluation.py``: the evaluation's scoring and grouped adaptation, tokens/s, MFU.
+
+A check or benchmark that fails is recorded with its error and the rest still run (one GPU lease
+buys one try), and ``--budget-s`` skips what would start after that many seconds.
 
 ``--device cpu`` runs all of it on the CPU with small sizes (what the test suite does), so the
 script is known to work end to end before a GPU is spent on it.
@@ -51,13 +61,38 @@ LOSS_TOLERANCE_BF16 = 2e-3
 """Largest relative difference of a logged loss between the bf16 run and the fp32 reference
 (measured 6.5e-5 on the CPU)."""
 
-BENCH_ARGS = {
-    "cuda": {"meta_step": ["--device", "cuda"], "throughput": ["--device", "cuda"]},
-    "cpu": {"meta_step": ["--device", "cpu", "--reps", "1", "--vocab", "512", "--hidden", "64",
-                          "--layers", "1", "--tasks", "2", "--pack-rows", "4"],
-            "throughput": ["--device", "cpu", "--tiny", "--reps", "1"]},
+_RANDOM_CUDA = ["--random", "--device", "cuda"]
+_TINY_CPU = ["--tiny", "--device", "cpu", "--reps", "1"]
+BENCH_ARGS: dict[str, dict[str, tuple[str, list[str]]]] = {
+    "cuda": {
+        "precision": ("precision", [*_RANDOM_CUDA, "--reps", "5"]),
+        "precision_gpu_passes": ("precision", [*_RANDOM_CUDA, "--reps", "5", "--meta-batch", "16",
+                                               "--rows", "256", "--methods", "fomaml", "multitask"]),
+        "padding_free": ("padding_free", [*_RANDOM_CUDA, "--reps", "5", "--steps", "2"]),
+        "throughput": ("throughput", ["--device", "cuda"]),
+        "meta_step": ("meta_step", ["--device", "cuda"]),
+        "evaluation": ("evaluation", [*_RANDOM_CUDA, "--reps", "3"]),
+        "padding_free_flex": ("padding_free", [*_RANDOM_CUDA, "--reps", "2", "--steps", "1", "--dtypes",
+                                               "bfloat16", "--methods", "fomaml",
+                                               "--attn", "flex_attention", "flash_attention_2"]),
+    },
+    "cpu": {
+        "precision": ("precision", [*_TINY_CPU, "--methods", "fomaml", "multitask"]),
+        "padding_free": ("padding_free", [*_TINY_CPU, "--steps", "1", "--dtypes", "float32",
+                                          "--methods", "fomaml"]),
+        "throughput": ("throughput", ["--device", "cpu", "--tiny", "--reps", "1"]),
+        "meta_step": ("meta_step", ["--device", "cpu", "--reps", "1", "--vocab", "512", "--hidden", "64",
+                                    "--layers", "1", "--tasks", "2", "--pack-rows", "4"]),
+        "evaluation": ("evaluation", [*_TINY_CPU, "--episodes", "4", "--group", "2", "--steps", "2"]),
+    },
 }
-"""Arguments of each device benchmark: full size on a GPU, seconds-long sizes for the dry run."""
+"""Each device benchmark (name -> script, arguments), most wanted first: full size on a GPU,
+seconds-long sizes for the dry run."""
+
+BENCH_TIMEOUT_S = 240
+"""No single benchmark may take more of a lease than this; one that does is recorded as failed."""
+RECIPE_TIMEOUT_S = 300
+"""Likewise for one recipe run of the correctness checks."""
 
 
 def run(cmd: list[str], log: Path, env: dict[str, str], timeout_s: float) -> str:
@@ -86,7 +121,7 @@ def recipe_run(out: Path, name: str, extra: list[str], *, steps: int, hide_gpu: 
     folder = out / name
     args = ["--config", str(SMOKE), "methods=[fomaml]", "eval.enabled=false",
             f"train.meta_steps={steps}", "engine.collective_timeout_s=300", f"output_dir={folder}", *extra]
-    run([sys.executable, str(TRAIN), *args], out / f"{name}.log", environment(hide_gpu=hide_gpu), 1800)
+    run([sys.executable, str(TRAIN), *args], out / f"{name}.log", environment(hide_gpu=hide_gpu), RECIPE_TIMEOUT_S)
     return folder
 
 
@@ -133,11 +168,19 @@ def last_json(text: str) -> dict[str, Any]:
     return json.loads(text.strip().splitlines()[-1])
 
 
+def failure(err: Exception) -> dict[str, Any]:
+    """A check or benchmark that could not run, as the JSON records it (the log has the rest)."""
+    return {"ok": False, "error": f"{type(err).__name__}: {str(err)[-1500:]}"}
+
+
 def correctness(out: Path, device: str, steps: int) -> dict[str, Any]:
     """The recipe checks against the CPU reference (on a CPU, ``local_fp32`` would be the
     reference itself, so the dry run skips it)."""
     on_cpu = device == "cpu"
-    ref = recipe_run(out, "cpu_reference", [], steps=steps, hide_gpu=True)
+    try:
+        ref = recipe_run(out, "cpu_reference", [], steps=steps, hide_gpu=True)
+    except Exception as err:  # noqa: BLE001  (nothing to compare with: every check fails)
+        return {"cpu_reference": failure(err)}
     zero3 = ["engine.deepspeed_config=ds_configs/zero3.json"]
     wanted = {"local_fp32": [], "zero3_fp32": zero3, "zero3_bf16": [*zero3, "model.dtype=bfloat16"]}
     checks: dict[str, Any] = {}
@@ -145,23 +188,35 @@ def correctness(out: Path, device: str, steps: int) -> dict[str, Any]:
         if on_cpu and name == "local_fp32":
             checks[name] = {"skipped": "on a CPU this run is the reference itself", "ok": True}
             continue
-        folder = recipe_run(out, name, extra, steps=steps, hide_gpu=on_cpu)
-        err = adapter_error(folder, ref)
-        checks[name] = {"adapter_rel_error": err, "tolerance": TOLERANCES[name], "ok": err <= TOLERANCES[name]}
-        if name == "zero3_bf16":
-            masters, losses = master_dtypes(folder), loss_error(folder, ref)
-            checks[name].update(master_dtypes=masters, loss_rel_error=losses, loss_tolerance=LOSS_TOLERANCE_BF16)
-            checks[name]["ok"] &= masters == ["torch.float32"] and losses <= LOSS_TOLERANCE_BF16
+        try:
+            folder = recipe_run(out, name, extra, steps=steps, hide_gpu=on_cpu)
+            err = adapter_error(folder, ref)
+            checks[name] = {"adapter_rel_error": err, "tolerance": TOLERANCES[name],
+                            "ok": err <= TOLERANCES[name]}
+            if name == "zero3_bf16":
+                masters, losses = master_dtypes(folder), loss_error(folder, ref)
+                checks[name].update(master_dtypes=masters, loss_rel_error=losses,
+                                    loss_tolerance=LOSS_TOLERANCE_BF16)
+                checks[name]["ok"] &= masters == ["torch.float32"] and losses <= LOSS_TOLERANCE_BF16
+        except Exception as err:  # noqa: BLE001  (recorded; the other checks still run)
+            checks[name] = failure(err)
     return checks
 
 
-def benchmarks(out: Path, device: str) -> dict[str, Any]:
-    """The device benchmarks' JSON lines (the figures the README quotes)."""
-    figures = {}
-    for name, extra in BENCH_ARGS[device].items():
-        text = run([sys.executable, str(REPO / "benchmarks" / f"{name}.py"), *extra],
-                   out / f"bench_{name}.log", environment(hide_gpu=device == "cpu"), 3600)
-        figures[name] = last_json(text)
+def benchmarks(out: Path, device: str, deadline: float) -> dict[str, Any]:
+    """The device benchmarks' JSON lines (the figures the README quotes); one that fails is
+    recorded with its error, one that would start after ``deadline`` is skipped."""
+    figures: dict[str, Any] = {}
+    for name, (script, extra) in BENCH_ARGS[device].items():
+        if time.perf_counter() > deadline:
+            figures[name] = {"skipped": "past --budget-s"}
+            continue
+        try:
+            text = run([sys.executable, str(REPO / "benchmarks" / f"{script}.py"), *extra],
+                       out / f"bench_{name}.log", environment(hide_gpu=device == "cpu"), BENCH_TIMEOUT_S)
+            figures[name] = last_json(text)
+        except Exception as err:  # noqa: BLE001  (recorded; the other benchmarks still run)
+            figures[name] = failure(err)
     return figures
 
 
@@ -169,6 +224,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--out", default="", help="folder for run outputs and logs (default: a temporary one)")
+    ap.add_argument("--budget-s", type=float, default=0.0,
+                    help="start no benchmark after this many seconds (0: no limit)")
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda but torch sees no GPU; use --cpu for the dry run", file=sys.stderr)
@@ -185,8 +242,10 @@ def main() -> int:
         "cuda": torch.version.cuda, "meta_steps": steps, "out": str(out),
     }
     result["checks"] = correctness(out, args.device, steps)
-    result["benchmarks"] = benchmarks(out, args.device)
-    result["ok"] = all(c["ok"] for c in result["checks"].values())
+    deadline = t0 + args.budget_s if args.budget_s > 0 else float("inf")
+    result["benchmarks"] = benchmarks(out, args.device, deadline)
+    result["ok"] = (all(c["ok"] for c in result["checks"].values())
+                    and not any("error" in b for b in result["benchmarks"].values()))
     result["seconds"] = time.perf_counter() - t0
     print(json.dumps(result))
     return 0 if result["ok"] else 1

@@ -48,6 +48,35 @@ def test_cpu_dry_run_passes_every_check_and_prints_one_json_line(tmp_path: Path)
         assert throughput[loop]["tokens_per_s"] > 0 and throughput[loop]["mfu"] is None  # no CPU peak
     assert throughput["tokens_per_meta_step"] > 0 and throughput["tflop_per_meta_step"] > 0
     assert result["benchmarks"]["meta_step"]["device"] == "cpu"
+    # bf16 weights and autocast side by side, each with its MFU against a peak measured here
+    for method, row in result["benchmarks"]["precision"]["methods"].items():
+        assert set(row["mfu"]) == {"float32", "bfloat16", "autocast"}, method
+        assert all(v > 0 for v in row["tokens_per_s"].values()), method
+        assert row["cosine"] > 0.99 and row["autocast_cosine"] > 0.99, method
+    for method, row in result["benchmarks"]["padding_free"]["results"]["float32"].items():
+        assert row["grad_rel_error"] < 1e-5 and row["real_tokens_per_s"]["lines"] > 0, method
+    assert result["benchmarks"]["evaluation"]["device"] == "cpu"
+    assert not any("error" in b or "skipped" in b for b in result["benchmarks"].values())
+
+
+def test_a_failing_benchmark_is_recorded_and_the_rest_still_run(tmp_path: Path, monkeypatch) -> None:
+    # One lease buys one try: a benchmark that fails must not take the others down with it, and
+    # past the time budget the rest are reported as skipped, not silently dropped.
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    monkeypatch.setitem(gpu_check.BENCH_ARGS, "cpu", {
+        "broken": ("precision", ["--no-such-flag"]),
+        "episodes": ("episodes", ["--tasks", "8", "--examples", "60", "--classes", "5", "--seconds", "0.05"]),
+    })
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    figures = gpu_check.benchmarks(tmp_path, "cpu", deadline=float("inf"))
+    assert figures["broken"]["ok"] is False and "--no-such-flag" in figures["broken"]["error"]
+    assert "error" not in figures["episodes"], figures["episodes"]
+    skipped = gpu_check.benchmarks(tmp_path, "cpu", deadline=0.0)
+    assert skipped == {"broken": {"skipped": "past --budget-s"}, "episodes": {"skipped": "past --budget-s"}}
 
 
 def _probe_wheel(folder: Path) -> Path:

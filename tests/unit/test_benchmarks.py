@@ -44,7 +44,8 @@ def test_precision_benchmark_runs_small() -> None:
     for method, row in out["methods"].items():
         # bf16 compute with fp32 state: the meta-gradient keeps its direction
         assert 0 < row["grad_rel_error"] < 0.1 and row["cosine"] > 0.99, method
-        assert row["seconds"]["float32"] > 0 and row["seconds"]["bfloat16"] > 0
+        assert 0 < row["autocast_grad_rel_error"] < 0.1 and row["autocast_cosine"] > 0.99, method
+        assert all(row["seconds"][v] > 0 and row["mfu"][v] > 0 for v in ("float32", "bfloat16", "autocast"))
 
 
 @pytest.mark.timeout(300)
