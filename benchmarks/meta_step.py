@@ -78,7 +78,10 @@ PAD_ID = 0
 
 
 def build_model(args: argparse.Namespace, device: torch.device) -> torch.nn.Module:
-    """A random Llama + LoRA (r=8 on q,k,v,o), weights drawn from our own generator."""
+    """A random Llama + LoRA (r=8 on q,k,v,o), weights drawn from our own generator.
+
+    Built and drawn on ``device`` itself: a ~1B model initialised on one CPU thread (as
+    ``scripts/gpu_check.sh`` runs) took over a minute of a GPU lease before its first pass."""
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -87,16 +90,20 @@ def build_model(args: argparse.Namespace, device: torch.device) -> torch.nn.Modu
         num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64,
         num_key_value_heads=args.hidden // 64, max_position_embeddings=4 * args.seq,
     )
-    model = get_peft_model(
-        LlamaForCausalLM(cfg),
-        LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
-                   target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
-    )
-    gen = torch.Generator().manual_seed(args.seed)
+    with torch.device(device):
+        model = get_peft_model(
+            LlamaForCausalLM(cfg),
+            LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
+                       target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
+        )
+    gen = torch.Generator(device=device).manual_seed(args.seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            p.copy_(torch.ones_like(p) if "norm" in name else torch.randn(p.shape, generator=gen) * 0.02)
-    return model.to(device).train()
+            if "norm" in name:
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02, generator=gen)
+    return model.train()
 
 
 def build_episodes(args: argparse.Namespace) -> list[Episode]:
