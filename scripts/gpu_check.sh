@@ -5,9 +5,10 @@
 # Llama's tokens/s and MFU, meta-step against a plain LoRA loop). The last stdout line is one JSON
 # object; the exit status is non-zero if a check failed.
 #
-# Usage: scripts/gpu_check.sh [--cpu] [--wheels DIR] [--out DIR] [--budget-s S]
+# Usage: scripts/gpu_check.sh [--cpu] [--wheels DIR] [--out DIR] [--budget-s S] [--only A,B]
 #   --cpu          dry run of everything on the CPU with small sizes (what the tests run)
 #   --budget-s S   start no benchmark after S seconds (a lease is short; what ran is still reported)
+#   --only A,B     run only these benchmarks, no correctness checks (a second try of a lease)
 #   --wheels DIR   wheels to install from where a package is missing (default: wheels/,
 #                  prepared on a networked machine with scripts/gpu_wheels.sh)
 #   --out DIR      where runs and logs go (default: a temporary folder)
@@ -18,13 +19,15 @@ DEVICE=cuda
 WHEELS=wheels
 OUT=""
 BUDGET=0
+ONLY=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --cpu) DEVICE=cpu ;;
     --wheels) WHEELS=${2:?--wheels needs a folder}; shift ;;
     --out) OUT=${2:?--out needs a folder}; shift ;;
     --budget-s) BUDGET=${2:?--budget-s needs seconds}; shift ;;
-    *) echo "error: unknown argument '$1' (allowed: --cpu, --wheels DIR, --out DIR, --budget-s S)" >&2; exit 2 ;;
+    --only) ONLY=${2:?--only needs benchmark names}; shift ;;
+    *) echo "error: unknown argument '$1' (allowed: --cpu, --wheels DIR, --out DIR, --budget-s S, --only A,B)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -56,4 +59,4 @@ done
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$PWD/.gpu_check_extensions}
 if [ "$DEVICE" = cpu ]; then export DS_ACCELERATOR=cpu; fi
-exec "$PY" scripts/gpu_check.py --device "$DEVICE" --budget-s "$BUDGET" ${OUT:+--out "$OUT"}
+exec "$PY" scripts/gpu_check.py --device "$DEVICE" --budget-s "$BUDGET" --only "$ONLY" ${OUT:+--out "$OUT"}

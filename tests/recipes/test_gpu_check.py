@@ -116,3 +116,18 @@ def test_missing_packages_come_from_the_wheel_folder_and_what_is_left_stops_it(t
 def test_an_unknown_argument_is_refused() -> None:
     proc = subprocess.run([str(SCRIPT), "--gpu"], env=_env(sys.executable), capture_output=True, text=True)
     assert proc.returncode == 2 and "unknown argument '--gpu'" in proc.stderr
+
+
+@pytest.mark.timeout(300)
+def test_only_reruns_the_named_benchmarks_without_the_checks(tmp_path: Path) -> None:
+    # the second try of a lease: just what the first one did not get to
+    proc = subprocess.run([str(SCRIPT), "--cpu", "--out", str(tmp_path), "--only", "padding_free"],
+                          env=_env(sys.executable), capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["checks"] == {} and list(result["benchmarks"]) == ["padding_free"]
+    assert result["benchmarks"]["padding_free"]["results"]["float32"]["fomaml"]["grad_rel_error"] < 1e-5
+    assert not (tmp_path / "cpu_reference").exists()
+    bad = subprocess.run([str(SCRIPT), "--cpu", "--out", str(tmp_path), "--only", "padding_fre"],
+                         env=_env(sys.executable), capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "unknown benchmarks ['padding_fre']" in bad.stderr
