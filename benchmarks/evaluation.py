@@ -24,7 +24,7 @@ object:
   the model's shapes in the same dtype, measured in this run; ``mfu`` their ratio.
 
 Usage:
-    python benchmarks/evaluation.py [--tiny] [--reps 3] [--episodes 32] [--group 16]
+    python benchmarks/evaluation.py [--tiny | --random] [--device cuda] [--reps 3] [--episodes 32] [--group 16]
 """
 
 from __future__ import annotations
