@@ -17,6 +17,7 @@ from the config, ``gguf_file``); config values are never forwarded wholesale, an
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
@@ -29,6 +30,7 @@ from torch import nn
 
 from fmmeta.config import EMBEDDED_MODEL, LoraConfig, ModelConfig, model_source_problems
 from fmmeta.errors import UserInputError
+from fmmeta.models.gguf_once import gguf_parsed_once
 from fmmeta.models.precision import DTYPES, resolve_dtype, use_fp32_attention
 from fmmeta.tasks.task import ensure_pad_token
 
@@ -267,25 +269,14 @@ def build_model_and_tokenizer(
         64
     """
     origin = resolve_origin(cfg)
-    tokenizer = _load_tokenizer(origin, cfg)
-    ensure_pad_token(tokenizer)
-    if origin.kind == "tiny":
-        model: Any = _build_tiny(cfg, tokenizer, partitioned)
-    else:
-        from transformers import AutoModelForCausalLM
-
-        kwargs: dict[str, Any] = {
-            "dtype": torch_dtype(cfg.dtype),
-            "trust_remote_code": cfg.trust_remote_code,
-        }
-        if origin.gguf_file is not None:
-            kwargs["gguf_file"] = origin.gguf_file
-        logger.info("loading %s (%s)", model_id(cfg), origin.kind)
-        model = AutoModelForCausalLM.from_pretrained(origin.path, **kwargs)
-        if partitioned is not None and origin.gguf_file is not None:
-            # transformers builds GGUF models whole (it de-quantizes the file into them): cut
-            # them into partitions before anything else is allocated.
-            partitioned.partition(model)
+    # the tokenizer, the config and the weights all read a GGUF file's metadata: once is enough
+    with gguf_parsed_once() if origin.gguf_file is not None else contextlib.nullcontext():
+        tokenizer = _load_tokenizer(origin, cfg)
+        ensure_pad_token(tokenizer)
+        if origin.kind == "tiny":
+            model: Any = _build_tiny(cfg, tokenizer, partitioned)
+        else:
+            model = _load_pretrained(origin, cfg, partitioned)
     if partitioned is not None:
         partitioned.check_partitioned(model)
     if getattr(model.config, "pad_token_id", None) is None:
@@ -295,6 +286,24 @@ def build_model_and_tokenizer(
         enable_activation_checkpointing(model)
     model.train()
     return model, tokenizer
+
+
+def _load_pretrained(origin: ModelOrigin, cfg: ModelConfig, partitioned: PartitionedInit | None) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    kwargs: dict[str, Any] = {
+        "dtype": torch_dtype(cfg.dtype),
+        "trust_remote_code": cfg.trust_remote_code,
+    }
+    if origin.gguf_file is not None:
+        kwargs["gguf_file"] = origin.gguf_file
+    logger.info("loading %s (%s)", model_id(cfg), origin.kind)
+    model = AutoModelForCausalLM.from_pretrained(origin.path, **kwargs)
+    if partitioned is not None and origin.gguf_file is not None:
+        # transformers builds GGUF models whole (it de-quantizes the file into them): cut
+        # them into partitions before anything else is allocated.
+        partitioned.partition(model)
+    return model
 
 
 def enable_activation_checkpointing(model: Any) -> None:

