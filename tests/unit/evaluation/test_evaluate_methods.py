@@ -296,14 +296,18 @@ def test_scoring_a_few_steps_gives_the_same_scores_at_those_steps() -> None:
 @pytest.mark.parametrize(("optimizer", "padding_free"), [("sgd", False), ("adam", False), ("adam", True)])
 def test_episodes_adapted_together_score_as_one_at_a_time(optimizer: str, padding_free: bool, monkeypatch) -> None:
     """Groups of episodes share passes (rows routed to each episode's own fast weights): the
-    records equal one episode per pass (rel 1e-5), with uneven groups (5 episodes per seed in
+    records equal one episode per pass (rel 1e-6), with uneven groups (5 episodes per seed in
     groups of 2), support sets of different sizes split into several passes, learned step sizes,
     demonstrations and per-episode clipping; also when the groups' passes are padding-free lines
-    (each token routed to its episode) and the reference's are padded."""
+    (each token routed to its episode) and the reference's are padded.
+
+    In float64: the two layouts sum in different orders, and Adam's normalised step turns fp32
+    rounding of a tiny gradient entry into a whole step, so in fp32 the records differed by 1.4e-5
+    on one CPU (AVX-512/AMX) and by less on another; the comparison is about the arithmetic."""
     from fmmeta.tasks import lines
 
     monkeypatch.setattr(lines, "MIN_SAVING", 0.0)  # lines wherever they save a token
-    model = tiny_lora_llama(seed=0)
+    model = tiny_lora_llama(seed=0).double()
     params = lora_params(model)
     trained = random_state(params, seed=1)
     learned = [0.05 * (1 + i % 3) for i in range(len(params))]
@@ -327,7 +331,7 @@ def test_episodes_adapted_together_score_as_one_at_a_time(optimizer: str, paddin
         assert any(p.batch.lines is not None for p in support_passes(eps[0][:2], PAD, 2, padding_free=True))
     assert alone.keys() == together.keys() and len(alone) == 3 * 5 * 3 * 3
     for key, r in alone.items():
-        assert together[key].loss == pytest.approx(r.loss, rel=1e-5, abs=1e-6), key
+        assert together[key].loss == pytest.approx(r.loss, rel=1e-6, abs=1e-7), key
         assert together[key].accuracy == r.accuracy, key
 
 
