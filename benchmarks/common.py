@@ -121,7 +121,7 @@ class PassCounter:
     """Tokens (padding included) of the model's forward passes, with and without gradient."""
 
     def __init__(self, model: torch.nn.Module) -> None:
-        self.tokens = {"adapt": 0, "score": 0}
+        self.reset()
         model.register_forward_pre_hook(self._count, with_kwargs=True)
 
     def _count(self, _module: object, args: tuple, kwargs: dict) -> None:
@@ -134,6 +134,7 @@ class PassCounter:
         return (6 * self.tokens["adapt"] + 2 * self.tokens["score"]) * non_embedding
 
     def reset(self) -> None:
+        """Counts from zero (the tokens seen so far are dropped)."""
         self.tokens = {"adapt": 0, "score": 0}
 
 
