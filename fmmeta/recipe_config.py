@@ -202,6 +202,13 @@ class RecipeConfig:
                 f"{world} ranks of this launch and sampler.on_uneven='error': use a multiple of "
                 f"{world} or set sampler.on_uneven=pad"
             )
+        workers = self.engine.workers
+        if workers != "auto" and workers > 1 and (world > 1 or self.engine.kind in ("deepspeed", "accelerate")):
+            problems.append(
+                f"engine.workers={workers} splits a one-process run between CPU processes; under "
+                f"engine.kind={self.engine.kind} with {world} rank(s) the ranks split the work: "
+                "set engine.workers=1 (or auto)"
+            )
         path = self.engine.deepspeed_config
         if path is None or not os.path.isfile(os.path.expanduser(path)):
             return problems  # a missing file is reported by the engine section

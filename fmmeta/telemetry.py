@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from fmmeta.algorithms.gather import GatheredStep
-from fmmeta.atomic import replace_text
+from fmmeta.atomic import locked, replace_text
 from fmmeta.strict_json import dumps_strict
 
 __all__ = ["RankWatch", "SlowRank", "save_telemetry"]
@@ -178,6 +178,7 @@ class RankWatch:
 def save_telemetry(path: Path, method: str, summary: dict[str, Any]) -> None:
     """Writes ``summary`` under ``method`` into the JSON file ``path`` (one entry per method; other
     methods' entries kept). Call it on rank 0 only."""
-    current = json.loads(path.read_text()) if path.exists() else {}
-    current[method] = summary
-    replace_text(path, dumps_strict(current, indent=2) + "\n")
+    with locked(path):  # methods training side by side each add their entry
+        current = json.loads(path.read_text()) if path.exists() else {}
+        current[method] = summary
+        replace_text(path, dumps_strict(current, indent=2) + "\n")

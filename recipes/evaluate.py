@@ -51,6 +51,7 @@ from fmmeta.recipe_args import IMPORT_HELP, import_modules
 from fmmeta.recipe_config import RecipeConfig
 from fmmeta.shipped import shipped_path, with_shipped_paths
 from fmmeta.tasks.config import build_task_set
+from fmmeta.workers import Workers
 
 logger = logging.getLogger("fmmeta.evaluate")
 
@@ -206,8 +207,9 @@ def _evaluate(cfg: RecipeConfig, adapters: dict[str, Path], out: Path, report: P
     suite = build_task_set(cfg.tasks, tokenizer, seed=cfg.train.seed)
     model = add_lora(base, cfg.lora, seed=cfg.train.seed)  # the shared initial adapter (B = 0)
     engine = build_engine(cfg.engine, model, cfg.optim, precision=precision)
+    workers = Workers.from_setting(cfg.engine.workers, distributed=resolve_engine_kind(cfg.engine) != "local")
     try:
-        return evaluate_run(cfg, engine, tokenizer, suite, adapters, out, report_dir=report)
+        return evaluate_run(cfg, engine, tokenizer, suite, adapters, out, report_dir=report, workers=workers)
     finally:
         engine.close()
 

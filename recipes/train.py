@@ -78,6 +78,7 @@ from fmmeta.tasks.config import build_task_set
 from fmmeta.tasks.in_context import InContextTask
 from fmmeta.telemetry import RankWatch, save_telemetry
 from fmmeta.tracking import MetricsLog, open_trackers, report_evaluation
+from fmmeta.workers import Workers, in_worker
 
 logger = logging.getLogger("fmmeta.train")
 
@@ -252,7 +253,12 @@ def fresh_engine(cfg: RecipeConfig, model: torch.nn.Module, initial: list[torch.
 
 def train_method(cfg: RecipeConfig, method: str, model: torch.nn.Module, initial: list[torch.Tensor],
                  pad_id: int, suite: Any, out: Path, hosts: list[str]) -> Path:
-    """Meta-trains one adapter from the shared initial adapter; returns its peft folder."""
+    """Meta-trains one adapter from the shared initial adapter; returns its peft folder.
+
+    Every method starts from the run's seed (dropout draws alike), so methods train the same one
+    after the other or side by side in worker processes (``engine.workers``).
+    """
+    torch.manual_seed(cfg.train.seed)
     method_dir = out / method
     engine = NonFiniteGuard(fresh_engine(cfg, model, initial), cfg.train.nonfinite)
     watch = RankWatch(method, hosts, window=cfg.train.slow_rank_window,
@@ -295,7 +301,7 @@ def _train(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.Modul
                                                 rank=engine.rank, config=to_dict(cfg)))
     every = cfg.train.checkpoint_every
     bar = tqdm(total=cfg.train.meta_steps, initial=start, desc=method, dynamic_ncols=True,
-               file=sys.stderr, disable=engine.rank != 0 or not sys.stderr.isatty())
+               file=sys.stderr, disable=engine.rank != 0 or in_worker() or not sys.stderr.isatty())
     step = start
     with prefetcher, metrics, interrupt_note(method, ckpts, lambda: step):
         for step in range(start, cfg.train.meta_steps):
@@ -359,10 +365,17 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             logger.info("model and %d/%d/%d meta-train/validation/held-out tasks ready in %.1fs",
                         len(suite.meta_train), len(suite.validation), len(suite.held_out),
                         time.perf_counter() - t0)
-            adapters = {m: train_method(cfg, m, model, initial, tokenizer.pad_token_id, suite, out, hosts)
-                        for m in cfg.methods}
+            workers = Workers.from_setting(cfg.engine.workers, distributed=distributed)
+            if workers.n > 1:
+                logger.info("%d worker processes of %d thread(s): methods train side by side, evaluation "
+                            "shares out its episodes (engine.workers)", workers.n, workers.threads)
+            trained = workers.map(
+                lambda m: train_method(cfg, m, model, initial, tokenizer.pad_token_id, suite, out, hosts),
+                cfg.methods,
+            )
+            adapters = dict(zip(cfg.methods, trained))
             if cfg.eval.enabled:
-                evaluate(cfg, model, initial, tokenizer, suite, adapters, out)
+                evaluate(cfg, model, initial, tokenizer, suite, adapters, out, workers)
         logger.info("done in %.1fs; everything is in %s", time.perf_counter() - t0, out)
     return outcome.code
 
@@ -466,11 +479,12 @@ def build_tasks(cfg: RecipeConfig, tokenizer: Any) -> Any:
 
 
 def evaluate(cfg: RecipeConfig, model: torch.nn.Module, initial: list[torch.Tensor], tokenizer: Any,
-             suite: Any, adapters: dict[str, Path], out: Path) -> None:
-    """Every rank evaluates its share of the episodes under one more engine on the same model."""
+             suite: Any, adapters: dict[str, Path], out: Path, workers: Workers) -> None:
+    """Every rank (or worker) evaluates its share of the episodes under one more engine on the
+    same model."""
     engine = fresh_engine(cfg, model, initial)  # "base" is evaluated at the initial adapter
     try:
-        paths = evaluate_run(cfg, engine, tokenizer, suite, adapters, out)
+        paths = evaluate_run(cfg, engine, tokenizer, suite, adapters, out, workers=workers)
         report_evaluation(cfg.train.report_to, out, paths, rank=engine.rank, config=to_dict(cfg))
     finally:
         engine.close()

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -43,10 +44,11 @@ from fmmeta.algorithms.config import DEFAULT_LR_GRID, InnerLoopConfig
 from fmmeta.algorithms.inner_loop import restore, snapshot
 from fmmeta.algorithms.task_lora import TaskLoRA
 from fmmeta.evaluation.adaptation import Scored, adapt_and_score, by_length, groups_of
-from fmmeta.evaluation.lockstep import Lockstep, OneRank, Ranks, sharded
+from fmmeta.evaluation.lockstep import Lockstep, OneRank, Ranks, per_method
 from fmmeta.evaluation.methods import MethodSpec, needs_lr, prepare_methods
 from fmmeta.evaluation.result import EpisodeRecord, EvalResult, LrSelection, kind_of
 from fmmeta.tasks.episode import Episode
+from fmmeta.workers import Workers
 
 logger = logging.getLogger(__name__)
 
@@ -94,23 +96,20 @@ def _progress(show: bool, total: int) -> Iterator[Any]:
         bar.close()
 
 
-def _records(
-    method: str,
-    episodes_per_seed: Sequence[Sequence[Episode]],
-    one: Callable[[list[Episode] | None], list[Scored]],
-    ranks: Ranks,
-    families: Mapping[str, str],
-    episodes_per_pass: int,
-) -> list[EpisodeRecord]:
-    """``one`` run on every group of ``episodes_per_pass`` episodes (across seeds, episodes of
-    similar lengths together; the groups split over ``ranks``), as records in seed, then
-    episode order."""
+def _groups(episodes_per_seed: Sequence[Sequence[Episode]], episodes_per_pass: int
+            ) -> tuple[list[tuple[int, int, Episode]], list[int], list[list[Episode]]]:
+    """Every (seed, index, episode); the order that puts episodes of similar lengths together
+    (across seeds); and that order cut into groups of ``episodes_per_pass``."""
     flat = [(seed, i, ep) for seed, episodes in enumerate(episodes_per_seed) for i, ep in enumerate(episodes)]
     order = by_length([ep for _, _, ep in flat])
-    groups = groups_of([flat[j][2] for j in order], episodes_per_pass)
-    done = [sc for group in sharded(ranks, groups, one) for sc in group]
+    return flat, order, groups_of([flat[j][2] for j in order], episodes_per_pass)
+
+
+def _records(method: str, flat: list[tuple[int, int, Episode]], order: list[int],
+             done: list[list[Scored]], families: Mapping[str, str]) -> list[EpisodeRecord]:
+    """The groups' scores (``done``, in ``order``) as records in seed, then episode order."""
     scored: list[Scored] = [[] for _ in flat]
-    for j, sc in zip(order, done):
+    for j, sc in zip(order, (sc for group in done for sc in group)):
         scored[j] = sc
     return [
         EpisodeRecord(
@@ -120,6 +119,23 @@ def _records(
         for (seed, i, ep), sc in zip(flat, scored)
         for step, loss, acc, n in sc
     ]
+
+
+def _adapt_group(model: nn.Module, lora: TaskLoRA, params: Sequence[torch.Tensor],
+                 start: Sequence[torch.Tensor], group: list[Episode] | None, **kwargs: Any) -> list[Scored]:
+    """One group of episodes adapted and scored together (``None``: a rank's empty turn)."""
+    return adapt_and_score(model, lora, params, start, group or [], **kwargs)
+
+
+def _final_losses(model: nn.Module, lora: TaskLoRA, params: Sequence[torch.Tensor],
+                  start: Sequence[torch.Tensor], group: list[tuple[float, Episode]] | None,
+                  steps: int, **kwargs: Any) -> list[float]:
+    """The query loss after ``steps`` steps of each (lr, episode) pair of a group, adapted
+    together, each at its own lr (``None``: a rank's empty turn)."""
+    scored = adapt_and_score(model, lora, params, start, [ep for _, ep in group or []], steps=steps,
+                             score_steps=(), task_lrs=[lr for lr, _ in group or []] if steps else None,
+                             **kwargs)
+    return [sc[0][1] for sc in scored]
 
 
 def evaluate_methods(
@@ -137,6 +153,7 @@ def evaluate_methods(
     lr_selection: LrSelection | None = None,
     progress: bool = False,
     ranks: Ranks | None = None,
+    workers: Workers | None = None,
     families: Mapping[str, str] | None = None,
     icl_max_length: int = 1024,
     score_steps: Sequence[int] | None = None,
@@ -164,6 +181,8 @@ def evaluate_methods(
         progress: show a tqdm bar over (method, episode) pairs (turn on for rank 0 only).
         ranks: split the episodes over the ranks of this engine (every rank must call, with the
             same arguments); the result is the same on every rank and equals one process's.
+        workers: in a one-process run, forked processes that share the groups of episodes of
+            every method (:class:`~fmmeta.workers.Workers`); the result equals one process's.
         families: task name -> its family in the suite; the report then also has a table per family.
         icl_max_length: longest in-context query (demonstrations + query) in tokens; longer ones
             lose their oldest demonstration tokens.
@@ -198,27 +217,24 @@ def evaluate_methods(
     ranks = ranks or OneRank()
     lockstep = Lockstep(model, params, ranks)
     lora = TaskLoRA(model, params)
-    records: list[EpisodeRecord] = []
-    total = len(specs) * sum(len(e) for e in episodes_per_seed)
+    flat, order, groups = _groups(episodes_per_seed, episodes_per_pass)
+    total = len(specs) * len(flat)
     with _eval_mode(model, params) as theta, _progress(progress, total) as bar:
+        scorers: dict[str, Callable[[list[Episode] | None], list[Scored]]] = {}
         for method, spec in specs.items():
             start = theta if spec.state is None else [t.detach() for t in spec.state]
             cfg = dataclasses.replace(inner, inner_lr=lrs.get(method, inner.inner_lr))
-            steps = max_steps if spec.adapt else 0
             icl, support_icl = (icl_max_length if f else None for f in (spec.demonstrations, spec.in_context_support))
             logger.info("evaluating %s (lr %s) on %d seeds", method,
                         "learned" if spec.step_sizes is not None else lrs.get(method), len(episodes_per_seed))
-
-            def one(group: list[Episode] | None) -> list[Scored]:
-                scored = adapt_and_score(model, lora, params, start, group or [], cfg, steps,
-                                          pad_id, micro_batch_size, lockstep, icl_max_length=icl,
-                                          support_icl_max_length=support_icl, score_steps=score_steps,
-                                          lrs=spec.step_sizes)
-                if bar is not None:
-                    bar.update(min(len(group or []) * ranks.world_size, bar.total - bar.n))
-                return scored
-
-            records.extend(_records(method, episodes_per_seed, one, ranks, families or {}, episodes_per_pass))
+            scorers[method] = functools.partial(
+                _adapt_group, model, lora, params, start, cfg=cfg, steps=max_steps if spec.adapt else 0,
+                pad_id=pad_id, micro_batch_size=micro_batch_size, lockstep=lockstep, icl_max_length=icl,
+                support_icl_max_length=support_icl, score_steps=score_steps, lrs=spec.step_sizes,
+            )
+        done = per_method(ranks, workers, groups, scorers,
+                          on_result=None if bar is None else lambda group: bar.update(len(group)))
+    records = [r for method in specs for r in _records(method, flat, order, done[method], families or {})]
     return EvalResult(
         records=records,
         methods=list(specs),
@@ -244,6 +260,7 @@ def select_inner_lr(
     lr_grid: Sequence[float] = DEFAULT_LR_GRID,
     micro_batch_size: int = 8,
     ranks: Ranks | None = None,
+    workers: Workers | None = None,
     icl_max_length: int = 1024,
     episodes_per_pass: int = 16,
 ) -> LrSelection:
@@ -265,7 +282,7 @@ def select_inner_lr(
         pad_id: padding token id.
         lr_grid: candidate lrs, each > 0.
         micro_batch_size: as for :func:`evaluate_methods`.
-        ranks: split the episodes over the ranks of this engine (as for :func:`evaluate_methods`).
+        ranks, workers: split the episodes (as for :func:`evaluate_methods`).
         icl_max_length, episodes_per_pass: as for :func:`evaluate_methods`.
 
     Raises:
@@ -286,33 +303,30 @@ def select_inner_lr(
     lora = TaskLoRA(model, params)
     val_loss: dict[str, dict[float, float]] = {}
     chosen: dict[str, float] = {}
+    # Every (lr, episode) pair of the grid is one task: the lrs are tried side by side.
+    pairs = [(lr, validation_episodes[j]) for j in by_length(validation_episodes) for lr in sorted(lr_grid)]
     with _eval_mode(model, params) as theta:
+        scorers: dict[str, Callable[[list[tuple[float, Episode]] | None], list[float]]] = {}
         for method in needs_lr(specs):
             spec = specs[method]
             start = theta if spec.state is None else [t.detach() for t in spec.state]
             icl, support_icl = (icl_max_length if f else None for f in (spec.demonstrations, spec.in_context_support))
-            # Every (lr, episode) pair of the grid is one task: the lrs are tried side by side.
-            pairs = [(lr, validation_episodes[j]) for j in by_length(validation_episodes) for lr in sorted(lr_grid)]
-
-            def final_loss(group: list[tuple[float, Episode]] | None) -> list[float]:
-                scored = adapt_and_score(
-                    model, lora, params, start, [ep for _, ep in group or []], inner, steps,
-                    pad_id, micro_batch_size, lockstep, icl_max_length=icl,
-                    support_icl_max_length=support_icl, score_steps=(),
-                    task_lrs=[lr for lr, _ in group or []] if steps else None,
-                )
-                return [sc[0][1] for sc in scored]
-
-            groups = groups_of(pairs, episodes_per_pass)
-            losses = [x for g in sharded(ranks, groups, final_loss) for x in g]
-            table: dict[float, float] = {}
-            for lr in sorted(lr_grid):
-                mine = [x for (p_lr, _), x in zip(pairs, losses) if p_lr == lr]
-                mean = sum(mine) / len(mine)
-                table[lr] = mean if math.isfinite(mean) else math.inf
-            val_loss[method] = table
-            chosen[method] = min(table, key=lambda lr: (table[lr], lr))
-            logger.info("lr for %s: %s (validation query loss %s)", method, chosen[method], table)
+            scorers[method] = functools.partial(
+                _final_losses, model, lora, params, start, cfg=inner, steps=steps, pad_id=pad_id,
+                micro_batch_size=micro_batch_size, lockstep=lockstep, icl_max_length=icl,
+                support_icl_max_length=support_icl,
+            )
+        done = per_method(ranks, workers, groups_of(pairs, episodes_per_pass), scorers)
+    for method in scorers:
+        losses = [x for g in done[method] for x in g]
+        table: dict[float, float] = {}
+        for lr in sorted(lr_grid):
+            mine = [x for (p_lr, _), x in zip(pairs, losses) if p_lr == lr]
+            mean = sum(mine) / len(mine)
+            table[lr] = mean if math.isfinite(mean) else math.inf
+        val_loss[method] = table
+        chosen[method] = min(table, key=lambda lr: (table[lr], lr))
+        logger.info("lr for %s: %s (validation query loss %s)", method, chosen[method], table)
     return LrSelection(
         chosen=chosen,
         val_loss=val_loss,
@@ -336,6 +350,7 @@ def evaluate_held_out(
     min_seeds: int = 3,
     progress: bool = False,
     ranks: Ranks | None = None,
+    workers: Workers | None = None,
     families: Mapping[str, str] | None = None,
     icl_max_length: int = 1024,
     score_steps: Sequence[int] | None = None,
@@ -348,7 +363,7 @@ def evaluate_held_out(
 
     Args:
         model, params, methods, inner, max_steps, pad_id, micro_batch_size, min_seeds, progress,
-            ranks, families, icl_max_length, score_steps, episodes_per_pass: as for
+            ranks, workers, families, icl_max_length, score_steps, episodes_per_pass: as for
             :func:`evaluate_methods`.
         validation_episodes: episodes of validation tasks, for :func:`select_inner_lr`.
         test_episodes_per_seed: held-out episodes, one list per seed of episode draws.
@@ -374,11 +389,11 @@ def evaluate_held_out(
     sel = select_inner_lr(
         model, params, methods, validation_episodes, inner,
         steps=max_steps, pad_id=pad_id, lr_grid=lr_grid, micro_batch_size=micro_batch_size,
-        ranks=ranks, icl_max_length=icl_max_length, episodes_per_pass=episodes_per_pass,
+        ranks=ranks, workers=workers, icl_max_length=icl_max_length, episodes_per_pass=episodes_per_pass,
     )
     return evaluate_methods(
         model, params, methods, test_episodes_per_seed, inner, max_steps, pad_id,
         inner_lrs=sel.chosen, micro_batch_size=micro_batch_size, min_seeds=min_seeds,
-        lr_selection=sel, progress=progress, ranks=ranks, families=families,
+        lr_selection=sel, progress=progress, ranks=ranks, workers=workers, families=families,
         icl_max_length=icl_max_length, score_steps=score_steps, episodes_per_pass=episodes_per_pass,
     )

@@ -11,12 +11,13 @@ tensors must be resident (the engine layer keeps them so).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol, Sequence, TypeVar
+from typing import Any, Callable, Mapping, Protocol, Sequence, TypeVar
 
 import torch
 from torch import nn
 
 from fmmeta.algorithms.inner_loop import evaluate_loss
+from fmmeta.workers import Workers
 
 
 class Ranks(Protocol):
@@ -90,11 +91,13 @@ class Lockstep:
         return result
 
 
-def sharded(ranks: Ranks, items: Sequence[Any], fn: Callable[[Any | None], _T]) -> list[_T]:
+def sharded(ranks: Ranks, items: Sequence[Any], fn: Callable[[Any | None], _T],
+            on_result: Callable[[Any], None] | None = None) -> list[_T]:
     """``[fn(item) for item in items]`` with the items split over ranks, in the original order.
 
     Every rank calls ``fn`` once per round, with ``None`` when it has no item left, so ranks run the
-    same number of rounds.
+    same number of rounds. ``on_result(item)`` is called for every item of a round (all ranks')
+    once this rank has run its own.
     """
     world, rank = ranks.world_size, ranks.rank
     mine: dict[int, _T] = {}
@@ -103,6 +106,9 @@ def sharded(ranks: Ranks, items: Sequence[Any], fn: Callable[[Any | None], _T]) 
         result = fn(items[i] if i < len(items) else None)
         if i < len(items):
             mine[i] = result
+        if on_result is not None:
+            for item in items[start:start + world]:
+                on_result(item)
     if world == 1:
         return [mine[i] for i in range(len(items))]
     merged: dict[int, _T] = {}
@@ -110,3 +116,27 @@ def sharded(ranks: Ranks, items: Sequence[Any], fn: Callable[[Any | None], _T]) 
         merged.update(part)
     return [merged[i] for i in range(len(items))]
 
+
+
+def per_method(ranks: Ranks, workers: Workers | None, items: Sequence[Any],
+               fns: Mapping[str, Callable[[Any | None], _T]],
+               on_result: Callable[[Any], None] | None = None) -> dict[str, list[_T]]:
+    """``{m: [fn(item) for item in items] for m, fn in fns.items()}``, the work split up.
+
+    Over several ranks each method's items are :func:`sharded` (a round holds one method's items
+    only, so every rank runs the same phases in lockstep). In a one-process run the items of all
+    methods go to ``workers`` at once (:class:`fmmeta.workers.Workers`), so no worker waits for the
+    last group of a method while there is another method's work. ``on_result(item)`` reports
+    progress as items finish.
+    """
+    if ranks.world_size > 1:
+        return {m: sharded(ranks, items, fn, on_result) for m, fn in fns.items()}
+    pairs = [(m, item) for m in fns for item in items]
+    results = (workers or Workers(1, 1)).map(
+        lambda pair: fns[pair[0]](pair[1]), pairs,
+        on_result=None if on_result is None else lambda i: on_result(pairs[i][1]),
+    )
+    done: dict[str, list[_T]] = {m: [] for m in fns}
+    for (m, _), result in zip(pairs, results):
+        done[m].append(result)
+    return done

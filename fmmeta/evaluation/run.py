@@ -27,6 +27,7 @@ from fmmeta.evaluation.report import format_markdown, write_report
 from fmmeta.recipe_config import RecipeConfig
 from fmmeta.tasks.episode import Episode
 from fmmeta.tasks.task import Task
+from fmmeta.workers import Workers
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +142,7 @@ def evaluate_run(
     cfg: RecipeConfig, engine: Engine, tokenizer: Any, suite: Any,
     adapters: Mapping[str, Path], out: Path, report_dir: Path | None = None,
     notes: Sequence[str] | None = None, in_context: Collection[str] | None = None,
+    workers: Workers | None = None,
 ) -> dict[str, Path]:
     """Evaluates the base model, in-context demonstrations and every adapter; writes the report.
 
@@ -156,6 +158,8 @@ def evaluate_run(
             trained as ``cfg`` says (a study's chosen adapters were each trained their own way).
         in_context: the adapters trained on in-context rows, scored in that format; ``None`` =
             those ``cfg.algorithm`` says (see :func:`eval_methods`).
+        workers: in a one-process run, the processes that share out the episodes
+            (:class:`~fmmeta.workers.Workers`); ``None`` = this process alone.
 
     Returns:
         Name -> path of each report file (eval.json, eval.md, PNG plots); empty on other ranks.
@@ -186,7 +190,7 @@ def evaluate_run(
         model, params, methods, val, test, cfg.algorithm.inner_loop, cfg.eval.max_steps,
         tokenizer.pad_token_id, lr_grid=cfg.eval.lr_grid,
         micro_batch_size=cfg.eval.micro_batch_size, min_seeds=min(3, cfg.eval.seeds),
-        ranks=engine, icl_max_length=cfg.algorithm.icl_max_length,
+        ranks=engine, workers=workers, icl_max_length=cfg.algorithm.icl_max_length,
         families={t.name: t.family for t in suite.held_out if t.family != t.name},
         score_steps=cfg.eval.score_steps or None, episodes_per_pass=cfg.eval.episodes_per_pass,
     )

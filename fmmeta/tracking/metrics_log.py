@@ -7,7 +7,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Mapping, Sequence
 
-from fmmeta.atomic import replace_text
+from fmmeta.atomic import locked, replace_text
 from fmmeta.strict_json import dumps_strict
 from fmmeta.tracking.protocol import Tracker
 from fmmeta.tracking.records import step_scalars
@@ -28,21 +28,24 @@ class MetricsLog:
     def __init__(self, path: Path, *, rank: int, method: str, keep_until: int,
                  trackers: Sequence[Tracker] = ()) -> None:
         self.path, self.rank, self.trackers = path, rank, list(trackers)
-        if rank != 0 or not path.exists():
+        if rank != 0:
             return
-        kept = [
-            line for line in path.read_text().splitlines()
-            if line.strip() and (
-                json.loads(line)["method"] != method or json.loads(line)["step"] <= keep_until
-            )
-        ]
-        replace_text(path, "".join(line + "\n" for line in kept))  # a crash keeps the history
+        with locked(path):  # methods training side by side share the file
+            if not path.exists():
+                return
+            kept = [
+                line for line in path.read_text().splitlines()
+                if line.strip() and (
+                    json.loads(line)["method"] != method or json.loads(line)["step"] <= keep_until
+                )
+            ]
+            replace_text(path, "".join(line + "\n" for line in kept))  # a crash keeps the history
 
     def write(self, record: Mapping[str, Any]) -> None:
         """Appends ``record`` (one meta-step over all ranks) to the file and logs it to every tracker."""
         if self.rank != 0:
             return
-        with self.path.open("a") as fh:
+        with locked(self.path), self.path.open("a") as fh:
             fh.write(dumps_strict(dict(record)) + "\n")
         scalars = step_scalars(record)
         for tracker in self.trackers:

@@ -166,3 +166,22 @@ def test_ctrl_c_during_evaluation_is_a_message_and_keeps_the_run(tmp_path: Path,
     assert ckpt is not None and ckpt.step == 7  # complete and verified
     assert _snapshot(run)["fomaml/adapter/adapter_model.safetensors"] == before["fomaml/adapter/adapter_model.safetensors"]
     assert not (run / ".fmmeta.lock").exists()
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_while_methods_train_side_by_side_names_each_and_resumes(tmp_path: Path) -> None:
+    """Ctrl-C with two methods training in worker processes (``engine.workers=2``): exit 130, each
+    method's interrupted meta-step and last checkpoint named, no traceback, the folder released;
+    the same command then resumes both to the end."""
+    run = tmp_path / "run"
+    args = ["methods=[fomaml,reptile]", "eval.enabled=false", "train.meta_steps=8",
+            "train.checkpoint_every=2", "engine.workers=2", f"output_dir={run}"]
+    rc, text = _ctrl_c_once(_recipe.command("python", args), tmp_path / "train.log", "meta-step 3 ")
+    assert rc == 130, text[-3000:]
+    assert "Traceback" not in text and not (run / ".fmmeta.lock").exists(), text[-3000:]
+    for method in ("fomaml", "reptile"):
+        assert f"{method} interrupted during meta-step" in text, text[-3000:]
+    _recipe.run("python", args, timeout_s=180)
+    steps = sorted((r["method"], r["step"]) for r in _recipe.records(run / "metrics.jsonl"))
+    assert steps == sorted((m, s) for m in ("fomaml", "reptile") for s in range(8))
+    assert all((run / m / "adapter" / "adapter_model.safetensors").exists() for m in ("fomaml", "reptile"))

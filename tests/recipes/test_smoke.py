@@ -199,3 +199,29 @@ def test_padding_free_passes_equal_padded_ones_end_to_end(smoke, tmp_path: Path)
         assert g["tokens"] == w["tokens"] and g["padding_efficiency"] > w["padding_efficiency"]
         assert g["query_loss_after"] == pytest.approx(w["query_loss_after"], rel=1e-4)
         assert g["grad_norm"] == pytest.approx(w["grad_norm"], rel=1e-3)
+
+
+@pytest.mark.timeout(240)
+def test_methods_side_by_side_in_workers_equal_one_after_the_other(smoke, tmp_path: Path) -> None:
+    """``engine.workers=2``: the methods train in two forked processes and evaluation shares out
+    its episode groups; every loss, adapter tensor and score equals the one-process run's (one
+    thread everywhere, so the sums are the same), and every metrics line is there once."""
+    one, _ = smoke
+    out = tmp_path / "workers"
+    log = _recipe.run("python", ["engine.workers=2", f"output_dir={out}"], timeout_s=180)
+    assert "2 worker processes of 1 thread(s)" in log.stdout
+    timing = {"step_s", "tokens_per_s", "data_wait_s", "data_wait_fraction", "rank_compute_s",
+              "rank_collective_s", "rank_data_wait_s", "rank_peak_memory_mb"}
+
+    def steps(run: Path) -> list[dict]:
+        return sorted(({k: v for k, v in r.items() if k not in timing} for r in _recipe.records(run / "metrics.jsonl")),
+                      key=lambda r: (r["method"], r["step"]))
+
+    assert steps(out) == steps(one) and len(steps(out)) == len(METHODS) * STEPS
+    for method in METHODS:
+        got, want = _recipe.adapter(out / method / "adapter"), _recipe.adapter(one / method / "adapter")
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), method
+    got, want = (json.loads((run / "eval" / "eval.json").read_text()) for run in (out, one))
+    assert got["records"] == want["records"] and got["inner_lrs"] == want["inner_lrs"]
+    telemetry = json.loads((out / "telemetry.json").read_text())
+    assert sorted(telemetry) == sorted(METHODS)  # each worker added its entry

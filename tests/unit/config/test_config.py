@@ -151,6 +151,7 @@ def test_wrong_type_names_key_value_and_type(override: str, expected: str) -> No
         ("lora.dropout=1.0", "lora.dropout=1.0 is invalid"),
         ("lora.target_modules=[]", "lora.target_modules=[] is invalid"),
         ("engine.collective_timeout_s=0", "engine.collective_timeout_s=0.0 is invalid"),
+        ("engine.workers=0", "engine.workers=0 is invalid: must be >= 1 or auto"),
         ("engine.deepspeed_config=/no/such.json", "engine.deepspeed_config='/no/such.json' does not exist"),
         ("model.tiny_num_layers=0", "model.tiny_num_layers=0 is invalid"),
         ("model.tiny_hidden_size=30", "model.tiny_hidden_size=30 is invalid: must be divisible"),

@@ -31,3 +31,19 @@ def test_derived_values_are_not_keys(override: str, suggestion: str) -> None:
     assert problem.startswith(f"unknown key {override.split('=')[0]!r}")
     if suggestion != "methods":
         assert f"did you mean {suggestion!r}" in problem
+
+
+@pytest.mark.parametrize("launch", [["engine.kind=deepspeed"], ["WORLD_SIZE=2"]])
+def test_workers_are_for_one_process_runs(launch: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``engine.workers`` forks CPU processes of a one-process run; under a launcher the ranks
+    split the work, so an explicit count there is refused before any model is built ("auto" and
+    1 are fine)."""
+    overrides = [o for o in launch if not o.startswith("WORLD_SIZE")]
+    if "WORLD_SIZE=2" in launch:
+        monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError) as err:
+        load_config(RecipeConfig, None, [*overrides, "engine.workers=2"])
+    assert any("engine.workers=2 splits a one-process run" in p and "set engine.workers=1" in p
+               for p in err.value.problems), err.value.problems
+    for ok in ("auto", "1"):
+        assert load_config(RecipeConfig, None, [*overrides, f"engine.workers={ok}"]).engine.workers in ("auto", 1)

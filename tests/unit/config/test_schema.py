@@ -73,7 +73,9 @@ def _other_value(tp: Any, value: Any) -> Any:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (typing.Union, __import__("types").UnionType):
         inner = [a for a in args if a is not type(None)][0]
-        return _other_value(inner, None) if value is None else _other_value(inner, value)
+        # e.g. int | Literal["auto"] at "auto": another value is a number
+        plain = value is None or (isinstance(inner, type) and not isinstance(value, inner))
+        return _other_value(inner, None) if plain else _other_value(inner, value)
     if origin is Literal:
         return next(a for a in args if a != value)
     if tp is bool:

@@ -1,0 +1,86 @@
+"""fmmeta.workers: forked worker processes give the one-process answer, and a failure stops them."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from fmmeta.errors import UserInputError
+from fmmeta.workers import Workers, in_worker, resolve_workers
+
+
+def test_map_in_workers_equals_the_loop_in_order_with_closures_and_tensors() -> None:
+    weight = torch.randn(16, 16, generator=torch.Generator().manual_seed(0)).requires_grad_()
+
+    def fn(i: int) -> tuple[int, int, bool, torch.Tensor]:  # a closure over a tensor: inherited
+        x = torch.full((4, 16), float(i))
+        loss = (x @ weight).pow(2).sum()
+        (grad,) = torch.autograd.grad(loss, [weight])
+        return i, os.getpid(), in_worker(), grad
+
+    items = list(range(7))
+    seen: list[int] = []
+    got = Workers(2, 1).map(fn, items, on_result=seen.append)
+    want = Workers(1, 1).map(fn, items)
+    assert [g[0] for g in got] == items and sorted(seen) == items
+    assert all(g[2] for g in got) and not any(w[2] for w in want)  # who ran them
+    assert {g[1] for g in got} - {os.getpid()} and os.getpid() not in {g[1] for g in got}
+    for g, w in zip(got, want):
+        assert torch.equal(g[3], w[3])
+    assert not in_worker()
+
+
+def _fail_first(marks: Path, i: int) -> int:
+    if i == 0:  # fails once item 1 runs in the other worker
+        deadline = time.monotonic() + 30
+        while not (marks / "started").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        raise UserInputError("item 0 is bad input")
+    if i == 1:
+        (marks / "started").touch()
+        time.sleep(1.0)  # still running when item 0 fails: waited for, and it finishes
+    (marks / str(i)).touch()
+    return i
+
+
+def test_a_failure_is_raised_here_and_no_worker_starts_another_item(tmp_path: Path) -> None:
+    with pytest.raises(UserInputError, match="item 0 is bad input"):
+        Workers(2, 1).map(lambda i: _fail_first(tmp_path, i), list(range(8)))
+    # Item 1 was running and finished; the worker that failed item 0 took no item after it, and
+    # neither did the other once the failure was known.
+    done = sorted(int(p.name) for p in tmp_path.iterdir() if p.name != "started")
+    assert 1 in done and len(done) < 7, done
+
+
+def test_one_worker_or_one_item_runs_here() -> None:
+    pid = os.getpid()
+    assert Workers(1, 2).map(lambda _: os.getpid(), [0, 1]) == [pid, pid]
+    assert Workers(4, 1).map(lambda _: os.getpid(), [0]) == [pid]
+
+
+def test_auto_is_one_per_thread_at_most_one_per_job_and_one_when_distributed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_workers("auto", jobs=5, distributed=False) == 4
+    assert resolve_workers("auto", jobs=3, distributed=False) == 3
+    assert resolve_workers("auto", jobs=None, distributed=False) == 4
+    assert resolve_workers("auto", jobs=5, distributed=True) == 1
+    assert Workers.from_setting("auto", jobs=2).threads == 2
+    assert resolve_workers(3, jobs=1, distributed=False) == 3  # as asked
+    with pytest.raises(UserInputError, match="ranks split the work"):
+        resolve_workers(2, jobs=5, distributed=True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_workers("auto", jobs=5, distributed=False) == 1
+    with pytest.raises(UserInputError, match="CUDA context does not survive a fork"):
+        resolve_workers(2, jobs=5, distributed=False)
+
+
+def test_bad_counts_are_refused() -> None:
+    with pytest.raises(ValueError, match="both must be >= 1"):
+        Workers(0, 1)
