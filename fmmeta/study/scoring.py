@@ -37,6 +37,7 @@ from fmmeta.evaluation.run import (
 from fmmeta.models import add_lora, build_model_and_tokenizer
 from fmmeta.recipe_config import RecipeConfig
 from fmmeta.tasks.config import build_task_set
+from fmmeta.workers import Workers
 
 __all__ = ["Scorer", "score_of"]
 
@@ -71,6 +72,7 @@ class Scorer:
                                  f"{sorted(families | kinds)}; choose one of them")
         self.model = add_lora(base, cfg.lora, seed=cfg.train.seed)
         self.engine = build_engine(cfg.engine, self.model, cfg.optim, precision=cfg.precision)
+        self.workers = Workers.from_setting(cfg.engine.workers)  # a study is one process
 
     def held_out_tasks(self) -> list[str]:
         """Names of the held-out tasks (for the report; no episode is drawn)."""
@@ -99,7 +101,7 @@ class Scorer:
                                {method: lrs} if lrs is not None else None)
         params = self.engine.adapter_parameters()
         e, a = cfg.eval, cfg.algorithm
-        common: dict[str, Any] = dict(micro_batch_size=e.micro_batch_size, ranks=self.engine,
+        common: dict[str, Any] = dict(micro_batch_size=e.micro_batch_size, ranks=self.engine, workers=self.workers,
                                       icl_max_length=a.icl_max_length, episodes_per_pass=e.episodes_per_pass)
         pad = self.tokenizer.pad_token_id
         selection = select_inner_lr(self.model, params, methods, self._validation_draw(0), a.inner_loop,
@@ -122,7 +124,7 @@ class Scorer:
         in_context = [m for m in adapters if adapts_in_context(m, self._algorithm(chosen.get(m)))]
         return evaluate_run(self.cfg, self.engine, self.tokenizer, self.suite, dict(adapters),
                             report_dir.parent, report_dir=report_dir, notes=list(notes),
-                            in_context=in_context)
+                            in_context=in_context, workers=self.workers)
 
     def close(self) -> None:
         """Releases the engine (every engine has ``close``; the protocol does not name it)."""

@@ -136,6 +136,11 @@ CONFIG_CASES = {
     "fp16_dtype": (["model.dtype=float16"],
                    ["model.dtype='float16' is invalid: allowed values are 'auto', 'float32', 'bfloat16'"]),
     "empty_output_dir": (["output_dir="], ["output_dir=None has the wrong type: expected str"]),
+    "workers_zero": (["engine.workers=0"], ["engine.workers=0 is invalid: must be >= 1 or auto"]),
+    "workers_under_a_distributed_engine": (
+        ["engine.kind=deepspeed", "engine.workers=2"],
+        ["engine.workers=2 splits a one-process run between CPU processes; under engine.kind=deepspeed",
+         "set engine.workers=1 (or auto)"]),
     "unknown_tracker": (["train.report_to=tensorbord"],
                         ["train.report_to='tensorbord' is invalid", "did you mean 'tensorboard'?"]),
 }
