@@ -12,9 +12,16 @@ every function a map runs may be a closure. Fork is what makes this cheap and is
 CPU-only: a CUDA context does not survive a fork. Every item's result equals the one the run's
 own process computes, up to the float rounding of another thread count.
 
+Threads: GNU OpenMP's thread pool does not survive a fork either. A worker forked from a process
+that has run a parallel region on several threads hangs at its first region on more than one
+(measured with torch 2.13: a matmul after ``set_num_threads(2)`` in the child never returned).
+So a worker gets more than one thread only where this process gave up its own threads before it
+computed anything (:meth:`Workers.for_run`, as the train recipe does when its methods train side
+by side); otherwise each worker runs on one thread, which is always safe.
+
 Example:
-    >>> workers = Workers.from_setting("auto", jobs=5)
-    >>> workers.map(lambda m: train_method(m), ["fomaml", "reptile"])   # doctest: +SKIP
+    >>> with Workers.for_run("auto", methods=5, distributed=False) as workers:  # before any model
+    ...     workers.map(lambda m: train_method(m), ["fomaml", "reptile"])       # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -84,17 +91,51 @@ class Workers:
     the remaining items are cancelled.
     """
 
-    def __init__(self, n: int, threads: int) -> None:
+    def __init__(self, n: int, threads: int = 1) -> None:
+        """``threads`` > 1 only if this process has not computed on several threads (see the
+        module docstring)."""
         if n < 1 or threads < 1:
             raise ValueError(f"Workers(n={n}, threads={threads}) is invalid: both must be >= 1")
         self.n, self.threads = n, threads
+        self._restore_threads: int | None = None
+
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Gives this process back the threads :meth:`for_run` took from it."""
+        if self._restore_threads is not None:
+            torch.set_num_threads(self._restore_threads)
+            self._restore_threads = None
 
     @classmethod
-    def from_setting(cls, setting: int | Literal["auto"], *, jobs: int | None = None,
-                     distributed: bool = False) -> Workers:
-        """``engine.workers`` resolved (:func:`resolve_workers`), the threads shared out evenly."""
-        n = resolve_workers(setting, jobs=jobs, distributed=distributed)
-        return cls(n, max(1, torch.get_num_threads() // n))
+    def from_setting(cls, setting: int | Literal["auto"], *, distributed: bool = False) -> Workers:
+        """``engine.workers`` resolved (:func:`resolve_workers`: by default one per thread) for work
+        that starts after this process has computed: one thread per worker."""
+        return cls(resolve_workers(setting, jobs=None, distributed=distributed))
+
+    @classmethod
+    def for_run(cls, setting: int | Literal["auto"], *, methods: int, distributed: bool) -> Workers:
+        """A run's workers, made before any model is built.
+
+        Several methods train side by side: this process then keeps one thread until the ``with``
+        block ends (it loads, forks and reports; its workers compute) and each worker gets an even
+        share of the threads. A single method trains here on every thread, and only evaluation is
+        shared out, at one thread per worker.
+
+        Example:
+            >>> with Workers.for_run("auto", methods=5, distributed=False) as workers:
+            ...     adapters = workers.map(train_method, methods)               # doctest: +SKIP
+        """
+        threads = torch.get_num_threads()
+        if methods > 1:
+            n = resolve_workers(setting, jobs=methods, distributed=distributed)
+            if n > 1:
+                workers = cls(n, max(1, threads // n))
+                workers._restore_threads = threads  # given back on leaving ``with``
+                torch.set_num_threads(1)
+                return workers
+        return cls.from_setting(setting, distributed=distributed)
 
     def map(self, fn: Callable[[Any], _T], items: Sequence[Any],
             on_result: Callable[[int], None] | None = None) -> list[_T]:

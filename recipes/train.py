@@ -350,7 +350,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     with exit_code(args.debug) as outcome:
         import_modules(args.imports)
         cfg, rank, distributed = load_run_config(args)
-        with claimed_output_dir(cfg, rank) as claim:
+        # Before any model is built: methods that train side by side take this process's threads.
+        with claimed_output_dir(cfg, rank) as claim, \
+                Workers.for_run(cfg.engine.workers, methods=len(cfg.methods), distributed=distributed) as workers:
             out = Path(cfg.output_dir).expanduser()
             hosts = ranks_share(out, cfg, rank) if distributed else [socket.gethostname()]
             torch.manual_seed(cfg.train.seed)
@@ -365,10 +367,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             logger.info("model and %d/%d/%d meta-train/validation/held-out tasks ready in %.1fs",
                         len(suite.meta_train), len(suite.validation), len(suite.held_out),
                         time.perf_counter() - t0)
-            workers = Workers.from_setting(cfg.engine.workers, distributed=distributed)
             if workers.n > 1:
-                logger.info("%d worker processes of %d thread(s): methods train side by side, evaluation "
-                            "shares out its episodes (engine.workers)", workers.n, workers.threads)
+                logger.info("%d worker processes of %d thread(s): %sevaluation shares out its episodes "
+                            "(engine.workers)", workers.n, workers.threads,
+                            "methods train side by side, " if len(cfg.methods) > 1 else "")
             trained = workers.map(
                 lambda m: train_method(cfg, m, model, initial, tokenizer.pad_token_id, suite, out, hosts),
                 cfg.methods,

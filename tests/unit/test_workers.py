@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -71,7 +74,6 @@ def test_auto_is_one_per_thread_at_most_one_per_job_and_one_when_distributed(
     assert resolve_workers("auto", jobs=3, distributed=False) == 3
     assert resolve_workers("auto", jobs=None, distributed=False) == 4
     assert resolve_workers("auto", jobs=5, distributed=True) == 1
-    assert Workers.from_setting("auto", jobs=2).threads == 2
     assert resolve_workers(3, jobs=1, distributed=False) == 3  # as asked
     with pytest.raises(UserInputError, match="ranks split the work"):
         resolve_workers(2, jobs=5, distributed=True)
@@ -84,3 +86,47 @@ def test_auto_is_one_per_thread_at_most_one_per_job_and_one_when_distributed(
 def test_bad_counts_are_refused() -> None:
     with pytest.raises(ValueError, match="both must be >= 1"):
         Workers(0, 1)
+
+
+def test_for_run_gives_workers_the_threads_only_of_a_process_that_has_not_computed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    threads = [4]
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads[0])
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: threads.__setitem__(0, n))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with Workers.for_run("auto", methods=2, distributed=False) as workers:
+        assert (workers.n, workers.threads, threads[0]) == (2, 2, 1)  # this process keeps one
+    assert threads[0] == 4  # given back
+    with Workers.for_run("auto", methods=1, distributed=False) as workers:  # trains here
+        assert (workers.n, workers.threads, threads[0]) == (4, 1, 4)
+    assert (Workers.from_setting("auto").n, Workers.from_setting("auto").threads) == (4, 1)
+
+
+_AFTER_COMPUTE = """
+import torch
+from fmmeta.workers import Workers
+def matmul(_):
+    a = torch.randn(512, 512)
+    return float((a @ a).sum()), torch.get_num_threads()
+torch.set_num_threads(4)
+{before}
+print(workers.map(matmul, [0, 1, 2, 3]))
+"""
+
+
+@pytest.mark.parametrize("before", [
+    # computed on four threads first: a fork may only use one (more would hang in libgomp)
+    "a = torch.randn(512, 512); a @ a\nworkers = Workers.from_setting(2)",
+    # nothing computed yet: the two workers share the four threads
+    "workers = Workers.for_run(2, methods=2, distributed=False)\na = torch.randn(512, 512); a @ a",
+])
+def test_workers_forked_from_a_real_process_finish(before: str) -> None:
+    """Not a mock: a process that computed on four threads, or one that gave its threads to its
+    workers, forks workers that each finish their matmuls (a hang fails the timeout)."""
+    code = _AFTER_COMPUTE.format(before=before)
+    env = {**os.environ, "OMP_NUM_THREADS": "4"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = ast.literal_eval(done.stdout.strip().splitlines()[-1])
+    assert len(results) == 4 and {t for _, t in results} == ({1} if "from_setting" in before else {2})
