@@ -26,9 +26,12 @@ Example:
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import multiprocessing
 import os
+import signal
+import sys
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from typing import Any, Callable, Iterable, Literal, Sequence, TypeVar
 
@@ -158,7 +161,7 @@ class Workers:
         _JOB = (fn, items, stop)
         try:
             with ProcessPoolExecutor(min(self.n, len(items)), mp_context=context,
-                                     initializer=_start_worker, initargs=(self.threads,)) as pool:
+                                     initializer=_start_worker, initargs=(self.threads, os.getpid())) as pool:
                 futures = {pool.submit(_run_item, i): i for i in range(len(items))}
                 results: dict[int, _T] = {}
                 failures = self._wait(futures, results, stop, on_result)
@@ -202,6 +205,17 @@ class Workers:
         return _failures_first(failures, interrupted)
 
 
+def _die_with_parent(parent: int) -> None:
+    """A worker is killed when the process that forked it dies (Linux), even by SIGKILL: an
+    orphan would go on writing into the run folder that a resumed run then claims."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before the call
+        os._exit(1)
+
+
 class _Skipped(RuntimeError):
     """An item a worker did not start because another had failed."""
 
@@ -224,9 +238,10 @@ def _stop_all(stop: Any, futures: Iterable[Future[Any]]) -> None:
         logger.warning("waiting for the other workers to finish the item each is on")
 
 
-def _start_worker(threads: int) -> None:
+def _start_worker(threads: int, parent: int) -> None:
     global _IN_WORKER
     _IN_WORKER = True
+    _die_with_parent(parent)
     torch.set_num_threads(threads)
     logger.debug("worker %d started with %d thread(s)", os.getpid(), threads)
 

@@ -51,6 +51,7 @@ from fmmeta.study.scoring import Scorer, score_of
 from fmmeta.study.search import (
     DIVERGED,
     FOLDER,
+    create_studies,
     finished,
     import_optuna,
     next_folder,
@@ -121,7 +122,11 @@ def run(study: StudyConfig) -> int:
         scorer = Scorer(base, seeds=study.seeds, episodes_per_task=study.episodes_per_task,
                         family=study.family)
         try:
-            trials = {m: search(optuna, study, m, folder, scorer) for m in study.space}
+            # Each method has its own Optuna study: on a CPU the methods search side by side.
+            create_studies(optuna, folder, study)
+            methods = list(study.space)
+            trials = dict(zip(methods, scorer.workers.map(
+                lambda m: search(optuna, study, m, folder, scorer), methods)))
             choice = {m: choose(m, rows, study) for m, rows in trials.items()}
             # The choice is on disk before the first held-out episode is drawn.
             replace_text(folder / CHOICE_FILE, json.dumps(choice, indent=2) + "\n")

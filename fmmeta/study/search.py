@@ -25,7 +25,7 @@ import numpy as np
 from fmmeta.errors import UserInputError
 from fmmeta.study.config import SEARCHED, Range, StudyConfig
 
-__all__ = ["DIVERGED", "FOLDER", "STORAGE_FILE", "finished", "import_optuna", "next_folder",
+__all__ = ["DIVERGED", "FOLDER", "STORAGE_FILE", "create_studies", "finished", "import_optuna", "next_folder",
            "open_study", "requeue_interrupted", "seed_sampler", "suggest"]
 
 logger = logging.getLogger(__name__)
@@ -57,15 +57,31 @@ def import_optuna() -> ModuleType:
     return optuna
 
 
-def open_study(optuna: ModuleType, folder: Path, method: str, study: StudyConfig) -> Any:
-    """The Optuna study of ``method`` in ``folder``'s storage, created or loaded (resume)."""
+def open_study(optuna: ModuleType, folder: Path, method: str, study: StudyConfig, storage: Any = None) -> Any:
+    """The Optuna study of ``method`` in ``folder``'s storage (``storage``: an open one), created
+    or loaded (resume)."""
     pruner = (optuna.pruners.MedianPruner(n_startup_trials=study.pruner_startup_trials)
               if study.pruner == "median" else optuna.pruners.NopPruner())
     return optuna.create_study(
-        storage=f"sqlite:///{(folder / STORAGE_FILE).resolve()}", study_name=method,
+        storage=storage or f"sqlite:///{(folder / STORAGE_FILE).resolve()}", study_name=method,
         direction="maximize" if study.metric == "accuracy" else "minimize",
         pruner=pruner, load_if_exists=True,
     )
+
+
+def create_studies(optuna: ModuleType, folder: Path, study: StudyConfig) -> None:
+    """Creates the storage and every method's study, then closes every connection to it.
+
+    Before methods search side by side in worker processes: two processes creating the storage's
+    tables at once collide, and a database connection must not be shared across a fork (each
+    worker opens its own).
+    """
+    storage = optuna.storages.RDBStorage(f"sqlite:///{(folder / STORAGE_FILE).resolve()}")
+    try:
+        for method in study.space:
+            open_study(optuna, folder, method, study, storage)
+    finally:
+        storage.engine.dispose()
 
 
 def finished(optuna: ModuleType, opt_study: Any) -> list[Any]:

@@ -212,3 +212,25 @@ def test_a_searched_inner_format_is_scored_in_the_format_it_trained_in(tmp_path:
     assert len(held) == 1 and held[0]["fomaml"] == (True, True) and held[0]["multitask"] == (False, False)
     choice = json.loads((tmp_path / "formats" / "choice.json").read_text())
     assert choice["fomaml"]["params"] == {"algorithm.inner_format": "in_context"}
+
+
+@pytest.mark.timeout(400)
+def test_methods_searched_side_by_side_choose_and_score_as_one_after_the_other(tmp_path: Path) -> None:
+    """``engine.workers=2``: two methods' searches run in two worker processes (each has its own
+    Optuna study in the one storage); every trial, the choice and the held-out scores equal the
+    study run in one process."""
+    space = {"fomaml": {"algorithm": {"inner_lr": {"low": 0.03, "high": 0.3, "log": True}}},
+             "reptile": {"optim": {"outer_lr": {"low": 0.003, "high": 0.03, "log": True}}}}
+    reports = {}
+    for workers in (1, 2):
+        name = f"workers{workers}"
+        declaration = _declaration(tmp_path, name, space=space, overrides=[*FAST_EVAL, f"engine.workers={workers}"])
+        log = tmp_path / f"{name}.log"
+        assert _run(declaration, log, timeout_s=180) == 0, log.read_text()[-4000:]
+        reports[workers] = json.loads((tmp_path / name / "study.json").read_text())
+    one, two = reports[1], reports[2]
+    assert two["choice"] == one["choice"] and set(two["choice"]) == {"fomaml", "reptile"}
+    for method in ("fomaml", "reptile"):
+        assert [(r["folder"], r["params"], r["value"], r["curve"]) for r in two["trials"][method]] \
+            == [(r["folder"], r["params"], r["value"], r["curve"]) for r in one["trials"][method]]
+    assert two["held_out"]["summary"] == one["held_out"]["summary"]

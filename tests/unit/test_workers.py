@@ -130,3 +130,45 @@ def test_workers_forked_from_a_real_process_finish(before: str) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     results = ast.literal_eval(done.stdout.strip().splitlines()[-1])
     assert len(results) == 4 and {t for _, t in results} == ({1} if "from_setting" in before else {2})
+
+
+_ORPHANS = """
+import os, sys, time
+from pathlib import Path
+from fmmeta.workers import Workers
+marks = Path(sys.argv[1])
+def sleep(i):
+    (marks / str(os.getpid())).touch()
+    time.sleep(60)
+Workers(2, 1).map(sleep, [0, 1])
+"""
+
+
+def test_workers_die_with_a_killed_parent(tmp_path: Path) -> None:
+    """SIGKILL of the run's process alone (not its group) takes its workers with it: no orphan
+    goes on writing into a folder that the resumed run claims."""
+    proc = subprocess.Popen([sys.executable, "-c", _ORPHANS, str(tmp_path)], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while len(list(tmp_path.iterdir())) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        proc.kill()
+        proc.wait(timeout=10)
+        pids = [int(p.name) for p in tmp_path.iterdir()]
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(_alive(pid) for pid in pids), pids
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        with open(f"/proc/{pid}/stat") as fh:  # a zombie waits for its reaper: dead already
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except (ProcessLookupError, FileNotFoundError):
+        return False
