@@ -113,3 +113,11 @@ def test_memory_benchmark_runs_small() -> None:
     (run,) = out["runs"]
     (rank,) = run["per_rank"]
     assert run["within_target"] and rank["held_bytes_after_build"] == out["model_bytes"]
+
+
+@pytest.mark.timeout(300)
+def test_workers_benchmark_runs_small() -> None:
+    out = _run("workers.py", "--tiny", "--meta-steps", "2", "--workers", "2")
+    assert (out["workers"], out["threads"]) == (2, 1)
+    assert out["speedup"] > 0 and all(s > 0 for runs in out["seconds"].values() for s in runs)
+    assert out["eval_loss_max_rel_diff"] == 0.0  # one thread in both layouts: the same sums
