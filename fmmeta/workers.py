@@ -186,9 +186,9 @@ class Workers:
             try:
                 for future in as_completed(pending):
                     pending.discard(future)
-                    err = None if future.cancelled() else future.exception()
                     if future.cancelled():
                         continue
+                    err = future.exception()
                     if err is None:
                         results[futures[future]] = future.result()
                         if on_result is not None:

@@ -22,6 +22,10 @@ class ConfigError(ValueError):
         head = f"{n} problem{'s' if n != 1 else ''} in the configuration:"
         super().__init__("\n".join([head, *(f"  - {p}" for p in self.problems)]))
 
+    def __reduce__(self) -> tuple[type, tuple[list[str]]]:
+        # Rebuilt from its problems, not its message: a worker process sends it back pickled.
+        return type(self), (self.problems,)
+
 
 def raise_if_invalid(section: Any) -> None:
     """Raises :class:`ConfigError` with ``section.validate()``'s problems, if it has any.

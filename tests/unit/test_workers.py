@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from fmmeta.config import ConfigError
 from fmmeta.errors import UserInputError
 from fmmeta.workers import Workers, in_worker, resolve_workers
 
@@ -172,3 +173,14 @@ def _alive(pid: int) -> bool:
             return fh.read().split(")")[-1].split()[0] != "Z"
     except (ProcessLookupError, FileNotFoundError):
         return False
+
+
+def _refuse(problems: list[str]) -> None:
+    raise ConfigError(problems)
+
+
+def test_a_workers_config_error_arrives_whole() -> None:
+    """Exceptions cross the process boundary pickled: a ConfigError keeps its problem list."""
+    with pytest.raises(ConfigError) as err:
+        Workers(2, 1).map(_refuse, [["a is bad", "b is bad"], ["c is bad"]])
+    assert err.value.problems in (["a is bad", "b is bad"], ["c is bad"])
