@@ -14,7 +14,8 @@ setup(
     packages=[*find_packages(include=["fmmeta", "fmmeta.*"]), "fmmeta.recipes", "fmmeta.ds_configs"],
     package_dir={"fmmeta.recipes": "recipes", "fmmeta.ds_configs": "ds_configs"},
     package_data={
-        "fmmeta.recipes": ["accelerate_*.yaml", "configs/smoke.yaml", "configs/study_smoke.yaml"],
+        "fmmeta.recipes": ["accelerate_*.yaml", "configs/smoke.yaml", "configs/study_smoke.yaml",
+                           "configs/study_default.yaml"],
         "fmmeta.ds_configs": ["*.json"],
     },
 )

@@ -96,8 +96,8 @@ class RecipeConfig:
     output_dir: str = "runs/default"
     """Folder the run writes everything into (config, metrics, adapters, checkpoints, report)."""
     methods: tuple[str, ...] = ("fomaml", "metasgd", "reptile", "multitask", "metaicl")
-    """Adapters to meta-train, one after the other, each from the same initial adapter and the
-    same episode draws: meta-learners and the baselines they must beat."""
+    """Adapters to meta-train (side by side on a CPU, engine.workers), each from the same initial
+    adapter and the same episode draws: meta-learners and the baselines they must beat."""
     # bf16 compute where the hardware has it: 1.7-2.1x faster passes on an AVX512-BF16 CPU, and
     # held-out scores that match fp32's (docs/design.md, "Precision").
     model: ModelConfig = field(default_factory=lambda: ModelConfig(dtype="auto"))
