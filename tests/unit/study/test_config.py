@@ -36,6 +36,14 @@ def test_the_shipped_example_declares_a_valid_study() -> None:
     assert recipe_problems(study) == []
 
 
+def test_the_default_suite_study_is_valid_at_every_end_of_its_ranges() -> None:
+    """recipes/configs/study_default.yaml (docs/research/study_default.md) runs on the embedded
+    default config: every value it can draw is one the train recipe accepts."""
+    study = load_config(StudyConfig, REPO / "recipes" / "configs" / "study_default.yaml")
+    assert study.config is None and study.meta_steps == 100 and list(study.space) == ["fomaml", "reptile", "multitask"]
+    assert recipe_problems(study) == []
+
+
 def test_an_unknown_key_names_the_closest_one(tmp_path: Path) -> None:
     problems = _problems(tmp_path, {"space": {"fomaml": {"algorithm": {"inner_lrr": {"low": 0.1, "high": 0.2}}}}})
     assert len(problems) == 1
