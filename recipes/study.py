@@ -9,7 +9,8 @@ The YAML declares the space (fmmeta.study.config): per method, which meta-traini
 searched and over what range, on top of a train recipe config. The story, top to bottom: check
 the declaration and every trial it could run; claim the study folder (refused once its held-out
 tasks were scored); build the model and the task suite once; then per method, one Optuna study
-(on a CPU the methods search side by side in worker processes, ``engine.workers``): each trial is a normal run of the train recipe into its own folder, trained in segments of
+(on a CPU the methods search side by side in worker processes, ``engine.workers``): each trial
+is a normal run of the train recipe into its own folder, trained in segments of
 ``report_every`` meta-steps, each segment resuming the last one's checkpoint and scored on
 validation tasks over several seeds of episode draws, so the pruner can stop a trial whose
 validation curve trails. The choice per method (validation score alone) is written before any

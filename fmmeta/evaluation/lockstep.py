@@ -117,7 +117,6 @@ def sharded(ranks: Ranks, items: Sequence[Any], fn: Callable[[Any | None], _T],
     return [merged[i] for i in range(len(items))]
 
 
-
 def per_method(ranks: Ranks, workers: Workers | None, items: Sequence[Any],
                fns: Mapping[str, Callable[[Any | None], _T]],
                on_result: Callable[[Any], None] | None = None) -> dict[str, list[_T]]:
