@@ -11,7 +11,7 @@ import torch
 
 from fmmeta.config import ModelConfig
 from fmmeta.models import build_model_and_tokenizer
-from fmmeta.models.build import EMBEDDED_GGUF_FILE, EMBEDDED_PACKAGE
+from fmmeta.models.build import EMBEDDED_GGUF_FILE, EMBEDDED_PACKAGE, resolve_origin
 from fmmeta.models.gguf_once import gguf_parsed_once
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec(EMBEDDED_PACKAGE) is None,
@@ -19,9 +19,9 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec(EMBEDDED_PACKAGE) is No
 
 
 def _embedded_file() -> Path:
-    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
-    assert spec is not None and spec.submodule_search_locations
-    return Path(spec.submodule_search_locations[0]) / EMBEDDED_GGUF_FILE
+    origin = resolve_origin(ModelConfig())  # where the embedded model loads from
+    assert origin.kind == "embedded" and origin.gguf_file == EMBEDDED_GGUF_FILE
+    return Path(origin.path) / origin.gguf_file
 
 
 def test_each_file_is_parsed_once_inside_and_gguf_is_untouched_after() -> None:
