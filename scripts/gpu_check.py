@@ -67,7 +67,7 @@ BENCH_ARGS: dict[str, dict[str, tuple[str, list[str]]]] = {
     "cuda": {  # those the first H200 run (2026-12-04) did not reach come first
         "throughput": ("throughput", ["--device", "cuda"]),
         "meta_step": ("meta_step", ["--device", "cuda"]),
-        "evaluation": ("evaluation", [*_RANDOM_CUDA, "--reps", "3"]),
+        "evaluation": ("evaluation", [*_RANDOM_CUDA, "--reps", "2", "--episodes", "16"]),
         "padding_free": ("padding_free", [*_RANDOM_CUDA, "--reps", "5", "--steps", "2"]),
         "precision": ("precision", [*_RANDOM_CUDA, "--reps", "5"]),
         "precision_gpu_passes": ("precision", [*_RANDOM_CUDA, "--reps", "5", "--meta-batch", "16",
