@@ -10,11 +10,13 @@ all-reduce per inner step, and every rank applies the same update to every task'
 The query phase and the outer step need nothing extra: the meta-gradient is a sum over query
 rows, and the outer step's all-reduce already adds the ranks.
 
-The plan, per phase (support, query): every row of every task, sorted longest first, is cut into
-*groups*; a group starts at its longest row (width ``w``) and takes up to ``ranks x (budget //
-w)`` rows, dealt to the ranks in snake order (``0 .. R-1, R-1 .. 0, ...``), so every rank's pass of
-that index holds rows of about the same length and count (within one row). Pass ``g`` on every
-rank is group ``g``; a rank left without a row in the last group runs a dummy pass.
+The plan, per phase (support, query): every row of every task, sorted longest first, is dealt
+pass by pass. In pass ``g`` each rank takes the next run of rows up to the same cost, the pass's
+share of the work left; a run pays its first row's width. So a rank that takes one long row
+runs beside ranks that take many short ones at the same cost, and every pass index costs about
+the same on every rank (within one row), however unevenly the lengths fall. The fewest passes the
+token budget allows are preferred, because each pass has a fixed overhead. A rank left without a
+row in the last pass runs a dummy pass.
 
 What it costs (:func:`plan_cost`): the passes under lockstep, plus per inner step one
 all-reduce of the stacked inner gradients (``T`` x the adapter's floats), priced by
@@ -43,61 +45,75 @@ PlacementChoice = Literal["auto", "tasks", "rows"]
 PLACEMENTS = ("auto", "tasks", "rows")
 
 
-def _cut_laps(width: np.ndarray, budget: int, cost_model: CostModel) -> np.ndarray:
-    """Where passes start, over laps sorted longest first (``width[i]``: lap ``i``'s longest
-    row): the contiguous cut of least total cost ``sum a + b * m * w + c * m * w^2`` (a pass of
-    ``m`` laps starting at width ``w``) whose passes hold at most ``budget`` padded tokens per
-    rank (one lap always fits). Cutting sorted rows contiguously loses nothing: a pass pays its
-    longest row's width, so mixing a long row into a pass of short ones only adds padding."""
-    n_laps = width.size
+def _aligned_cut(width: np.ndarray, world_size: int, budget: int,
+                 cost_model: CostModel) -> tuple[np.ndarray, np.ndarray, float]:
+    """Deals rows sorted longest first (``width[i]``: row ``i``'s tokens) to passes and seats so
+    that every pass index costs about the same on every seat; returns each row's pass, each row's
+    seat and the passes' lockstep price (the sum over passes of the costliest seat's pass).
+
+    Pass by pass, the seats take consecutive runs of the sorted rows, each run priced at its first
+    (longest) row's width, up to one target: the pass's share of the remaining work, and never
+    less than the next row alone. So where one seat runs a single long row, the others run many
+    short ones of the same cost, and a long row no longer leaves the other ranks waiting. A run
+    stops either below the target or nearest to it, aiming at the fewest passes the token budget
+    allows or one more (each pass has a fixed overhead, but more passes cut closer): all four
+    variants are priced and the cheapest is kept (a tie keeps the first, fewest passes below)."""
+    a, b, c = cost_model.coefficients
     w = width.astype(np.float64)
-    most = np.maximum(1, budget // np.maximum(width, 1))  # laps a pass starting at i may take
-    span = np.arange(1, min(int(most.max()), n_laps) + 1)
-    # price[j - 1, m - 1]: the pass of m laps that ends at lap j (starts at i = j - m), priced in
-    # one call: features (1 pass, padded tokens m * w_i, sum of squared lengths m * w_i^2)
-    start = np.arange(1, n_laps + 1)[:, None] - span[None, :]
-    first = np.maximum(start, 0)
-    padded = span[None, :] * w[first]
-    price = cost_model.predict(np.stack([np.ones_like(padded), padded, padded * w[first]], axis=-1))
-    price[(start < 0) | (span[None, :] > most[first])] = np.inf
-    best = np.full(n_laps + 1, np.inf)
-    best[0] = 0.0
-    back = np.zeros(n_laps + 1, dtype=np.int64)
-    for j in range(1, n_laps + 1):  # one step per lap: the pass ending at j starts at j - m
-        cost = best[first[j - 1]] + price[j - 1]
-        k = int(np.argmin(cost))
-        best[j], back[j] = cost[k], first[j - 1, k]
-    starts = []
-    j = n_laps
-    while j > 0:
-        starts.append(int(back[j]))
-        j = starts[-1]
-    return np.array(starts[::-1], dtype=np.int64)
+    per = b * w + c * w * w
+    left = np.r_[np.cumsum(per[::-1])[::-1], 0.0].tolist()  # the work from row i on
+    per_row, fits = per.tolist(), np.maximum(1, budget // np.maximum(width, 1)).tolist()
+    fewest = -(-int(width.sum()) // (world_size * budget))
+    n, dummy = width.size, cost_model.dummy_pass_cost
+    best: tuple[float, list[int], list[int], list[int]] | None = None
+    for extra in (0, 1):
+        for half in (0.0, 0.5):
+            starts: list[int] = []  # where each run starts; runs go pass by pass, seat by seat
+            passes: list[int] = []
+            seats: list[int] = []
+            total, i, g = 0.0, 0, 0
+            while i < n:
+                target = max(per_row[i], left[i] / (world_size * max(1, fewest + extra - g)))
+                costliest = dummy
+                for seat in range(world_size):
+                    if i == n:
+                        break
+                    k = int(target / per_row[i] + half) if per_row[i] > 0 else n
+                    k = max(1, min(k, fits[i], n - i))
+                    starts.append(i)
+                    passes.append(g)
+                    seats.append(seat)
+                    costliest = max(costliest, a + k * per_row[i])
+                    i += k
+                total += costliest
+                g += 1
+            if best is None or total < best[0]:
+                best = (total, starts, passes, seats)
+    assert best is not None
+    total, starts, passes, seats = best
+    runs = np.diff(np.r_[starts, n])
+    return np.repeat(passes, runs), np.repeat(seats, runs), total
 
 
 def _deal_phase(lengths: np.ndarray, counts: np.ndarray, world_size: int, budget: int,
                 rank_order: np.ndarray, cost_model: CostModel) -> list[tuple[PackedPass, ...]]:
-    """One phase's passes for every rank: every row of every task, longest first, dealt to the
-    ranks in snake order (*laps* of one row per rank, so every rank gets about the same lengths),
-    and the laps cut into passes (:func:`_cut_laps`), the same cut on every rank: pass ``g`` of
-    every rank holds the rows of the same laps, so every pass index costs about the same on every
-    rank. A rank without a row in the last lap's pass runs a dummy pass there."""
+    """One phase's passes for every rank: every row of every task, longest first, dealt by
+    :func:`_aligned_cut`, so pass ``g`` costs about the same on every rank. A rank without rows
+    in the last pass runs a dummy pass there."""
     total = int(counts.sum())
     if total == 0:
         return [(DUMMY_PASS,)] * world_size
     slot = np.repeat(np.arange(counts.size), counts)
     example = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
-    order = np.lexsort((example, slot, -lengths))  # longest first; ties in (task, example) order
-    slot, example, length = slot[order], example[order], lengths[order]
-    lap, seat = np.divmod(np.arange(total), world_size)
-    rank = rank_order[np.where(lap % 2 == 0, seat, world_size - 1 - seat)]
-    starts = _cut_laps(length[::world_size], budget, cost_model)
-    n_passes = starts.size
-    pass_id = (np.searchsorted(starts, lap, side="right") - 1) * world_size + rank
-    by_pass = np.lexsort((example, slot, pass_id))  # a pass's rows in (task, example) order
-    pid, length = pass_id[by_pass], length[by_pass]
+    order = np.argsort(-lengths, kind="stable")  # longest first; ties in (task, example) order
+    pass_of, seat_of, _ = _aligned_cut(lengths[order], world_size, budget, cost_model)
+    n_passes = int(pass_of[-1]) + 1
+    pass_id = pass_of * world_size + rank_order[seat_of]
+    by_pass = order[np.argsort(pass_id * total + order)]  # a pass's rows in (task, example) order
+    pid = np.sort(pass_id)
+    slot, example, length = slot[by_pass], example[by_pass], lengths[by_pass]
     cut = np.flatnonzero(np.r_[True, pid[1:] != pid[:-1]])
-    slots_t, examples_t = tuple(slot[by_pass].tolist()), tuple(example[by_pass].tolist())
+    slots_t, examples_t = tuple(slot.tolist()), tuple(example.tolist())
     lo, hi = cut.tolist(), np.r_[cut[1:], total].tolist()
     made = _make_many(PackedPass, list(map(slots_t.__getitem__, map(slice, lo, hi))),
                       list(map(examples_t.__getitem__, map(slice, lo, hi))),

@@ -3,15 +3,13 @@ holding every task, budgets kept, the optimal cut, and the placement chosen by p
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 
 from fmmeta.sampling.cost import CostModel
 from fmmeta.sampling.plan import MetaBatchPlan, RankPlan
 from fmmeta.sampling.planner import plan_meta_batch, plan_stats
-from fmmeta.sampling.rows_plan import _cut_laps, fast_weight_megabytes, plan_placed, plan_rows_across_ranks
+from fmmeta.sampling.rows_plan import _aligned_cut, fast_weight_megabytes, plan_placed, plan_rows_across_ranks
 from fmmeta.sampling.synthetic import bimodal_pool
 from fmmeta.tasks.episode import Episode
 
@@ -68,38 +66,45 @@ def test_rows_are_dealt_by_tokens_so_every_rank_gets_about_the_same_work() -> No
     assert plan.compute_cost(CostModel(), inner_steps=2) < 0.5 * tasks.compute_cost(CostModel(), inner_steps=2)
 
 
-def _brute_force_cut(width: list[int], budget: int, cost: CostModel) -> float:
+def _lockstep(width: np.ndarray, pass_of: np.ndarray, seat_of: np.ndarray, cost: CostModel) -> float:
+    """The lockstep price of a deal, recomputed pass by pass from its rows."""
     a, b, c = cost.coefficients
-    best = np.inf
-    n = len(width)
-    for mask in itertools.product((0, 1), repeat=n - 1):
-        starts = [0] + [i + 1 for i, m in enumerate(mask) if m]
-        total = 0.0
-        for s, e in zip(starts, starts[1:] + [n]):
-            m, w = e - s, width[s]
-            if m > 1 and m * w > budget:
-                total = np.inf
-                break
-            total += a + b * m * w + c * m * w * w
-        best = min(best, total)
-    return best
+    total = 0.0
+    for g in range(int(pass_of.max()) + 1):
+        costliest = cost.dummy_pass_cost
+        for seat in np.unique(seat_of[pass_of == g]):
+            rows = width[(pass_of == g) & (seat_of == seat)]
+            costliest = max(costliest, a + rows.size * (b * rows.max() + c * float(rows.max()) ** 2))
+        total += costliest
+    return total
+
+
+def test_one_long_row_runs_beside_many_short_ones_of_the_same_cost() -> None:
+    """The case whole tasks (and equal row counts per rank) cannot balance: one 640-token row
+    among 36 short ones on 4 ranks. One pass holds it all: the long row alone on one rank, 12 short
+    rows on each other rank (their cost just below the long row's), so the step costs the long row."""
+    width = np.array([640] + [64] * 36)
+    cost = CostModel()
+    pass_of, seat_of, price = _aligned_cut(width, 4, budget=4 * 640, cost_model=cost)
+    assert (pass_of == 0).all()
+    assert seat_of.tolist() == [0] + [1] * 12 + [2] * 12 + [3] * 12
+    assert price == pytest.approx(cost.a + 640 * (1 + 640 / 2048))
+    assert price == pytest.approx(_lockstep(width, pass_of, seat_of, cost))
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_the_cut_of_laps_is_the_cheapest_contiguous_cut(seed: int) -> None:
+def test_the_aligned_cut_keeps_every_row_order_and_budget_and_prices_itself(seed: int) -> None:
     rng = np.random.default_rng(seed)
-    width = sorted(rng.integers(1, 200, int(rng.integers(1, 11))).tolist(), reverse=True)
+    width = np.sort(rng.integers(1, 400, int(rng.integers(1, 80))))[::-1]
     cost = CostModel(a=float(rng.uniform(0, 300)), c=float(rng.uniform(0, 0.01)))
-    budget = int(rng.integers(150, 900))
-    starts = _cut_laps(np.array(width), budget, cost).tolist()
-    assert starts[0] == 0 and starts == sorted(set(starts))
-    a, b, c = cost.coefficients
-    got = 0.0
-    for s, e in zip(starts, starts[1:] + [len(width)]):
-        m, w = e - s, width[s]
-        assert m == 1 or m * w <= budget
-        got += a + b * m * w + c * m * w * w
-    assert got == pytest.approx(_brute_force_cut(width, budget, cost), rel=1e-12)
+    budget, ranks = int(rng.integers(150, 900)), int(rng.integers(1, 6))
+    pass_of, seat_of, price = _aligned_cut(width, ranks, budget, cost)
+    key = pass_of * ranks + seat_of
+    assert (np.diff(key) >= 0).all() and seat_of.max() < ranks  # consecutive runs, in seat order
+    for k in np.unique(key):
+        rows = width[key == k]
+        assert rows.size == 1 or rows.size * rows.max() <= budget
+    assert price == pytest.approx(_lockstep(width, pass_of, seat_of, cost), rel=1e-12)
 
 
 def _placed(eps: list[Episode], world_size: int, **kw) -> MetaBatchPlan:
