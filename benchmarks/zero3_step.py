@@ -28,7 +28,7 @@ cost-model unit (a token-equivalent) takes in the packed meta-steps (``s_per_cos
 Steps rotate which plan runs first. Run it on a quiet machine: two ranks on two cores are easily
 slowed by anything else running.
 
-Usage: ``python benchmarks/zero3_step.py [--steps 6] [--tasks-per-rank 4] [--pools bimodal]``; it
+Usage: ``python benchmarks/zero3_step.py [--steps 6] [--tasks-per-rank 4] [--pools bimodal] [--cost-a 200]``; it
 launches itself with ``deepspeed --num_gpus 2`` (CPU, gloo). The last stdout line is one JSON object.
 """
 
@@ -57,6 +57,8 @@ def _args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--median-length", type=float, default=48.0, help="median sequence length (tokens)")
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--cost-a", type=float, default=None,
+                    help="the cost model's per-pass overhead for every plan (default: the model's default)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--pools", nargs="+", default=["lognormal", "bimodal"], choices=["lognormal", "bimodal"])
     ap.add_argument("--out", help=argparse.SUPPRESS)  # set by the launching process
@@ -106,14 +108,14 @@ def _worker(args: argparse.Namespace) -> None:
     engine = DeepSpeedEngine(_model(args), OuterOptimConfig(outer_lr=1e-4),
                              json.loads((REPO / "ds_configs" / "zero3.json").read_text()), precision="fp32")
     algo = build_algorithm("fomaml", AlgorithmConfig(inner_steps=args.inner_steps, inner_lr=1e-2), pad_id=0)
-    cost_model = CostModel()
+    cost_model = CostModel() if args.cost_a is None else CostModel(a=args.cost_a)
     pools = {
         "lognormal": lambda: lognormal_pool(200, seed=args.seed, median_length=args.median_length),
         "bimodal": lambda: bimodal_pool(200, seed=args.seed, short_length=args.median_length / 2,
                                         long_length=args.median_length * 5),
     }
     cfg = SamplerConfig(meta_batch_size=world * args.tasks_per_rank, micro_batch_size=args.micro_batch,
-                        placement="tasks")
+                        placement="tasks", cost_a=cost_model.a)
     numel = sum(p.numel() for p in engine.adapter_parameters())
     n_floats = cfg.meta_batch_size * numel  # the stacked inner gradients of one inner step
     flat = torch.zeros(n_floats)
