@@ -294,6 +294,7 @@ def plan_meta_batch(
     tokens_per_pass: int | None = None,
     on_uneven: OnUneven = "pad",
     tol: float = 1e-3,
+    lengths: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> MetaBatchPlan:
     """Builds the packed plan for one meta-step from the chosen episodes.
 
@@ -312,6 +313,8 @@ def plan_meta_batch(
         on_uneven: ``"error"`` refuses a meta-batch that does not divide by ``world_size``;
             ``"pad"`` lets ranks hold different task counts (packing keeps passes equal).
         tol: balance tolerance relative to ``total / ranks``.
+        lengths: the :func:`~fmmeta.sampling.lengths.set_lengths` of the episodes' support sets
+            then query sets, when the caller has them already.
 
     Raises:
         ValueError: for an empty meta-batch, mismatched lengths, bad sizes, or uneven counts with
@@ -342,7 +345,7 @@ def plan_meta_batch(
         )
     with gc_paused():
         return _plan(episodes, task_ids, step, world_size, micro_batch_size, inner_steps,
-                     cost_model, rng, tokens_per_pass, tol)
+                     cost_model, rng, tokens_per_pass, tol, lengths)
 
 
 def _plan(
@@ -356,11 +359,11 @@ def _plan(
     rng: np.random.Generator,
     tokens_per_pass: int | None,
     tol: float,
+    known: tuple[np.ndarray, np.ndarray] | None,
 ) -> MetaBatchPlan:
     """:func:`plan_meta_batch` after its arguments are checked."""
     n = len(episodes)
-    sets = [ep.support for ep in episodes] + [ep.query for ep in episodes]
-    lengths, counts = set_lengths(sets)
+    lengths, counts = known or set_lengths([ep.support for ep in episodes] + [ep.query for ep in episodes])
     offsets = np.cumsum(counts) - counts
     row_work = _row_costs(lengths, cost_model)
     set_work = np.bincount(np.repeat(np.arange(2 * n), counts), weights=row_work, minlength=2 * n)

@@ -8,7 +8,7 @@ import pytest
 
 from fmmeta.sampling.cost import CostModel
 from fmmeta.sampling.plan import MetaBatchPlan, RankPlan
-from fmmeta.sampling.planner import plan_meta_batch, plan_stats
+from fmmeta.sampling.planner import pass_cost, plan_meta_batch, plan_stats
 from fmmeta.sampling.rows_plan import _aligned_cut, fast_weight_megabytes, plan_placed, plan_rows_across_ranks
 from fmmeta.sampling.synthetic import bimodal_pool
 from fmmeta.tasks.episode import Episode
@@ -169,3 +169,22 @@ def test_fast_weight_memory() -> None:
     # The default adapter (460,800 floats) for 16 tasks: weights + grads, and Adam's two moments.
     assert fast_weight_megabytes(16, 460_800) == pytest.approx(16 * 460_800 * 4 * 2 / 2**20)
     assert fast_weight_megabytes(16, 460_800, adam=True) == pytest.approx(2 * fast_weight_megabytes(16, 460_800))
+
+
+@pytest.mark.parametrize("world_size", [1, 3, 8])
+def test_compute_cost_equals_the_passes_priced_one_by_one(world_size: int) -> None:
+    """The vectorised price against a plain loop over :func:`pass_cost`, dummy passes included."""
+    eps = _episodes(7, seed=world_size)
+    cost = CostModel(a=50.0, c=0.002)
+    tasks = plan_meta_batch(eps, list(range(7)), step=0, world_size=world_size, micro_batch_size=3,
+                            inner_steps=2, cost_model=cost, rng=np.random.default_rng(0))
+    for plan in (tasks, _rows(eps, world_size)):
+        support = [[pass_cost(p, cost) for p in r.support] for r in plan.ranks]
+        query = [[pass_cost(p, cost) for p in r.query] for r in plan.ranks]
+        lockstep = 2 * sum(map(max, zip(*support))) + sum(map(max, zip(*query)))
+        assert plan.compute_cost(cost, inner_steps=2) == pytest.approx(lockstep, rel=1e-12)
+        if plan.placement == "rows":
+            apart = 2 * max(map(sum, support)) + max(map(sum, query))
+        else:
+            apart = max(2 * sum(s) + sum(q) for s, q in zip(support, query))
+        assert plan.compute_cost(cost, inner_steps=2, lockstep=False) == pytest.approx(apart, rel=1e-12)
