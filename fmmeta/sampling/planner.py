@@ -45,6 +45,7 @@ from fmmeta.sampling.plan import (
     TaskSlot,
     _make_many,
 )
+from fmmeta.sampling.sorting import lex_order
 from fmmeta.tasks.episode import Episode
 
 OnUneven = Literal["pad", "error"]
@@ -123,13 +124,9 @@ class _Rows:
         example = np.arange(total) - np.repeat(np.cumsum(sizes) - sizes, sizes)
         idx = offsets[sets][owner] + example
         rank, length = set_rank[owner], lengths[idx]
-        # Rows are made in (rank, slot, example) order, so one unique key (rank, longest first,
-        # position) sorts them like a lexsort on (rank, -length, slot, example), only faster.
-        top = int(length.max(initial=0)) + 1
-        if len(members) * top * max(total, 1) < 1 << 62:
-            order = np.argsort((rank * top + (top - 1 - length)) * total + np.arange(total))
-        else:  # pragma: no cover - sizes far beyond any meta-batch
-            order = np.lexsort((np.arange(total), -length, rank))
+        # Rows are made in (rank, slot, example) order, so a stable order by (rank, longest
+        # first) sorts them like a lexsort on (rank, -length, slot, example).
+        order = lex_order(-length, rank)
         rank = rank[order]
         counts_r = np.bincount(rank, minlength=len(members))
         ends = np.cumsum(counts_r)
@@ -262,12 +259,7 @@ def _materialise(rows: _Rows, start: np.ndarray, size: np.ndarray, pass_rank: np
     and the objects made by C-level ``map`` chains (a 64 x 32 plan has ~1,300 passes)."""
     pass_of_row = np.repeat(np.arange(start.size), size)
     # Rows of one task side by side inside a pass: the executor then finds single-task passes cheaply.
-    n_ex = int(rows.example.max()) + 1
-    n_slot = int(rows.slot.max()) + 1
-    if start.size * n_slot * n_ex < 1 << 62:
-        order = np.argsort((pass_of_row * n_slot + rows.slot) * n_ex + rows.example)
-    else:  # pragma: no cover - sizes far beyond any meta-batch
-        order = np.lexsort((rows.example, rows.slot, pass_of_row))
+    order = lex_order(rows.example, rows.slot, pass_of_row)
     slot = tuple(rows.slot[order].tolist())
     example = tuple(rows.example[order].tolist())
     lo = start.tolist()

@@ -36,6 +36,7 @@ from fmmeta.sampling.cost import CostModel
 from fmmeta.sampling.lengths import gc_paused, set_lengths
 from fmmeta.sampling.plan import DUMMY_PASS, MetaBatchPlan, PackedPass, RankPlan, TaskSlot, _make_many
 from fmmeta.sampling.planner import OnUneven, plan_meta_batch
+from fmmeta.sampling.sorting import lex_order
 from fmmeta.tasks.episode import Episode
 
 __all__ = ["PLACEMENTS", "PlacementChoice", "fast_weight_megabytes", "plan_placed",
@@ -110,12 +111,13 @@ def _deal_phase(lengths: np.ndarray, counts: np.ndarray, world_size: int, budget
         return [(DUMMY_PASS,)] * world_size
     slot = np.repeat(np.arange(counts.size), counts)
     example = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
-    order = np.argsort(-lengths, kind="stable")  # longest first; ties in (task, example) order
+    order = lex_order(-lengths)  # longest first; ties in (task, example) order
     pass_of, seat_of, _ = _aligned_cut(lengths[order], world_size, budget, cost_model)
     n_passes = int(pass_of[-1]) + 1
-    pass_id = pass_of * world_size + rank_order[seat_of]
-    by_pass = order[np.argsort(pass_id * total + order)]  # a pass's rows in (task, example) order
-    pid = np.sort(pass_id)
+    pass_id = np.empty(total, dtype=np.int64)
+    pass_id[order] = pass_of * world_size + rank_order[seat_of]
+    by_pass = lex_order(pass_id)  # a pass's rows in (task, example) order
+    pid = pass_id[by_pass]
     slot, example, length = slot[by_pass], example[by_pass], lengths[by_pass]
     cut = np.flatnonzero(np.r_[True, pid[1:] != pid[:-1]])
     slots_t, examples_t = tuple(slot.tolist()), tuple(example.tolist())
@@ -198,16 +200,15 @@ def plan_placed(
     if placement not in PLACEMENTS:
         raise ValueError(f"placement={placement!r} is invalid: allowed {', '.join(PLACEMENTS)}")
     plans: list[MetaBatchPlan] = []
-    with gc_paused():
+    with gc_paused():  # one collection afterwards for both plans' objects, not one per plan
         known = set_lengths([ep.support for ep in episodes] + [ep.query for ep in episodes])
-    if world_size == 1 or placement != "rows":
-        plans.append(plan_meta_batch(episodes, task_ids, step=step, world_size=world_size,
-                                     micro_batch_size=micro_batch_size, inner_steps=inner_steps,
-                                     cost_model=cost_model, rng=rng, tokens_per_pass=tokens_per_pass,
-                                     on_uneven=on_uneven, tol=tol, lengths=known))
-        if world_size == 1 or placement == "tasks":
-            return plans[0]
-    with gc_paused():
+        if world_size == 1 or placement != "rows":
+            plans.append(plan_meta_batch(episodes, task_ids, step=step, world_size=world_size,
+                                         micro_batch_size=micro_batch_size, inner_steps=inner_steps,
+                                         cost_model=cost_model, rng=rng, tokens_per_pass=tokens_per_pass,
+                                         on_uneven=on_uneven, tol=tol, lengths=known))
+            if world_size == 1 or placement == "tasks":
+                return plans[0]
         budget = tokens_per_pass or micro_batch_size * int(known[0].max(initial=1))
         plans.append(plan_rows_across_ranks(episodes, task_ids, step=step, world_size=world_size,
                                             budget=budget, cost_model=cost_model, rng=rng, lengths=known))
