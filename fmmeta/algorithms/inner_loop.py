@@ -210,10 +210,12 @@ def adapt_tasks(
         optimizer: continue with this inner optimizer's state (default: a fresh one).
         lrs: one step size per weight tensor for a fresh optimizer (default ``cfg.inner_lr`` for
             all); an ``optimizer`` passed in brings its own.
-        reduce: with rows dealt across ranks, sums tensors over the ranks in place: each step's
-            partial gradients and loss sums are made whole before clipping and the update, so
+        reduce: makes each step's partial gradients and loss sums whole, in place, before
+            clipping and the update. With rows dealt across ranks it sums them over the ranks, so
             every rank clips by the whole task's norm and applies the same update (``n_answer``
-            must then count the whole tasks' tokens). Every rank calls it once per step.
+            must then count the whole tasks' tokens; every rank calls it once per step); when
+            evaluation's lr choice adapts one episode at several lrs, it copies the one gradient
+            computed for the episode to each of its copies.
     """
     n_steps = cfg.inner_steps if steps is None else steps
     if n_steps < 0:

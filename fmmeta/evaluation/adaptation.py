@@ -72,12 +72,15 @@ def adapting(
     cfg: InnerLoopConfig,
     lrs: Sequence[float] | None = None,
     task_lrs: Sequence[float] | None = None,
+    first: tuple[Sequence[Pass], torch.Tensor] | None = None,
 ) -> Iterator[Callable[[], None]]:
     """The model with ``T = len(n_answer)`` copies of the adapter at ``start`` as fp32 fast
     weights inside the block (one per episode adapted together); yields the function that takes
     one adaptation step of all of them on ``support`` (passes whose rows name their episode;
     ``None`` entries are dummy passes; ``n_answer[g]`` is episode ``g``'s support answer tokens).
     ``lrs`` gives every adapter tensor its own step size, ``task_lrs`` every episode its own.
+    ``first``: the first step's passes and, per copy, the copy whose gradient it takes
+    (:func:`_first_step`).
 
     This is training's inner loop (:func:`~fmmeta.algorithms.inner_loop.adapt_tasks` over
     stacked weights routed by ``lora``), so each episode's trajectory is the one it has alone.
@@ -91,12 +94,44 @@ def adapting(
     fast = stack_adapters([t.detach().to(p.device) for p, t in zip(params, start)], n_answer.numel())
     opt = InnerOptimizer(cfg, fast, lrs, task_lrs=task_lrs)
 
+    pending = first
+
     def step() -> None:
-        adapt_tasks(model, fast, support, n_answer, cfg, lora=lora, steps=1, optimizer=opt)
+        nonlocal pending
+        if pending is None:
+            adapt_tasks(model, fast, support, n_answer, cfg, lora=lora, steps=1, optimizer=opt)
+            return
+        passes, source = pending
+        pending = None
+        adapt_tasks(model, fast, passes, n_answer, cfg, lora=lora, steps=1, optimizer=opt,
+                    reduce=_copied_from(source) if source.numel() == n_answer.numel() else None)
 
     with lora.active(fast):
         lora.rows = None
         yield step
+
+
+def _first_step(episodes: Sequence[Episode], lockstep: Lockstep, pad_id: int, micro_batch_size: int,
+                icl_max_length: int | None, padding_free: bool) -> tuple[list[Pass], torch.Tensor]:
+    """The first adaptation step of episodes that repeat (one episode at several lrs, as the lr
+    choice adapts them): its gradient is taken at ``start`` for every copy, whatever the copy's
+    lr, so the passes hold each distinct episode once, routed to its first copy, and the other
+    copies take that copy's gradient (``source[t]``: the copy whose gradient copy ``t`` takes)
+    before the clipping and the update. Each copy then steps with its own lr."""
+    first_copy: dict[int, int] = {}
+    source = torch.tensor([first_copy.setdefault(id(ep), t) for t, ep in enumerate(episodes)], dtype=torch.long)
+    distinct = [episodes[t] for t in first_copy.values()]
+    to_copy = torch.tensor(list(first_copy.values()), dtype=torch.long)
+    passes = support_passes(distinct, pad_id, micro_batch_size, icl_max_length, padding_free=padding_free)
+    return lockstep.support([p and PackedBatch(p.batch, to_copy[p.rows]) for p in passes]), source
+
+
+def _copied_from(source: torch.Tensor) -> Callable[[Sequence[torch.Tensor]], None]:
+    """Gives every copy the gradient and loss sum of its ``source`` copy, in place."""
+    def copy(tensors: Sequence[torch.Tensor]) -> None:
+        for t in tensors:
+            t.copy_(t.index_select(0, source.to(t.device)))
+    return copy
 
 
 def _route(lora: TaskLoRA) -> Callable[[torch.Tensor], None]:
@@ -152,13 +187,19 @@ def adapt_and_score(
     ``icl_max_length`` every query is scored with the support prepended as demonstrations, with
     ``support_icl_max_length`` the support rows adapted on are in the in-context format too;
     ``score_steps`` limits scoring to those steps (``None``: every step; the last one always);
-    ``lrs`` gives every adapter tensor its own step size, ``task_lrs`` every episode its own.
+    ``lrs`` gives every adapter tensor its own step size, ``task_lrs`` every episode its own, and
+    then an episode may be given once per lr: the first step's gradient, the same for every lr, is
+    computed once per distinct episode (:func:`_first_step`).
     """
     out: list[Scored] = [[] for _ in episodes]
     support = (lockstep.support(support_passes(episodes, pad_id, micro_batch_size, support_icl_max_length,
                                                padding_free=cfg.padding_free)) if steps else [])
     n_answer = answer_tokens_per_task(support, len(episodes))
-    with adapting(model, lora, params, start, support, n_answer, cfg, lrs, task_lrs) as adapt_step:
+    # Every rank decides alike (on task_lrs, not on what its group holds): the first step's
+    # passes are padded in lockstep like the others.
+    first = (_first_step(episodes, lockstep, pad_id, micro_batch_size, support_icl_max_length, cfg.padding_free)
+             if task_lrs is not None and steps else None)
+    with adapting(model, lora, params, start, support, n_answer, cfg, lrs, task_lrs, first) as adapt_step:
         for step in range(steps + 1):
             if step > 0:
                 adapt_step()

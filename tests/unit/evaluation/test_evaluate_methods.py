@@ -390,3 +390,46 @@ def test_a_method_trained_in_context_adapts_and_is_scored_in_that_format() -> No
                                 inner, steps=2, pad_id=PAD, lr_grid=grid)
     for lr in grid:
         assert chose.val_loss["m"][lr] == pytest.approx(chose_ref.val_loss["m"][lr], rel=1e-5)
+
+
+@pytest.mark.parametrize("padding_free", [False, True])
+def test_the_lr_choice_takes_each_episodes_first_gradient_once(padding_free: bool, monkeypatch) -> None:
+    """One episode at several lrs starts from the same weights, so its first gradient is the
+    same for every lr: it is computed once per episode (the first step runs each support row
+    once, not once per lr), and the losses equal those of distinct copies of the episode, with
+    Adam and per-episode clipping, also in padding-free lines (float64: the comparison is about
+    the arithmetic, not rounding)."""
+    import copy
+
+    from fmmeta.algorithms.task_lora import TaskLoRA
+    from fmmeta.evaluation.adaptation import adapt_and_score
+    from fmmeta.evaluation.lockstep import Lockstep, OneRank
+    from fmmeta.tasks import lines
+
+    monkeypatch.setattr(lines, "MIN_SAVING", 0.0)  # lines wherever they save a token
+    model = tiny_lora_llama(seed=3).double()
+    params = lora_params(model)
+    model.eval()
+    g = torch.Generator().manual_seed(5)
+    eps = [random_episode(g, f"v{i}", classification=i % 2 == 0, shots=1 + i % 3) for i in range(3)]
+    grid = (0.05, 0.3, 1.0)
+    cfg = InnerLoopConfig(inner_steps=2, inner_lr=0.1, inner_optimizer="adam", inner_clip_norm=0.5,
+                          padding_free=padding_free)
+    rows: list[int] = []
+    model.register_forward_pre_hook(lambda m, a, kw: rows.append(len(kw["input_ids"])), with_kwargs=True)
+
+    def final_losses(episodes: list) -> tuple[list[float], int]:
+        rows.clear()
+        scored = adapt_and_score(model, TaskLoRA(model, params), params, [p.detach() for p in params], episodes,
+                                 cfg, 2, PAD, 2, Lockstep(model, params, OneRank()), score_steps=(),
+                                 task_lrs=[lr for lr in grid for _ in eps])
+        return [sc[0][1] for sc in scored], sum(rows)
+
+    shared, shared_rows = final_losses([ep for _ in grid for ep in eps])
+    apart, apart_rows = final_losses([copy.copy(ep) for _ in grid for ep in eps])  # nothing to share
+    assert shared == pytest.approx(apart, rel=1e-10)
+    assert len(set(shared)) == len(shared)  # the lrs did give different trajectories
+    if padding_free:
+        assert shared_rows < apart_rows
+    else:
+        assert apart_rows - shared_rows == (len(grid) - 1) * sum(len(ep.support) for ep in eps)
