@@ -103,8 +103,9 @@ def adapting(
             return
         passes, source = pending
         pending = None
+        copies = source.numel() == n_answer.numel()  # else a rank without episodes: one idle task
         adapt_tasks(model, fast, passes, n_answer, cfg, lora=lora, steps=1, optimizer=opt,
-                    reduce=_copied_from(source) if source.numel() == n_answer.numel() else None)
+                    reduce=_copied_from(source) if copies else None)
 
     with lora.active(fast):
         lora.rows = None
@@ -121,9 +122,9 @@ def _first_step(episodes: Sequence[Episode], lockstep: Lockstep, pad_id: int, mi
     first_copy: dict[int, int] = {}
     source = torch.tensor([first_copy.setdefault(id(ep), t) for t, ep in enumerate(episodes)], dtype=torch.long)
     distinct = [episodes[t] for t in first_copy.values()]
-    to_copy = torch.tensor(list(first_copy.values()), dtype=torch.long)
+    copy_of = torch.tensor(list(first_copy.values()), dtype=torch.long)  # distinct episode -> its first copy
     passes = support_passes(distinct, pad_id, micro_batch_size, icl_max_length, padding_free=padding_free)
-    return lockstep.support([p and PackedBatch(p.batch, to_copy[p.rows]) for p in passes]), source
+    return lockstep.support([p and PackedBatch(p.batch, copy_of[p.rows]) for p in passes]), source
 
 
 def _copied_from(source: torch.Tensor) -> Callable[[Sequence[torch.Tensor]], None]:
