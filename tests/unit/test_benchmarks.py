@@ -37,6 +37,13 @@ def test_evaluation_benchmark_runs_small() -> None:
 
 
 @pytest.mark.timeout(300)
+def test_compiled_benchmark_runs_small() -> None:
+    out = _run("compiled.py", "--tiny", "--reps", "1", "--threads", "1")
+    assert out["seconds"]["eager"] > 0 and out["seconds"]["compiled"] > 0 and out["compile_s"] > 0
+    assert all(m > 0 for m in out["mfu"].values())
+    assert 0 < out["grad_rel_error"] < 0.05  # the compiled pass computes the same gradient, in bf16
+
+
 def test_precision_benchmark_runs_small() -> None:
     out = _run("precision.py", "--tiny", "--reps", "1", "--threads", "1",
                "--methods", "fomaml", "reptile", "metaicl")
