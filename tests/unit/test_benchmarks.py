@@ -44,6 +44,7 @@ def test_compiled_benchmark_runs_small() -> None:
     assert 0 < out["grad_rel_error"] < 0.05  # the compiled pass computes the same gradient, in bf16
 
 
+@pytest.mark.timeout(300)
 def test_precision_benchmark_runs_small() -> None:
     out = _run("precision.py", "--tiny", "--reps", "1", "--threads", "1",
                "--methods", "fomaml", "reptile", "metaicl")
