@@ -115,8 +115,8 @@ class MetaICL:
     """MetaICL baseline: train theta to answer queries with the support set as demonstrations.
 
     No adaptation: the query loss before and after are the in-context query loss at theta. The
-    query passes' times are not reported to the cost model, whose features describe the plan's
-    plain rows, not these longer ones.
+    query passes' times reach the cost model with the shape of these longer rows, which is what
+    they took.
 
     Example:
         >>> algo = MetaICL(AlgorithmConfig(), pad_id=tok.pad_token_id)
@@ -155,7 +155,7 @@ class MetaICL:
         sum_over_ranks(work.share, [query.task_sums])
         q_loss = per_token(query.task_sums[: work.n_tasks], work.query_answers[: work.n_tasks])
         before = q_loss if self.cfg.measure_query_before else torch.full_like(q_loss, math.nan)
-        return RankResult(query.grads, before, q_loss, [], None, 0, 1)
+        return RankResult(query.grads, before, q_loss, [], query.seconds, 0, 1)
 
     def state_dict(self) -> dict[str, Any]:
         """Nothing learned besides the adapter."""

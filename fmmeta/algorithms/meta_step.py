@@ -31,7 +31,7 @@ import torch
 from fmmeta.algorithms.passes import Pass
 from fmmeta.algorithms.protocol import MetaAlgorithm, OuterUpdate, RankResult, RankWork, RowShare
 from fmmeta.engine.protocol import Engine
-from fmmeta.sampling.plan import MetaBatchPlan, PackedPass, RankPlan
+from fmmeta.sampling.plan import MetaBatchPlan, RankPlan, pass_features
 from fmmeta.sampling.source import PassObservation, TaskObservation
 
 logger = logging.getLogger(__name__)
@@ -136,11 +136,16 @@ def _tokens(passes: list[Pass], repeats: int) -> tuple[int, int]:
 
 
 def _pass_observations(
-    step: int, rank: int, phase: str, passes: tuple[PackedPass, ...], seconds: list[float] | None
+    step: int, rank: int, phase: str, passes: Sequence[Pass], seconds: list[float] | None
 ) -> list[PassObservation]:
+    """The passes' times, each with the features of the tensors that ran (padding-free lines,
+    ``pad_to_multiple_of`` and MetaICL's demonstrations make them differ from the plan's), so the
+    cost model is fitted on the work it timed."""
     if not seconds:
         return []
-    return [PassObservation(step=step, rank=rank, phase=phase, index=i, features=p.features, seconds=s)
+    return [PassObservation(step=step, rank=rank, phase=phase, index=i, seconds=s,
+                            features=pass_features(*p.batch.input_ids.shape) if p is not None else
+                            pass_features(0, 0))
             for i, (p, s) in enumerate(zip(passes, seconds, strict=True))]
 
 
@@ -239,8 +244,8 @@ def meta_step(
         for i in reported
     )
     passes = tuple(
-        _pass_observations(plan.step, engine.rank, "support", mine.support, result.support_seconds)
-        + _pass_observations(plan.step, engine.rank, "query", mine.query, result.query_seconds)
+        _pass_observations(plan.step, engine.rank, "support", work.support, result.support_seconds)
+        + _pass_observations(plan.step, engine.rank, "query", work.query, result.query_seconds)
     )
     return StepStats(
         step=plan.step,

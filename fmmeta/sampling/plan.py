@@ -51,6 +51,17 @@ class TaskSlot:
     cost: float = 0.0
 
 
+def pass_features(n_rows: int, width: int) -> tuple[float, float, float]:
+    """The cost model's regressors of a pass of ``n_rows`` rows ``width`` tokens wide:
+    ``(1, n_rows * width, n_rows * width^2)``; a pass of no rows (dummy) counts as one token.
+
+    The one definition for a planned pass (:attr:`PackedPass.features`) and for a collated one
+    (its tensors' shape, which padding-free lines and ``pad_to_multiple_of`` change)."""
+    if n_rows == 0:
+        return (1.0, 1.0, 1.0)
+    return (1.0, float(n_rows * width), float(n_rows * width * width))
+
+
 @dataclass(frozen=True, slots=True)
 class PackedPass:
     """The sequences one forward+backward pass runs: rows of several tasks, padded to one width.
@@ -86,9 +97,7 @@ class PackedPass:
     @property
     def features(self) -> tuple[float, float, float]:
         """The cost model's regressors ``(passes, padded tokens, sum of padded length^2)``."""
-        if not self.slots:
-            return (1.0, 1.0, 1.0)
-        return (1.0, float(self.n_rows * self.width), float(self.n_rows * self.width * self.width))
+        return pass_features(self.n_rows, self.width)
 
     def rows(self, slots: tuple[TaskSlot, ...], *, query: bool) -> list[Example]:
         """The examples of the pass, in row order."""

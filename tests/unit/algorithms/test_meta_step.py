@@ -155,13 +155,36 @@ def test_meta_step_sums_task_gradients_and_reports_observations(peft_factory, ep
     assert stats.n_passes == len(rank.support) * 1 + len(rank.query)
     assert stats.n_tokens == sum(p.n_tokens for p in rank.support + rank.query)
     assert stats.n_padded_tokens > stats.n_tokens
-    # one cost observation per pass, carrying the plan's features and a measured time
+    # one cost observation per pass, carrying a measured time and the features of what ran:
+    # padded to each pass's longest row, as planned
     assert [(o.phase, o.index) for o in stats.passes] == (
         [("support", i) for i in range(len(rank.support))] + [("query", i) for i in range(len(rank.query))])
     assert [o.features for o in stats.passes] == [p.features for p in rank.support + rank.query]
     assert all(o.seconds > 0 for o in stats.passes)
     assert stats.query_loss_after == pytest.approx(sum(t.query_loss for t in stats.tasks) / 3, rel=1e-9)
     assert math.isnan(stats.query_loss_before)
+
+
+@pytest.mark.parametrize("method", ["fomaml", "metaicl"])
+@pytest.mark.parametrize("layout", [{"padding_free": True}, {"pad_to_multiple_of": 8}])
+def test_pass_observations_carry_the_shape_that_ran_not_the_plans(peft_factory, episodes, method: str,
+                                                                   layout: dict[str, Any]) -> None:
+    """The cost model is fitted on (features, seconds): features from the plan would price padding
+    that padding-free lines never ran, rounding that ``pad_to_multiple_of`` added, or MetaICL's
+    plain rows for its passes with demonstrations."""
+    algo = build_algorithm(method, AlgorithmConfig(inner_steps=1, inner_lr=0.1, **layout), PAD_ID)
+    rank = with_dummies(make_mixed_rank(episodes, 3), 1, 1)
+    work = algo.prepare(rank)
+    stats = meta_step(SGDEngine(peft_factory(0), 0.0), algo, make_plan([rank]), work)
+    assert [(o.phase, o.index) for o in stats.passes] == (
+        [("support", i) for i in range(len(work.support))] + [("query", i) for i in range(len(work.query))])
+    expected = [(1.0, 1.0, 1.0) if p is None else
+                (1.0, float(p.batch.input_ids.numel()), float(p.batch.input_ids.numel() * p.batch.input_ids.shape[1]))
+                for p in work.support + work.query]
+    assert [o.features for o in stats.passes] == expected
+    planned = [p.features for p in (rank.support if method != "metaicl" else ()) + rank.query]
+    assert [o.features for o in stats.passes] != planned  # the layout changed what ran
+    assert all(o.seconds > 0 for o in stats.passes)
 
 
 def test_meta_step_rejects_plan_without_real_tasks(tiny_peft, episodes) -> None:
