@@ -157,6 +157,25 @@ def test_answer_loss_rows_sum_to_the_batch_loss_and_match_single_rows(tiny_peft,
                                    rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("padding_free", [False, True])
+def test_answer_loss_builds_no_kv_cache(tiny_peft, episodes, padding_free: bool) -> None:
+    """A model whose config asks for a cache (as SmolLM2's does) would copy every layer's keys
+    and values into one on every training pass; the loss asks for none, padded or in lines."""
+    from fmmeta.tasks.lines import collate_lines
+
+    hf = tiny_peft.base_model.model
+    hf.config.use_cache = True
+    seen: list[object] = []
+    hook = hf.model.register_forward_hook(lambda _m, _a, out: seen.append(out.past_key_values))
+    batch = (collate_lines if padding_free else collate)(list(episodes[0].support), PAD_ID)
+    assert (batch.lines is not None) == padding_free
+    try:
+        answer_loss_rows(tiny_peft, batch)
+    finally:
+        hook.remove()
+    assert seen == [None]
+
+
 @pytest.mark.parametrize(
     "kwargs, key",
     [({"inner_steps": -1}, "inner_steps"), ({"inner_lr": 0.0}, "inner_lr"),
