@@ -17,17 +17,35 @@ and, as the last line, one JSON object:
   ``grad_rel_error_vs_fp32`` each one's against the fp32 model's eager pass (in the compute dtype,
   both round; the question is whether compiling rounds worse).
 
-The recipe keeps eager: its passes change shape from pass to pass, and each new shape would
-compile again.
+With ``--meta-steps K`` (default 4; 0 skips it) it then measures what the recipe would see:
+real FOMAML meta-steps (the recipe's defaults: K meta-batches drawn by its sampler from the CLDR
+suite, padding-free lines) with every decoder layer compiled on its own ("regional" compiling:
+the layers share one code object, so one layer's graphs serve all of them). The first round
+over the K meta-batches compiles; later rounds alternate each meta-batch eager
+(``torch.compiler.set_stance("force_eager")``, the same model) and compiled. Under ``meta_step``:
+
+* ``first_round_s`` (compiling included) against ``eager_round_s``, the same meta-batches eager;
+* ``graphs``: the graphs compiled for the layers (dynamo's recompile limit raised to 64 so none
+  falls back to eager unseen): a new graph wherever a guard fails, e.g. on grad mode (the query
+  loss before adapting runs without gradient), on whether the layer's input requires grad (the
+  first layer's does not), on a row count or on the task index of a pass that holds one task;
+* ``seconds`` (median per meta-step, eager and compiled), ``speedup`` (their totals' ratio), ``mfu``
+  (as above, forward-only tokens at 2N) and ``grad_rel_error`` (compiled against eager, the
+  largest over the meta-batches).
+
+The recipe keeps eager: the default run's training is shorter than its compiling, and each new
+shape or routing compiles again.
 
 Usage:
     python benchmarks/compiled.py [--tiny | --random] [--threads 1] [--reps 5] [--dtype bfloat16]
+                                  [--meta-steps 4]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -39,6 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402  (benchmarks/common.py)
+    PassCounter,
     add_model_arguments,
     build_lora_model,
     matmul_peak,
@@ -48,7 +67,89 @@ from common import (  # noqa: E402  (benchmarks/common.py)
     relative_error,
 )
 
+from fmmeta.algorithms.build import build_algorithm  # noqa: E402
 from fmmeta.config import LoraConfig  # noqa: E402
+from fmmeta.recipe_config import RecipeConfig  # noqa: E402
+from fmmeta.sampling.sampler import CostAwareSampler  # noqa: E402
+from fmmeta.tasks.config import build_task_set  # noqa: E402
+
+RECOMPILE_LIMIT = 64
+"""Dynamo's per-function graph limit while the meta-steps run (its default, 8, would send later
+shapes to eager without a word, and the figures would mix the two)."""
+
+
+def compile_layers(model: torch.nn.Module) -> int:
+    """Compiles, in place, every module of the model's repeated block class (transformers'
+    ``_no_split_modules``: the decoder layer); returns how many."""
+    hf = model.base_model.model
+    blocks = set(getattr(hf, "_no_split_modules", None) or ())
+    layers = [m for m in hf.modules() if type(m).__name__ in blocks]
+    if not layers:
+        raise ValueError(f"{type(hf).__name__} names no repeated block (_no_split_modules) to compile")
+    for layer in layers:
+        layer.compile(dynamic=True)
+    return len(layers)
+
+
+def unique_graphs() -> int:
+    """Graphs dynamo has compiled in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def meta_steps(args: argparse.Namespace, dtype: torch.dtype) -> dict:
+    """Eager against regionally compiled FOMAML meta-steps (see the module docstring)."""
+    cfg = RecipeConfig()
+    model, params, tok = build_lora_model(args, args.dtype, cfg.lora)
+    model.eval()  # no LoRA dropout: eager and compiled must compute the same gradient
+    with torch.no_grad():  # LoRA B is zero at init: give it a trained adapter's scale
+        gen = torch.Generator().manual_seed(1)
+        for p in params:
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+    algorithm = build_algorithm("fomaml", cfg.algorithm, tok.pad_token_id)
+    sampler = CostAwareSampler(build_task_set(cfg.tasks, tok, seed=0).meta_train, cfg.sampler, world_size=1,
+                               seed=0, support_draws=algorithm.support_draws,
+                               support_repeats=algorithm.support_repeats)
+    works = [algorithm.prepare(sampler.sample(step).for_rank(0)) for step in range(args.meta_steps)]
+    counter = PassCounter(model)
+    non_embedding = non_embedding_parameters(model)
+    hf = model.base_model.model.config
+    peak = matmul_peak(hf.hidden_size, hf.intermediate_size, 512, dtype, args.reps, args.device)
+
+    def run(work: object) -> tuple[list[torch.Tensor], float, int]:
+        counter.reset()
+        start = time.perf_counter()
+        grads = algorithm.rank_gradient(model, params, work).grads  # type: ignore[attr-defined]
+        if args.device != "cpu":
+            torch.cuda.synchronize()
+        return grads, time.perf_counter() - start, counter.model_flops(non_embedding)
+
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    n_layers = compile_layers(model)
+    graphs_before = unique_graphs()
+    with torch.compiler.set_stance("force_eager"):
+        eager = [run(w) for w in works]
+    first = [run(w) for w in works]
+    graphs = unique_graphs() - graphs_before
+    times: dict[str, list[list[float]]] = {"eager": [[] for _ in works], "compiled": [[] for _ in works]}
+    for _ in range(args.reps):
+        for i, work in enumerate(works):
+            with torch.compiler.set_stance("force_eager"):
+                times["eager"][i].append(run(work)[1])
+            times["compiled"][i].append(run(work)[1])
+    per_step = {k: [statistics.median(t) for t in v] for k, v in times.items()}
+    flops = sum(f for _, _, f in eager)
+    return {
+        "meta_batches": len(works), "layers_compiled": n_layers, "graphs": graphs,
+        "first_round_s": round(sum(s for _, s, _ in first), 1),
+        "eager_round_s": round(sum(s for _, s, _ in eager), 1),
+        "seconds": {k: round(statistics.median(v), 4) for k, v in per_step.items()},
+        "speedup": round(sum(per_step["eager"]) / sum(per_step["compiled"]), 3),
+        "peak_flops_per_s": round(peak),
+        "mfu": {k: round(flops / sum(v) / peak, 3) for k, v in per_step.items()},
+        "grad_rel_error": max(relative_error(c[0], e[0])[0] for c, e in zip(first, eager)),
+    }
 
 
 def main() -> None:
@@ -59,6 +160,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=40, help="tokens per row")
     ap.add_argument("--answer", type=int, default=6, help="positions the loss is taken on, per row")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--meta-steps", type=int, default=4,
+                    help="FOMAML meta-batches to run eager and with compiled layers (0: none)")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     model, params, _ = build_lora_model(args, args.dtype, LoraConfig())
@@ -100,6 +203,13 @@ def main() -> None:
           f"compiled {seconds['compiled']:.3f}s (MFU {mfu['compiled']:.3f}) after {compile_s:.1f}s of "
           f"compiling; gradient error compiled vs eager {error:.2e}, against fp32: eager "
           f"{vs_fp32['eager']:.2e}, compiled {vs_fp32['compiled']:.2e}")
+    steps = meta_steps(args, dtype) if args.meta_steps > 0 else None
+    if steps is not None:
+        print(f"meta-steps ({steps['meta_batches']} FOMAML meta-batches, {steps['layers_compiled']} layers "
+              f"compiled): first round {steps['first_round_s']}s against {steps['eager_round_s']}s eager, "
+              f"{steps['graphs']} graphs; then {steps['seconds']['eager']:.3f}s eager, "
+              f"{steps['seconds']['compiled']:.3f}s compiled per meta-step ({steps['speedup']}x), MFU "
+              f"{steps['mfu']['eager']} / {steps['mfu']['compiled']}; gradient error {steps['grad_rel_error']:.2e}")
     print(json.dumps({"device": args.device, "model": model_name(args), "dtype": args.dtype,
                       "threads": torch.get_num_threads(), "rows": args.rows, "tokens": args.tokens,
                       "seconds": {k: round(s, 4) for k, s in seconds.items()},
@@ -107,7 +217,8 @@ def main() -> None:
                       "compile_s": round(compile_s, 1), "peak_flops_per_s": round(peak),
                       "mfu": {k: round(m, 3) for k, m in mfu.items()},
                       "grad_rel_error": error,
-                      "grad_rel_error_vs_fp32": {k: round(e, 5) for k, e in vs_fp32.items()}}))
+                      "grad_rel_error_vs_fp32": {k: round(e, 5) for k, e in vs_fp32.items()},
+                      "meta_step": steps}))
 
 
 if __name__ == "__main__":
