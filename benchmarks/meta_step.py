@@ -86,7 +86,8 @@ def build_model(args: argparse.Namespace, device: torch.device) -> torch.nn.Modu
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(
-        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.hidden * 8 // 3,
+        vocab_size=args.vocab, hidden_size=args.hidden,
+        intermediate_size=getattr(args, "intermediate", 0) or args.hidden * 8 // 3,
         num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64,
         num_key_value_heads=args.hidden // 64, max_position_embeddings=4 * args.seq,
     )

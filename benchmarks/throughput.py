@@ -18,8 +18,15 @@ them masked away, backward twice the forward), plus the LM head at answer positi
 Prints a few human lines and, as the last line, one JSON object: ``tokens_per_s`` and ``mfu`` of
 ``meta_step`` and ``plain_loop``, and ``meta_step_vs_plain`` (time ratio, target <= 1.05 as on CPU).
 
+Both loops measured 0.11 MFU on an H200 (2026-12-04), low for a 1B model; two options are there to
+find out why. ``--intermediate`` sets the MLP width (default ``hidden * 8 // 3``, 5461 at hidden
+2048: not a multiple of 8, which bf16 tensor-core matmuls want; Llama rounds it up to a multiple
+of 256, 5632). ``--profile`` runs one more of each loop under ``torch.profiler`` and adds
+``profile``: per loop, the ``--top`` operators by self time on the device (CPU time on a CPU)
+with their share of it, and the share of all matmul kernels (``mm``, ``bmm``, ``addmm``, GEMM).
+
 Usage:
-    python benchmarks/throughput.py --device cuda [--reps 5]
+    python benchmarks/throughput.py --device cuda [--reps 5] [--intermediate 5632] [--profile]
     python benchmarks/throughput.py --tiny      # a seconds-long smoke run of the same code on CPU
 """
 
@@ -70,6 +77,39 @@ def peak_flops(args: argparse.Namespace, device: torch.device) -> float | None:
     return next((t * 1e12 for key, t in PEAK_TFLOPS_BF16.items() if key in name), None)
 
 
+MATMUL_OPS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::matmul", "aten::linear")
+"""Operators counted as matmuls on a CPU (a GPU's are its GEMM kernels, by name)."""
+
+
+def top_operators(fn: object, device: torch.device, top: int) -> dict[str, object]:
+    """One run of ``fn`` under ``torch.profiler``: its ``top`` operators (kernels on a GPU) by
+    self time, each with its share, the matmuls' share of all, and the total in ms."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    bench.sync(device)
+    with profile(activities=activities) as prof:
+        fn()  # type: ignore[operator]
+        bench.sync(device)
+    if cuda:  # the kernels themselves: what the device spent its time on
+        rows = [(e.name, e.device_time_total) for e in prof.events()
+                if e.device_type.name == "CUDA" and e.device_time_total > 0]
+        merged: dict[str, float] = {}
+        for name, t in rows:
+            merged[name] = merged.get(name, 0.0) + t
+        times = merged
+        is_matmul = lambda name: any(k in name.lower() for k in ("gemm", "cutlass", "matmul", "sm90_xmma", "nvjet"))  # noqa: E731
+    else:
+        times = {e.key: e.self_cpu_time_total for e in prof.key_averages()}
+        is_matmul = lambda name: name in MATMUL_OPS  # noqa: E731
+    total = sum(times.values()) or 1.0
+    ranked = sorted(times.items(), key=lambda kv: -kv[1])[:top]
+    return {"total_ms": total / 1e3,
+            "matmul_share": round(sum(t for k, t in times.items() if is_matmul(k)) / total, 4),
+            "top": [{"op": k[:120], "share": round(t / total, 4)} for k, t in ranked]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -88,6 +128,9 @@ def main() -> None:
     ap.add_argument("--peak-tflops", type=float, default=0.0, help="the device's dense peak (0: known table)")
     ap.add_argument("--tiny", action="store_true", help="tiny sizes: a CPU smoke run of the same code")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--intermediate", type=int, default=0, help="MLP width (0: hidden * 8 // 3)")
+    ap.add_argument("--profile", action="store_true", help="add the top operators of each loop")
+    ap.add_argument("--top", type=int, default=12, help="operators listed per loop with --profile")
     args = ap.parse_args()
     if args.tiny:
         for key, value in TINY.items():
@@ -127,6 +170,7 @@ def main() -> None:
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "dtype": args.dtype,
         "model": {"params": n_total, "adapter_params": n_adapter, "hidden": args.hidden,
+                  "intermediate": model.base_model.model.config.intermediate_size,
                   "layers": args.layers, "vocab": args.vocab},
         "meta_step_shape": {"tasks": args.tasks, "inner_steps": args.inner_steps, "shots": args.shots,
                             "queries": args.queries, "seq": args.seq, "passes": len(batches)},
@@ -144,6 +188,15 @@ def main() -> None:
     result["meta_step_vs_plain"] = result["meta_step"]["median_s"] / result["plain_loop"]["median_s"]  # type: ignore[index]
     if device.type == "cuda":
         result["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+    if args.profile:
+        try:  # the figures above must survive a profiler that fails on some device
+            result["profile"] = {name: top_operators(fn, device, args.top) for name, fn in methods.items()}
+        except Exception as err:  # noqa: BLE001  (recorded in the JSON line, not raised)
+            result["profile"] = {"error": f"{type(err).__name__}: {err}"}
+        for name, prof in result["profile"].items():  # type: ignore[union-attr]
+            if name != "error":
+                print(f"{name}: matmuls {prof['matmul_share']:.0%} of {prof['total_ms']:.0f} ms; top: "
+                      + ", ".join(f"{op['op']} {op['share']:.0%}" for op in prof["top"][:5]))
     print(f"model {n_total / 1e9:.2f}B params, {tokens} tokens and {len(batches)} passes per meta-step")
     print(json.dumps(result))
 

@@ -65,7 +65,10 @@ _RANDOM_CUDA = ["--random", "--device", "cuda"]
 _TINY_CPU = ["--tiny", "--device", "cpu", "--reps", "1"]
 BENCH_ARGS: dict[str, dict[str, tuple[str, list[str]]]] = {
     "cuda": {  # those the first H200 run (2026-12-04) did not reach come first
-        "throughput": ("throughput", ["--device", "cuda"]),
+        "throughput": ("throughput", ["--device", "cuda", "--profile"]),
+        # both loops ran at 0.11 MFU: is it the MLP width (5461, not a multiple of 8)?
+        "throughput_mlp5632": ("throughput", ["--device", "cuda", "--intermediate", "5632", "--reps", "3",
+                                              "--profile"]),
         "meta_step": ("meta_step", ["--device", "cuda"]),
         "evaluation": ("evaluation", [*_RANDOM_CUDA, "--reps", "2", "--episodes", "16"]),
         "padding_free": ("padding_free", [*_RANDOM_CUDA, "--reps", "5", "--steps", "2"]),
@@ -80,7 +83,7 @@ BENCH_ARGS: dict[str, dict[str, tuple[str, list[str]]]] = {
         "precision": ("precision", [*_TINY_CPU, "--methods", "fomaml", "multitask"]),
         "padding_free": ("padding_free", [*_TINY_CPU, "--steps", "1", "--dtypes", "float32",
                                           "--methods", "fomaml"]),
-        "throughput": ("throughput", ["--device", "cpu", "--tiny", "--reps", "1"]),
+        "throughput": ("throughput", ["--device", "cpu", "--tiny", "--reps", "1", "--profile"]),
         "meta_step": ("meta_step", ["--device", "cpu", "--reps", "1", "--vocab", "512", "--hidden", "64",
                                     "--layers", "1", "--tasks", "2", "--pack-rows", "4"]),
         "evaluation": ("evaluation", [*_TINY_CPU, "--episodes", "4", "--group", "2", "--steps", "2"]),

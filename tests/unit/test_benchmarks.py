@@ -105,8 +105,13 @@ def test_meta_step_benchmark_runs_small() -> None:
 
 @pytest.mark.timeout(300)
 def test_throughput_benchmark_runs_small() -> None:
-    out = _run("throughput.py", "--tiny", "--reps", "1")
+    out = _run("throughput.py", "--tiny", "--reps", "1", "--intermediate", "256", "--profile", "--top", "5")
     assert out["meta_step"]["tokens_per_s"] > 0 and out["plain_loop"]["tokens_per_s"] > 0
+    assert out["model"]["intermediate"] == 256
+    for loop in ("meta_step", "plain_loop"):  # the profile names the operators that took the time
+        prof = out["profile"][loop]
+        assert len(prof["top"]) == 5 and 0 < sum(op["share"] for op in prof["top"]) <= 1 + 1e-6
+        assert 0 < prof["matmul_share"] < 1 and prof["total_ms"] > 0
 
 
 @pytest.mark.timeout(600)
