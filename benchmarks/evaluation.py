@@ -75,7 +75,7 @@ def one_sequence_per_candidate(model: torch.nn.Module, examples: Sequence[Exampl
     with torch.no_grad():
         for i in range(0, len(cands), micro_batch_size):
             batch = collate(cands[i : i + micro_batch_size], pad_id).to(device)
-            logits, tgt, rows = answer_logits(model, batch, use_cache=False)
+            logits, tgt, rows = answer_logits(model, batch)
             lp = F.log_softmax(logits.float(), -1).gather(1, tgt[:, None]).squeeze(1)
             logprob.append(torch.zeros(batch.input_ids.shape[0], device=device).index_add_(0, rows, lp).cpu())
     scores = torch.cat(logprob).view(len(examples), len(choices))

@@ -100,15 +100,16 @@ def answer_logits(model: nn.Module, batch: Batch, **model_kwargs: object
     need = torch.zeros_like(labels, dtype=torch.bool)
     need[:, :-1] = labels[:, 1:] != IGNORE_INDEX  # position p predicts token p + 1
     lines = batch.lines
-    # No KV cache: a model whose config says use_cache (SmolLM2's does) would otherwise copy every
-    # layer's keys and values into one on every pass, for nothing.
+    # No KV cache unless the caller asks: a model whose config says use_cache (SmolLM2's does)
+    # would otherwise copy every layer's keys and values into one on every pass, for nothing.
     if lines is None:
-        logits = logits_at(model, need, input_ids=batch.input_ids,
-                           attention_mask=batch.attention_mask, use_cache=False, **model_kwargs)
+        logits = logits_at(model, need, input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                           **{"use_cache": False, **model_kwargs})
     else:  # an example's first token is not predicted by the one before it in its line
         need[:, :-1] &= lines.token_rows[:, 1:] == lines.token_rows[:, :-1]
+        # never a cache here: with one, the lines' examples would attend to each other
         logits = logits_at(model, need, input_ids=batch.input_ids, position_ids=lines.position_ids,
-                           use_cache=False, **model_kwargs)
+                           **{**model_kwargs, "use_cache": False})
     rows, cols = torch.nonzero(need, as_tuple=True)
     targets = labels[rows, cols + 1]
     return logits, targets, rows if lines is None else lines.token_rows[rows, cols]

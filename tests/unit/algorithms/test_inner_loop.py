@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from fmmeta.algorithms.answer_loss import answer_loss_rows, answer_loss_sum
+from fmmeta.algorithms.answer_loss import answer_logits, answer_loss_rows, answer_loss_sum
 from fmmeta.algorithms.config import InnerLoopConfig
 from fmmeta.algorithms.inner_loop import InnerOptimizer, adapt, evaluate_loss, restore, snapshot
 from fmmeta.algorithms.passes import PackedBatch, run_passes
@@ -171,9 +171,10 @@ def test_answer_loss_builds_no_kv_cache(tiny_peft, episodes, padding_free: bool)
     assert (batch.lines is not None) == padding_free
     try:
         answer_loss_rows(tiny_peft, batch)
+        answer_logits(tiny_peft, batch, use_cache=False)  # a caller may say so too
     finally:
         hook.remove()
-    assert seen == [None]
+    assert seen == [None, None]
 
 
 @pytest.mark.parametrize(
