@@ -57,7 +57,7 @@ those episodes. Costs come from the default :class:`~fmmeta.sampling.cost.CostMo
 x 32 tasks (``--plan-ranks``, ``--plan-tasks-per-rank``) of a lognormal pool of as many tasks with the example lengths cached (the steady state of training);
 ``plan_cold_ms`` / ``plan_cold_cpu_ms`` with the length cache cleared first; ``plan_cpu_ms_bimodal``
 the warm CPU figure on the bimodal pool; ``plan_rows_cpu_ms`` of ``plan_rows_across_ranks`` and
-``plan_auto_cpu_ms`` of ``plan_placed`` (both plans and their prices: the sampler's cost per step
+``plan_auto_cpu_ms`` of ``plan_placed`` (both placements priced, the cheaper built: the sampler's cost per step
 with more than one rank); ``sample_ms`` the whole ``CostAwareSampler.sample`` (selection, drawing
 2,048 episodes, planning both ways). On a shared machine wall time includes waiting for a
 core: the CPU figures are the ones to compare.

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -227,13 +227,49 @@ def _pass_order(chain: np.ndarray, cost: np.ndarray) -> np.ndarray:
     return index
 
 
-def _pack_phase(rows: _Rows, n_ranks: int, budget: int, cost_model: CostModel) -> list[tuple[PackedPass, ...]]:
+@dataclass
+class PricedPlan:
+    """A plan priced under lockstep before its objects exist: choosing between placements needs
+    only the prices, so only the chosen plan is made (:meth:`build`)."""
+
+    support: float
+    """The support passes' lockstep price (the sum over pass indices of the costliest rank's pass)."""
+    query: float
+    """The query passes' lockstep price."""
+    build: Callable[[], MetaBatchPlan]
+
+    def price(self, inner_steps: int) -> float:
+        """What :meth:`MetaBatchPlan.compute_cost` gives the built plan with ``lockstep=True``."""
+        return inner_steps * self.support + self.query
+
+
+@dataclass
+class _PhaseCut:
+    """One phase's chosen passes, as row runs (``rows`` is None for a phase without rows)."""
+
+    rows: _Rows | None
+    start: np.ndarray
+    size: np.ndarray
+    index: np.ndarray
+    n_passes: int
+    price: float  # the sum over pass indices of the costliest rank's pass
+
+    def passes(self, n_ranks: int) -> list[tuple[PackedPass, ...]]:
+        """Every rank's :class:`PackedPass` objects (dummies filling up)."""
+        if self.rows is None:
+            return [(DUMMY_PASS,)] * n_ranks
+        return _materialise(self.rows, self.start, self.size, self.rows.rank[self.start], self.index,
+                            self.n_passes, n_ranks)
+
+
+def _pack_phase(rows: _Rows, n_ranks: int, budget: int, cost_model: CostModel) -> _PhaseCut:
     """Packs one phase of every rank into the same number of passes (see the module docstring).
 
     Every candidate cap is cut and priced at once (two :func:`_cut` calls: the budget alone,
-    which sets the caps, then all caps); the cheapest under lockstep is materialised."""
+    which sets the caps, then all caps); the cheapest under lockstep is kept."""
     if rows.length.size == 0:
-        return [(DUMMY_PASS,)] * n_ranks
+        empty = np.zeros(0, dtype=np.int64)
+        return _PhaseCut(None, empty, empty, empty, 1, cost_model.dummy_pass_cost)
     budget_take = (budget // rows.length).astype(np.float64)
     plain = _cut(rows, budget_take, np.array([np.inf]))
     fewest = max(1, int(np.bincount(plain.chain).max()))
@@ -248,7 +284,7 @@ def _pack_phase(rows: _Rows, n_ranks: int, budget: int, cost_model: CostModel) -
     start, size = both.start[pick], both.size[pick]
     index = _pass_order(both.chain[pick], cost[pick])
     n_passes = max(1, int(index.max(initial=0)) + 1)
-    return _materialise(rows, start, size, rows.rank[start], index, n_passes, n_ranks)
+    return _PhaseCut(rows, start, size, index, n_passes, float(totals[best]))
 
 
 def _materialise(rows: _Rows, start: np.ndarray, size: np.ndarray, pass_rank: np.ndarray,
@@ -316,6 +352,31 @@ def plan_meta_batch(
         >>> plan = plan_meta_batch(eps, ids, step=0, world_size=2, micro_batch_size=4,
         ...                        inner_steps=1, cost_model=CostModel(), rng=np.random.default_rng(0))
     """
+    with gc_paused():
+        return priced_meta_batch(episodes, task_ids, step=step, world_size=world_size,
+                                 micro_batch_size=micro_batch_size, inner_steps=inner_steps,
+                                 cost_model=cost_model, rng=rng, tokens_per_pass=tokens_per_pass,
+                                 on_uneven=on_uneven, tol=tol, lengths=lengths).build()
+
+
+def priced_meta_batch(
+    episodes: Sequence[Episode],
+    task_ids: Sequence[int],
+    *,
+    step: int,
+    world_size: int,
+    micro_batch_size: int,
+    inner_steps: int,
+    cost_model: CostModel,
+    rng: np.random.Generator,
+    tokens_per_pass: int | None = None,
+    on_uneven: OnUneven = "pad",
+    tol: float = 1e-3,
+    lengths: tuple[np.ndarray, np.ndarray] | None = None,
+) -> PricedPlan:
+    """:func:`plan_meta_batch`'s plan priced under lockstep before it is built (its arguments
+    and errors are :func:`plan_meta_batch`'s): the planner that weighs placements builds only
+    the one it chooses."""
     n = len(episodes)
     if n == 0:
         raise ValueError("plan_meta_batch() got no episodes: meta_batch_size must be >= 1")
@@ -335,9 +396,8 @@ def plan_meta_batch(
             f"on_uneven='error'; use a multiple of {world_size} or on_uneven='pad' "
             "(ranks then hold different task counts)"
         )
-    with gc_paused():
-        return _plan(episodes, task_ids, step, world_size, micro_batch_size, inner_steps,
-                     cost_model, rng, tokens_per_pass, tol, lengths)
+    return _plan(episodes, task_ids, step, world_size, micro_batch_size, inner_steps,
+                 cost_model, rng, tokens_per_pass, tol, lengths)
 
 
 def _plan(
@@ -352,8 +412,8 @@ def _plan(
     tokens_per_pass: int | None,
     tol: float,
     known: tuple[np.ndarray, np.ndarray] | None,
-) -> MetaBatchPlan:
-    """:func:`plan_meta_batch` after its arguments are checked."""
+) -> PricedPlan:
+    """:func:`plan_meta_batch` after its arguments are checked, priced before it is built."""
     n = len(episodes)
     lengths, counts = known or set_lengths([ep.support for ep in episodes] + [ep.query for ep in episodes])
     offsets = np.cumsum(counts) - counts
@@ -367,12 +427,15 @@ def _plan(
                           world_size, budget, cost_model)
     query = _pack_phase(_Rows.build([[n + i for i in m] for m in members], lengths, offsets, counts, row_work),
                         world_size, budget, cost_model)
-    # One C-level map makes every slot; each rank then takes its members' objects.
-    every = _make_many(TaskSlot, episodes, list(map(int, task_ids)), task_cost.tolist())
-    ranks = tuple(
-        RankPlan(tuple(map(every.__getitem__, m)), s, q) for m, s, q in zip(members, support, query)
-    )
-    return MetaBatchPlan(step=step, ranks=ranks, n_real_tasks=n)
+
+    def build() -> MetaBatchPlan:
+        # One C-level map makes every slot; each rank then takes its members' objects.
+        every = _make_many(TaskSlot, episodes, list(map(int, task_ids)), task_cost.tolist())
+        ranks = tuple(RankPlan(tuple(map(every.__getitem__, m)), s, q)
+                      for m, s, q in zip(members, support.passes(world_size), query.passes(world_size)))
+        return MetaBatchPlan(step=step, ranks=ranks, n_real_tasks=n)
+
+    return PricedPlan(support.price, query.price, build)
 
 
 @dataclass(frozen=True)
@@ -454,4 +517,5 @@ def plan_stats(plan: MetaBatchPlan, *, inner_steps: int, cost_model: CostModel) 
     )
 
 
-__all__ = ["OnUneven", "PlanStats", "assign_tasks", "pass_cost", "plan_meta_batch", "plan_stats"]
+__all__ = ["OnUneven", "PlanStats", "PricedPlan", "assign_tasks", "pass_cost", "plan_meta_batch", "plan_stats",
+           "priced_meta_batch"]

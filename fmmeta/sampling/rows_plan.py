@@ -27,7 +27,7 @@ rank (three times that with an Adam inner loop, for its moments).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import numpy as np
@@ -35,7 +35,7 @@ import numpy as np
 from fmmeta.sampling.cost import CostModel
 from fmmeta.sampling.lengths import gc_paused, set_lengths
 from fmmeta.sampling.plan import DUMMY_PASS, MetaBatchPlan, PackedPass, RankPlan, TaskSlot, _make_many
-from fmmeta.sampling.planner import OnUneven, plan_meta_batch
+from fmmeta.sampling.planner import OnUneven, PricedPlan, priced_meta_batch
 from fmmeta.sampling.sorting import lex_order
 from fmmeta.tasks.episode import Episode
 
@@ -102,17 +102,26 @@ def _aligned_cut(width: np.ndarray, world_size: int, budget: int,
 
 
 def _deal_phase(lengths: np.ndarray, counts: np.ndarray, world_size: int, budget: int,
-                rank_order: np.ndarray, cost_model: CostModel) -> list[tuple[PackedPass, ...]]:
-    """One phase's passes for every rank: every row of every task, longest first, dealt by
-    :func:`_aligned_cut`, so pass ``g`` costs about the same on every rank. A rank without rows
-    in the last pass runs a dummy pass there."""
+                rank_order: np.ndarray, cost_model: CostModel
+                ) -> tuple[float, Callable[[], list[tuple[PackedPass, ...]]]]:
+    """One phase's lockstep price and the maker of its passes for every rank: every row of every
+    task, longest first, dealt by :func:`_aligned_cut`, so pass ``g`` costs about the same on
+    every rank. A rank without rows in the last pass runs a dummy pass there."""
     total = int(counts.sum())
     if total == 0:
-        return [(DUMMY_PASS,)] * world_size
+        return cost_model.dummy_pass_cost, lambda: [(DUMMY_PASS,)] * world_size
+    order = lex_order(-lengths)  # longest first; ties in (task, example) order
+    pass_of, seat_of, price = _aligned_cut(lengths[order], world_size, budget, cost_model)
+    return price, lambda: _make_passes(lengths, counts, world_size, rank_order, order, pass_of, seat_of)
+
+
+def _make_passes(lengths: np.ndarray, counts: np.ndarray, world_size: int, rank_order: np.ndarray,
+                 order: np.ndarray, pass_of: np.ndarray, seat_of: np.ndarray) -> list[tuple[PackedPass, ...]]:
+    """The :class:`PackedPass` objects of a deal (row ``order[i]`` in pass ``pass_of[i]`` on seat
+    ``seat_of[i]``), each rank's in pass order, dummies filling up."""
+    total = int(counts.sum())
     slot = np.repeat(np.arange(counts.size), counts)
     example = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
-    order = lex_order(-lengths)  # longest first; ties in (task, example) order
-    pass_of, seat_of, _ = _aligned_cut(lengths[order], world_size, budget, cost_model)
     n_passes = int(pass_of[-1]) + 1
     pass_id = np.empty(total, dtype=np.int64)
     pass_id[order] = pass_of * world_size + rank_order[seat_of]
@@ -156,15 +165,26 @@ def plan_rows_across_ranks(
         lengths: the :func:`~fmmeta.sampling.lengths.set_lengths` of the episodes' support sets
             then query sets, when the caller has them already.
     """
+    return _rows_plan(episodes, task_ids, step, world_size, budget, cost_model, rng, lengths).build()
+
+
+def _rows_plan(episodes: Sequence[Episode], task_ids: Sequence[int], step: int, world_size: int, budget: int,
+               cost_model: CostModel, rng: np.random.Generator,
+               lengths: tuple[np.ndarray, np.ndarray] | None) -> PricedPlan:
+    """:func:`plan_rows_across_ranks`, priced before it is built."""
     n = len(episodes)
     flat, counts = lengths or set_lengths([ep.support for ep in episodes] + [ep.query for ep in episodes])
     split = int(counts[:n].sum())
     rank_order = rng.permutation(world_size)
-    support = _deal_phase(flat[:split], counts[:n], world_size, budget, rank_order, cost_model)
-    query = _deal_phase(flat[split:], counts[n:], world_size, budget, rank_order, cost_model)
-    slots = tuple(_make_many(TaskSlot, list(episodes), list(map(int, task_ids)), [0.0] * n))
-    ranks = tuple(RankPlan(slots, s, q, shared=True) for s, q in zip(support, query))
-    return MetaBatchPlan(step=step, ranks=ranks, n_real_tasks=n, placement="rows")
+    s_price, support = _deal_phase(flat[:split], counts[:n], world_size, budget, rank_order, cost_model)
+    q_price, query = _deal_phase(flat[split:], counts[n:], world_size, budget, rank_order, cost_model)
+
+    def build() -> MetaBatchPlan:
+        slots = tuple(_make_many(TaskSlot, list(episodes), list(map(int, task_ids)), [0.0] * n))
+        ranks = tuple(RankPlan(slots, s, q, shared=True) for s, q in zip(support(), query()))
+        return MetaBatchPlan(step=step, ranks=ranks, n_real_tasks=n, placement="rows")
+
+    return PricedPlan(s_price, q_price, build)
 
 
 def plan_placed(
@@ -187,8 +207,10 @@ def plan_placed(
     """The meta-batch's plan under ``placement``: :func:`~fmmeta.sampling.planner.plan_meta_batch`
     (``"tasks"``), :func:`plan_rows_across_ranks` (``"rows"``), or with ``"auto"`` both, and the
     one the cost model prices lower (ties: ``"tasks"``, which needs no collective inside the inner
-    loop), with the prices of the plans built in ``plan.predicted`` (a forced ``"rows"`` builds
-    only that one). One rank always plans ``"tasks"``.
+    loop), with the prices of the plans weighed in ``plan.predicted`` (a forced ``"rows"`` weighs
+    only that one). Under ``lockstep`` the planners' own prices decide and only the chosen plan's
+    objects are made; otherwise per-rank totals need both plans built. One rank always plans
+    ``"tasks"``.
 
     Args:
         fast_weight_numel: floats of one task's fast weights (the adapter's size; 0 for methods
@@ -199,24 +221,31 @@ def plan_placed(
     """
     if placement not in PLACEMENTS:
         raise ValueError(f"placement={placement!r} is invalid: allowed {', '.join(PLACEMENTS)}")
-    plans: list[MetaBatchPlan] = []
-    with gc_paused():  # one collection afterwards for both plans' objects, not one per plan
+    priced: dict[str, PricedPlan] = {}
+    with gc_paused():  # one collection afterwards for the plan's objects
         known = set_lengths([ep.support for ep in episodes] + [ep.query for ep in episodes])
         if world_size == 1 or placement != "rows":
-            plans.append(plan_meta_batch(episodes, task_ids, step=step, world_size=world_size,
-                                         micro_batch_size=micro_batch_size, inner_steps=inner_steps,
-                                         cost_model=cost_model, rng=rng, tokens_per_pass=tokens_per_pass,
-                                         on_uneven=on_uneven, tol=tol, lengths=known))
+            priced["tasks"] = priced_meta_batch(
+                episodes, task_ids, step=step, world_size=world_size, micro_batch_size=micro_batch_size,
+                inner_steps=inner_steps, cost_model=cost_model, rng=rng, tokens_per_pass=tokens_per_pass,
+                on_uneven=on_uneven, tol=tol, lengths=known)
             if world_size == 1 or placement == "tasks":
-                return plans[0]
+                return priced["tasks"].build()
         budget = tokens_per_pass or micro_batch_size * int(known[0].max(initial=1))
-        plans.append(plan_rows_across_ranks(episodes, task_ids, step=step, world_size=world_size,
-                                            budget=budget, cost_model=cost_model, rng=rng, lengths=known))
-    predicted: dict[str, float] = {p.placement: plan_cost(p, inner_steps=inner_steps, cost_model=cost_model,
-                                                         fast_weight_numel=fast_weight_numel,
-                                                         lockstep=lockstep)
-                                  for p in plans}
-    chosen = min(plans, key=lambda p: predicted[p.placement])  # a tie keeps "tasks", listed first
+        priced["rows"] = _rows_plan(episodes, task_ids, step, world_size, budget, cost_model, rng, known)
+        if lockstep:  # the prices the planners computed: only the chosen plan is built
+            reduce = inner_steps * cost_model.reduce_cost(len(episodes) * fast_weight_numel)
+            predicted = {name: p.price(inner_steps) + (reduce if name == "rows" else 0.0)
+                         for name, p in priced.items()}
+            plans: dict[str, MetaBatchPlan | None] = {name: None for name in priced}
+        else:  # per-rank totals need the built plans
+            built = {name: p.build() for name, p in priced.items()}
+            predicted = {name: plan_cost(p, inner_steps=inner_steps, cost_model=cost_model,
+                                         fast_weight_numel=fast_weight_numel, lockstep=False)
+                         for name, p in built.items()}
+            plans = dict(built)
+        name = min(predicted, key=predicted.__getitem__)  # a tie keeps "tasks", listed first
+        chosen = plans[name] or priced[name].build()
     return dataclasses.replace(chosen, predicted=predicted)
 
 

@@ -9,7 +9,13 @@ import pytest
 from fmmeta.sampling.cost import CostModel
 from fmmeta.sampling.plan import MetaBatchPlan, RankPlan
 from fmmeta.sampling.planner import pass_cost, plan_meta_batch, plan_stats
-from fmmeta.sampling.rows_plan import _aligned_cut, fast_weight_megabytes, plan_placed, plan_rows_across_ranks
+from fmmeta.sampling.rows_plan import (
+    _aligned_cut,
+    fast_weight_megabytes,
+    plan_cost,
+    plan_placed,
+    plan_rows_across_ranks,
+)
 from fmmeta.sampling.synthetic import bimodal_pool
 from fmmeta.tasks.episode import Episode
 
@@ -125,6 +131,25 @@ def test_auto_picks_the_cheaper_placement_and_reports_both_prices() -> None:
     assert _placed(eps, 8, cost_model=CostModel(r=1e9)).placement == "tasks"
     assert _placed(eps, 8, placement="rows", cost_model=CostModel(r=1e9)).placement == "rows"
     assert _placed(eps, 8, placement="tasks").predicted == {}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_under_lockstep_the_planners_prices_are_the_built_plans_prices(seed: int) -> None:
+    """plan_placed weighs the placements by the prices the planners computed while cutting, and
+    builds only the plan it keeps: each price must be what that plan, built, costs."""
+    eps = [bimodal_pool(32, seed=seed)[i].sample_episode(np.random.default_rng([seed, i])) for i in range(12)]
+    cm, ids = CostModel(a=float(40 + 30 * seed)), list(range(12))
+    plan = _placed(eps, 4, cost_model=cm)
+    rng = np.random.default_rng(1)  # as _placed's: the tasks plan draws first, then the rows plan
+    tasks = plan_meta_batch(eps, ids, step=0, world_size=4, micro_batch_size=8, inner_steps=3,
+                            cost_model=cm, rng=rng)
+    budget = 8 * max(x.n_tokens for e in eps for x in (*e.support, *e.query))
+    rows = plan_rows_across_ranks(eps, ids, step=0, world_size=4, budget=budget, cost_model=cm, rng=rng)
+    for built in (tasks, rows):
+        want = plan_cost(built, inner_steps=3, cost_model=cm, fast_weight_numel=460_800)
+        assert plan.predicted[built.placement] == pytest.approx(want, rel=1e-12)
+    kept = tasks if plan.placement == "tasks" else rows
+    assert plan.digest() == kept.digest() and plan.placement == min(plan.predicted, key=plan.predicted.__getitem__)
 
 
 def test_one_rank_always_plans_tasks_and_the_prices_follow_the_engine() -> None:
