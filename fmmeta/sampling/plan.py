@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Sequence, TypeVar
 
@@ -236,3 +237,19 @@ class MetaBatchPlan:
                 for p in passes:
                     h.update(f"{name}:{p.slots}:{p.examples};".encode())
         return h.hexdigest()
+
+
+@dataclass
+class PricedPlan:
+    """A plan priced under lockstep before its objects exist: choosing between placements needs
+    only the prices, so only the chosen plan is made (:meth:`build`)."""
+
+    support: float
+    """The support passes' lockstep price (the sum over pass indices of the costliest rank's pass)."""
+    query: float
+    """The query passes' lockstep price."""
+    build: Callable[[], MetaBatchPlan]
+
+    def price(self, inner_steps: int) -> float:
+        """What :meth:`MetaBatchPlan.compute_cost` gives the built plan with ``lockstep=True``."""
+        return inner_steps * self.support + self.query

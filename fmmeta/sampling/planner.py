@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -41,6 +41,7 @@ from fmmeta.sampling.plan import (
     DUMMY_PASS,
     MetaBatchPlan,
     PackedPass,
+    PricedPlan,
     RankPlan,
     TaskSlot,
     _make_many,
@@ -228,22 +229,6 @@ def _pass_order(chain: np.ndarray, cost: np.ndarray) -> np.ndarray:
 
 
 @dataclass
-class PricedPlan:
-    """A plan priced under lockstep before its objects exist: choosing between placements needs
-    only the prices, so only the chosen plan is made (:meth:`build`)."""
-
-    support: float
-    """The support passes' lockstep price (the sum over pass indices of the costliest rank's pass)."""
-    query: float
-    """The query passes' lockstep price."""
-    build: Callable[[], MetaBatchPlan]
-
-    def price(self, inner_steps: int) -> float:
-        """What :meth:`MetaBatchPlan.compute_cost` gives the built plan with ``lockstep=True``."""
-        return inner_steps * self.support + self.query
-
-
-@dataclass
 class _PhaseCut:
     """One phase's chosen passes, as row runs (``rows`` is None for a phase without rows)."""
 
@@ -352,32 +337,15 @@ def plan_meta_batch(
         >>> plan = plan_meta_batch(eps, ids, step=0, world_size=2, micro_batch_size=4,
         ...                        inner_steps=1, cost_model=CostModel(), rng=np.random.default_rng(0))
     """
+    _check_arguments(len(episodes), task_ids, world_size, micro_batch_size, tokens_per_pass, on_uneven)
     with gc_paused():
-        return priced_meta_batch(episodes, task_ids, step=step, world_size=world_size,
-                                 micro_batch_size=micro_batch_size, inner_steps=inner_steps,
-                                 cost_model=cost_model, rng=rng, tokens_per_pass=tokens_per_pass,
-                                 on_uneven=on_uneven, tol=tol, lengths=lengths).build()
+        return _plan(episodes, task_ids, step, world_size, micro_batch_size, inner_steps,
+                     cost_model, rng, tokens_per_pass, tol, lengths).build()
 
 
-def priced_meta_batch(
-    episodes: Sequence[Episode],
-    task_ids: Sequence[int],
-    *,
-    step: int,
-    world_size: int,
-    micro_batch_size: int,
-    inner_steps: int,
-    cost_model: CostModel,
-    rng: np.random.Generator,
-    tokens_per_pass: int | None = None,
-    on_uneven: OnUneven = "pad",
-    tol: float = 1e-3,
-    lengths: tuple[np.ndarray, np.ndarray] | None = None,
-) -> PricedPlan:
-    """:func:`plan_meta_batch`'s plan priced under lockstep before it is built (its arguments
-    and errors are :func:`plan_meta_batch`'s): the planner that weighs placements builds only
-    the one it chooses."""
-    n = len(episodes)
+def _check_arguments(n: int, task_ids: Sequence[int], world_size: int, micro_batch_size: int,
+                     tokens_per_pass: int | None, on_uneven: str) -> None:
+    """Raises :func:`plan_meta_batch`'s errors for a meta-batch of ``n`` episodes."""
     if n == 0:
         raise ValueError("plan_meta_batch() got no episodes: meta_batch_size must be >= 1")
     if len(task_ids) != n:
@@ -396,8 +364,6 @@ def priced_meta_batch(
             f"on_uneven='error'; use a multiple of {world_size} or on_uneven='pad' "
             "(ranks then hold different task counts)"
         )
-    return _plan(episodes, task_ids, step, world_size, micro_batch_size, inner_steps,
-                 cost_model, rng, tokens_per_pass, tol, lengths)
 
 
 def _plan(
@@ -517,5 +483,4 @@ def plan_stats(plan: MetaBatchPlan, *, inner_steps: int, cost_model: CostModel) 
     )
 
 
-__all__ = ["OnUneven", "PlanStats", "PricedPlan", "assign_tasks", "pass_cost", "plan_meta_batch", "plan_stats",
-           "priced_meta_batch"]
+__all__ = ["OnUneven", "PlanStats", "assign_tasks", "pass_cost", "plan_meta_batch", "plan_stats"]

@@ -34,8 +34,8 @@ import numpy as np
 
 from fmmeta.sampling.cost import CostModel
 from fmmeta.sampling.lengths import gc_paused, set_lengths
-from fmmeta.sampling.plan import DUMMY_PASS, MetaBatchPlan, PackedPass, RankPlan, TaskSlot, _make_many
-from fmmeta.sampling.planner import OnUneven, PricedPlan, priced_meta_batch
+from fmmeta.sampling.plan import DUMMY_PASS, MetaBatchPlan, PackedPass, PricedPlan, RankPlan, TaskSlot, _make_many
+from fmmeta.sampling.planner import OnUneven, _check_arguments, _plan
 from fmmeta.sampling.sorting import lex_order
 from fmmeta.tasks.episode import Episode
 
@@ -225,10 +225,9 @@ def plan_placed(
     with gc_paused():  # one collection afterwards for the plan's objects
         known = set_lengths([ep.support for ep in episodes] + [ep.query for ep in episodes])
         if world_size == 1 or placement != "rows":
-            priced["tasks"] = priced_meta_batch(
-                episodes, task_ids, step=step, world_size=world_size, micro_batch_size=micro_batch_size,
-                inner_steps=inner_steps, cost_model=cost_model, rng=rng, tokens_per_pass=tokens_per_pass,
-                on_uneven=on_uneven, tol=tol, lengths=known)
+            _check_arguments(len(episodes), task_ids, world_size, micro_batch_size, tokens_per_pass, on_uneven)
+            priced["tasks"] = _plan(episodes, task_ids, step, world_size, micro_batch_size, inner_steps,
+                                    cost_model, rng, tokens_per_pass, tol, known)
             if world_size == 1 or placement == "tasks":
                 return priced["tasks"].build()
         budget = tokens_per_pass or micro_batch_size * int(known[0].max(initial=1))
