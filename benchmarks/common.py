@@ -16,13 +16,16 @@ import argparse
 import dataclasses
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
 from fmmeta.config import LoraConfig, ModelConfig
 from fmmeta.models import add_lora, build_model_and_tokenizer
 from fmmeta.recipe_config import RecipeConfig
+from fmmeta.sampling.plan import RankPlan
+from fmmeta.sampling.sampler import CostAwareSampler
 
 SMOLLM2_SHAPE = {"tiny_vocab_size": 49152, "tiny_hidden_size": 576, "tiny_intermediate_size": 1536,
                  "tiny_num_layers": 30, "tiny_num_heads": 9, "tiny_num_kv_heads": 3,
@@ -78,6 +81,23 @@ def build_lora_model(args: argparse.Namespace, dtype: str, lora: LoraConfig
     base, tok = build_model_and_tokenizer(model_config(args, dtype))
     model = add_lora(base, LoraConfig(r=4) if args.tiny else lora, seed=0).to(args.device).train()
     return model, [p for p in model.parameters() if p.requires_grad], tok
+
+
+def give_trained_scale(params: Sequence[torch.Tensor], seed: int = 1) -> None:
+    """Fills the adapter with values of a trained one's scale (normal, std 0.02, from ``seed``):
+    LoRA B is zero at init, and a zero B would leave A without a gradient."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in params:
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+
+
+def recipe_plans(tasks: Sequence[Any], cfg: RecipeConfig, algorithm: Any, steps: int) -> list[RankPlan]:
+    """The first ``steps`` meta-batches the recipe's sampler (one rank, seed 0) plans for
+    ``algorithm`` from ``tasks``: the work a benchmark times as a run would."""
+    sampler = CostAwareSampler(tasks, cfg.sampler, world_size=1, seed=0, support_draws=algorithm.support_draws,
+                               support_repeats=algorithm.support_repeats)
+    return [sampler.sample(step).for_rank(0) for step in range(steps)]
 
 
 def non_embedding_parameters(model: torch.nn.Module) -> int:

@@ -60,17 +60,19 @@ from common import (  # noqa: E402  (benchmarks/common.py)
     PassCounter,
     add_model_arguments,
     build_lora_model,
+    give_trained_scale,
     matmul_peak,
     median_times,
     model_name,
     non_embedding_parameters,
+    recipe_plans,
     relative_error,
+    synchronize,
 )
 
 from fmmeta.algorithms.build import build_algorithm  # noqa: E402
 from fmmeta.config import LoraConfig  # noqa: E402
 from fmmeta.recipe_config import RecipeConfig  # noqa: E402
-from fmmeta.sampling.sampler import CostAwareSampler  # noqa: E402
 from fmmeta.tasks.config import build_task_set  # noqa: E402
 
 RECOMPILE_LIMIT = 64
@@ -103,15 +105,10 @@ def meta_steps(args: argparse.Namespace, dtype: torch.dtype) -> dict:
     cfg = RecipeConfig()
     model, params, tok = build_lora_model(args, args.dtype, cfg.lora)
     model.eval()  # no LoRA dropout: eager and compiled must compute the same gradient
-    with torch.no_grad():  # LoRA B is zero at init: give it a trained adapter's scale
-        gen = torch.Generator().manual_seed(1)
-        for p in params:
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+    give_trained_scale(params)
     algorithm = build_algorithm("fomaml", cfg.algorithm, tok.pad_token_id)
-    sampler = CostAwareSampler(build_task_set(cfg.tasks, tok, seed=0).meta_train, cfg.sampler, world_size=1,
-                               seed=0, support_draws=algorithm.support_draws,
-                               support_repeats=algorithm.support_repeats)
-    works = [algorithm.prepare(sampler.sample(step).for_rank(0)) for step in range(args.meta_steps)]
+    plans = recipe_plans(build_task_set(cfg.tasks, tok, seed=0).meta_train, cfg, algorithm, args.meta_steps)
+    works = [algorithm.prepare(plan) for plan in plans]
     counter = PassCounter(model)
     non_embedding = non_embedding_parameters(model)
     hf = model.base_model.model.config
@@ -121,8 +118,7 @@ def meta_steps(args: argparse.Namespace, dtype: torch.dtype) -> dict:
         counter.reset()
         start = time.perf_counter()
         grads = algorithm.rank_gradient(model, params, work).grads  # type: ignore[attr-defined]
-        if args.device != "cpu":
-            torch.cuda.synchronize()
+        synchronize()
         return grads, time.perf_counter() - start, counter.model_flops(non_embedding)
 
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)

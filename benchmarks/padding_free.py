@@ -45,13 +45,13 @@ from common import (  # noqa: E402  (benchmarks/common.py)
     median_times,
     model_name,
     recipe_config,
+    recipe_plans,
     relative_error,
 )
 
 from fmmeta.algorithms.answer_loss import check_lines  # noqa: E402
 from fmmeta.algorithms.build import build_algorithm  # noqa: E402
 from fmmeta.recipe_config import RecipeConfig  # noqa: E402
-from fmmeta.sampling.sampler import CostAwareSampler  # noqa: E402
 from fmmeta.tasks.config import build_task_set  # noqa: E402
 
 LAYOUTS = ("padded", "lines")
@@ -68,10 +68,7 @@ def measure(model: torch.nn.Module, params: list, method: str, suite: object, cf
     """One method on one model: both layouts of the same meta-batches, side by side."""
     algos = {layout: build_algorithm(method, dataclasses.replace(cfg.algorithm, padding_free=layout == "lines"),
                                      pad_id) for layout in LAYOUTS}
-    sampler = CostAwareSampler(suite.meta_train, cfg.sampler, world_size=1, seed=0,  # type: ignore[attr-defined]
-                               support_draws=algos["padded"].support_draws,
-                               support_repeats=algos["padded"].support_repeats)
-    plans = [sampler.sample(step).for_rank(0) for step in range(args.steps)]
+    plans = recipe_plans(suite.meta_train, cfg, algos["padded"], args.steps)  # type: ignore[attr-defined]
     works = {layout: [algos[layout].prepare(plan) for plan in plans] for layout in LAYOUTS}
 
     def run(layout: str) -> list[torch.Tensor]:

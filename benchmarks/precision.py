@@ -47,16 +47,17 @@ from common import (  # noqa: E402  (benchmarks/common.py)
     add_model_arguments,
     add_pass_arguments,
     build_lora_model,
+    give_trained_scale,
     matmul_peak,
     median_times,
     model_name,
     non_embedding_parameters,
     recipe_config,
+    recipe_plans,
     relative_error,
 )
 
 from fmmeta.algorithms.build import ALGORITHMS, build_algorithm  # noqa: E402
-from fmmeta.sampling.sampler import CostAwareSampler  # noqa: E402
 from fmmeta.tasks.config import build_task_set  # noqa: E402
 
 VARIANTS = {"float32": "float32", "bfloat16": "bfloat16", "autocast": "float32"}
@@ -73,11 +74,9 @@ def main() -> None:
     cfg = recipe_config(args)
     built = {dt: build_lora_model(args, dt, cfg.lora) for dt in ("float32", "bfloat16")}
     tok = built["float32"][2]
-    # the same adapter in both: LoRA B is zero at init, so give it the values of a trained one
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
+    give_trained_scale(built["float32"][1])
+    with torch.no_grad():  # the same adapter in both
         for p32, p16 in zip(built["float32"][1], built["bfloat16"][1]):
-            p32.copy_(torch.randn(p32.shape, generator=gen) * 0.02)
             p16.copy_(p32)
     suite = build_task_set(cfg.tasks, tok, seed=0)
     non_embedding = non_embedding_parameters(built["float32"][0])
@@ -97,10 +96,7 @@ def main() -> None:
     out: dict[str, dict] = {}
     for method in args.methods:
         algorithm = build_algorithm(method, cfg.algorithm, tok.pad_token_id)
-        sampler = CostAwareSampler(suite.meta_train, cfg.sampler, world_size=1, seed=0,
-                                   support_draws=algorithm.support_draws,
-                                   support_repeats=algorithm.support_repeats)
-        work = algorithm.prepare(sampler.sample(0).for_rank(0))
+        work = algorithm.prepare(recipe_plans(suite.meta_train, cfg, algorithm, 1)[0])
         grads = {v: gradient(v, algorithm, work) for v in VARIANTS}
         errors = {v: relative_error(grads[v], grads["float32"]) for v in VARIANTS if v != "float32"}
         secs = median_times({v: (lambda v=v: gradient(v, algorithm, work)) for v in VARIANTS}, args.reps)

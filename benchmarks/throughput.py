@@ -78,7 +78,13 @@ def peak_flops(args: argparse.Namespace, device: torch.device) -> float | None:
 
 
 MATMUL_OPS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::matmul", "aten::linear")
-"""Operators counted as matmuls on a CPU (a GPU's are its GEMM kernels, by name)."""
+"""Operators counted as matmuls on a CPU."""
+GEMM_KERNEL_MARKS = ("gemm", "cutlass", "matmul", "sm90_xmma", "nvjet")
+"""Parts of a GPU kernel's name that mark it a matmul (cuBLAS, cuBLASLt, CUTLASS)."""
+
+
+def _is_matmul(name: str, cuda: bool) -> bool:
+    return any(k in name.lower() for k in GEMM_KERNEL_MARKS) if cuda else name in MATMUL_OPS
 
 
 def top_operators(fn: object, device: torch.device, top: int) -> dict[str, object]:
@@ -92,21 +98,17 @@ def top_operators(fn: object, device: torch.device, top: int) -> dict[str, objec
     with profile(activities=activities) as prof:
         fn()  # type: ignore[operator]
         bench.sync(device)
+    times: dict[str, float] = {}
     if cuda:  # the kernels themselves: what the device spent its time on
-        rows = [(e.name, e.device_time_total) for e in prof.events()
-                if e.device_type.name == "CUDA" and e.device_time_total > 0]
-        merged: dict[str, float] = {}
-        for name, t in rows:
-            merged[name] = merged.get(name, 0.0) + t
-        times = merged
-        is_matmul = lambda name: any(k in name.lower() for k in ("gemm", "cutlass", "matmul", "sm90_xmma", "nvjet"))  # noqa: E731
+        for e in prof.events():
+            if e.device_type.name == "CUDA" and e.device_time_total > 0:
+                times[e.name] = times.get(e.name, 0.0) + e.device_time_total
     else:
         times = {e.key: e.self_cpu_time_total for e in prof.key_averages()}
-        is_matmul = lambda name: name in MATMUL_OPS  # noqa: E731
     total = sum(times.values()) or 1.0
     ranked = sorted(times.items(), key=lambda kv: -kv[1])[:top]
     return {"total_ms": total / 1e3,
-            "matmul_share": round(sum(t for k, t in times.items() if is_matmul(k)) / total, 4),
+            "matmul_share": round(sum(t for k, t in times.items() if _is_matmul(k, cuda)) / total, 4),
             "top": [{"op": k[:120], "share": round(t / total, 4)} for k, t in ranked]}
 
 

@@ -232,19 +232,19 @@ def plan_placed(
                 return priced["tasks"].build()
         budget = tokens_per_pass or micro_batch_size * int(known[0].max(initial=1))
         priced["rows"] = _rows_plan(episodes, task_ids, step, world_size, budget, cost_model, rng, known)
-        if lockstep:  # the prices the planners computed: only the chosen plan is built
+        # Under lockstep the planners' own prices decide and only the chosen plan is built;
+        # per-rank totals (ranks meeting less often) need the plans built.
+        built = {} if lockstep else {name: p.build() for name, p in priced.items()}
+        if lockstep:
             reduce = inner_steps * cost_model.reduce_cost(len(episodes) * fast_weight_numel)
             predicted = {name: p.price(inner_steps) + (reduce if name == "rows" else 0.0)
                          for name, p in priced.items()}
-            plans: dict[str, MetaBatchPlan | None] = {name: None for name in priced}
-        else:  # per-rank totals need the built plans
-            built = {name: p.build() for name, p in priced.items()}
+        else:
             predicted = {name: plan_cost(p, inner_steps=inner_steps, cost_model=cost_model,
                                          fast_weight_numel=fast_weight_numel, lockstep=False)
                          for name, p in built.items()}
-            plans = dict(built)
         name = min(predicted, key=predicted.__getitem__)  # a tie keeps "tasks", listed first
-        chosen = plans[name] or priced[name].build()
+        chosen = built[name] if name in built else priced[name].build()
     return dataclasses.replace(chosen, predicted=predicted)
 
 
