@@ -9,9 +9,11 @@ the collective timeout (docs/design.md, "A rank that exits early"), whose defaul
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import logging
 import os
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -144,6 +146,9 @@ def init_distributed(
     dist.init_process_group(
         backend=backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout_s)
     )
+    if backend == "gloo":
+        atexit.unregister(let_gloo_threads_finish)  # once per process, however often a group is made
+        atexit.register(let_gloo_threads_finish)
     rank, world = dist.get_rank(), dist.get_world_size()
     logger.info(
         "process group up: backend=%s rank=%d local_rank=%d world_size=%d timeout=%.0fs",
@@ -219,6 +224,30 @@ def refuse_missing_accelerator() -> None:
             + (f"one of {', '.join(known)} " if known else "")
             + "(cuda for NVIDIA GPUs, cpu), or unset it"
         )
+
+
+GLOO_DRAIN_S = 0.05
+"""How long :func:`let_gloo_threads_finish` gives gloo's threads at exit; a thread that only waits
+for the GIL needs microseconds, so this is a margin for a busy machine, paid once per process."""
+
+
+def let_gloo_threads_finish() -> None:
+    """Registered at exit by :func:`init_distributed` for gloo: releases the GIL for a moment
+    before the interpreter finalizes, so a finished run exits 0 instead of aborting.
+
+    Why: gloo runs each collective on a thread of its own, which drops its last reference to the
+    collective's work a moment after the caller has seen it complete. When that work holds the last
+    reference to a tensor Python made (``all_gather_object``'s, or those of the collectives a
+    barrier waited on), dropping it needs the GIL. Once the main thread has begun finalizing the
+    interpreter, a thread that asks for the GIL is made to exit, here inside a C++ destructor, and
+    the process aborts ("terminate called without an active exception", rc -6) with every result
+    already written. ``destroy_process_group`` does not join those threads while anything else
+    (DeepSpeed) still holds the group. Exit handlers run while the interpreter is whole, so a sleep
+    here lets a waiting thread take the GIL and finish. gloo offers no way to wait for its threads,
+    so this narrows the window rather than closing it; code that must never lose the race (the
+    test workers) leaves with ``os._exit``.
+    """
+    time.sleep(GLOO_DRAIN_S)
 
 
 def all_gather_object(obj: Any) -> list[Any]:

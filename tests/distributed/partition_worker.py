@@ -143,6 +143,7 @@ def main() -> None:
     from fmmeta.engine.partition import partitioned_build
     from fmmeta.engine.zero import scatter_adapter
     from fmmeta.models import add_lora, build_model_and_tokenizer
+    from tests.distributed._common import exit_worker
 
     optim = OuterOptimConfig(outer_lr=1e-2, grad_clip=0.001)
     # Whole builds first: while a PartitionedBuild is alive, transformers builds every model
@@ -196,10 +197,7 @@ def main() -> None:
         save_file({k: v.contiguous() for k, v in new.items()}, str(out / "adapters_new.safetensors"))
         (out / "build.json").write_text(json.dumps(report))
         (out / "eval.json").write_text(json.dumps(result))
-    import torch.distributed as dist
-
-    dist.barrier()
-    dist.destroy_process_group()
+    exit_worker()
 
 
 if __name__ == "__main__":

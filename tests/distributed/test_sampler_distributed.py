@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from tests.distributed._common import exit_worker
+
 WORLD = 2
 STEPS = 6
 
@@ -74,8 +76,10 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
                 resumed_digests.append(item.plan.digest())
                 pf.observe(gathered_observations(item.plan, step))
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"digests": digests, "resumed": resumed_digests}))
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    exit_worker()  # not a plain return: see exit_worker
 
 
 @pytest.mark.timeout(90)

@@ -49,7 +49,7 @@ def main() -> None:
     from fmmeta.algorithms.meta_step import meta_step
     from fmmeta.engine.optim import OuterOptimConfig
     from fmmeta.models.build import enable_activation_checkpointing
-    from tests.distributed._common import build_model, build_plan
+    from tests.distributed._common import build_model, build_plan, exit_worker
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -152,11 +152,7 @@ def main() -> None:
                 "inner_lrs": algo.step_sizes.lrs(len(params)) if method == "metasgd" else None,
             }))
         del engine
-    if world > 1:
-        import torch.distributed as dist
-
-        dist.barrier()
-        dist.destroy_process_group()
+    exit_worker()
 
 
 if __name__ == "__main__":
