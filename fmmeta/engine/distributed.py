@@ -235,17 +235,12 @@ def let_gloo_threads_finish() -> None:
     """Registered at exit by :func:`init_distributed` for gloo: releases the GIL for a moment
     before the interpreter finalizes, so a finished run exits 0 instead of aborting.
 
-    Why: gloo runs each collective on a thread of its own, which drops its last reference to the
-    collective's work a moment after the caller has seen it complete. When that work holds the last
-    reference to a tensor Python made (``all_gather_object``'s, or those of the collectives a
-    barrier waited on), dropping it needs the GIL. Once the main thread has begun finalizing the
-    interpreter, a thread that asks for the GIL is made to exit, here inside a C++ destructor, and
-    the process aborts ("terminate called without an active exception", rc -6) with every result
-    already written. ``destroy_process_group`` does not join those threads while anything else
-    (DeepSpeed) still holds the group. Exit handlers run while the interpreter is whole, so a sleep
-    here lets a waiting thread take the GIL and finish. gloo offers no way to wait for its threads,
-    so this narrows the window rather than closing it; code that must never lose the race (the
-    test workers) leaves with ``os._exit``.
+    Why: a gloo thread may still be letting go of a finished collective whose tensor Python made,
+    which needs the GIL; once finalization has begun, that thread is made to exit inside a C++
+    destructor and the process aborts with rc -6 (docs/design.md, "A finished gloo run must not
+    abort at exit"). Exit handlers run while the interpreter is whole, so a waiting thread takes
+    the GIL here and finishes. gloo offers no way to wait for its threads, so this narrows the
+    window rather than closing it.
     """
     time.sleep(GLOO_DRAIN_S)
 

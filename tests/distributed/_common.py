@@ -21,13 +21,13 @@ N_QUERY = 2
 SEED = 1234
 
 
-def exit_worker() -> NoReturn:
+def exit_worker(code: int = 0) -> NoReturn:
     """Ends a launched worker once its results are written: the ranks meet, the process group
-    goes, and the process exits without the interpreter's finalization (``os._exit``).
+    goes, and the process exits with ``code`` without the interpreter's finalization (``os._exit``).
 
     A plain return can abort the process after everything is written, when a gloo thread is
-    still letting go of a finished collective (``fmmeta.engine.distributed.let_gloo_threads_finish``
-    says why). The product narrows that window at exit; a worker must never lose the race, since
+    still letting go of a finished collective (docs/design.md, "A finished gloo run must not abort
+    at exit"). The product narrows that window at exit; a worker must never lose the race, since
     CI would read the abort as a failed launch, so it skips finalization instead.
     """
     import torch.distributed as dist
@@ -38,7 +38,7 @@ def exit_worker() -> NoReturn:
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 def build_model(seed: int = SEED) -> nn.Module:

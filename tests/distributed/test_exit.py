@@ -12,8 +12,8 @@ import torch.multiprocessing as mp
 from tests.distributed.launch import _free_port
 
 RUNS = 8
-"""Two-process runs per test. Without the exit handler about one run in four aborted (a probe of
-this pattern: 14 of 60), so eight clean runs would pass by luck about once in eight."""
+"""Two-process runs per test. Without the exit handler about one run in four aborted (14 of 60),
+so eight clean runs would pass by luck about once in eight."""
 
 _HELD: list = []
 

@@ -143,4 +143,7 @@ if __name__ == "__main__":
     parser.add_argument("--policy", choices=["skip", "stop"], required=True)
     parser.add_argument("--timeout", type=float, default=20.0)
     args, _ = parser.parse_known_args()
-    sys.exit(_worker(Path(args.out), args.policy, args.timeout))
+    code = _worker(Path(args.out), args.policy, args.timeout)
+    from tests.distributed._common import exit_worker  # importable once _worker has set sys.path
+
+    exit_worker(code)
