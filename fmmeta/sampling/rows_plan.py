@@ -234,12 +234,13 @@ def plan_placed(
         priced["rows"] = _rows_plan(episodes, task_ids, step, world_size, budget, cost_model, rng, known)
         # Under lockstep the planners' own prices decide and only the chosen plan is built;
         # per-rank totals (ranks meeting less often) need the plans built.
-        built = {} if lockstep else {name: p.build() for name, p in priced.items()}
+        built: dict[str, MetaBatchPlan] = {}
         if lockstep:
-            reduce = inner_steps * cost_model.reduce_cost(len(episodes) * fast_weight_numel)
+            reduce = _inner_reduce_price(len(episodes), inner_steps, cost_model, fast_weight_numel)
             predicted = {name: p.price(inner_steps) + (reduce if name == "rows" else 0.0)
                          for name, p in priced.items()}
         else:
+            built = {name: p.build() for name, p in priced.items()}
             predicted = {name: plan_cost(p, inner_steps=inner_steps, cost_model=cost_model,
                                          fast_weight_numel=fast_weight_numel, lockstep=False)
                          for name, p in built.items()}
@@ -251,12 +252,17 @@ def plan_placed(
 def plan_cost(plan: MetaBatchPlan, *, inner_steps: int, cost_model: CostModel,
               fast_weight_numel: int, lockstep: bool = True) -> float:
     """A plan's predicted price: its passes (:meth:`MetaBatchPlan.compute_cost`), plus for rows
-    across ranks ``inner_steps`` all-reduces of every task's inner gradient (``n_tasks x
-    fast_weight_numel`` floats)."""
+    across ranks :func:`_inner_reduce_price`."""
     passes = plan.compute_cost(cost_model, inner_steps=inner_steps, lockstep=lockstep)
     if plan.placement != "rows" or len(plan.ranks) == 1:
         return passes
-    return passes + inner_steps * cost_model.reduce_cost(plan.n_real_tasks * fast_weight_numel)
+    return passes + _inner_reduce_price(plan.n_real_tasks, inner_steps, cost_model, fast_weight_numel)
+
+
+def _inner_reduce_price(n_tasks: int, inner_steps: int, cost_model: CostModel, fast_weight_numel: int) -> float:
+    """What rows across ranks adds to its passes: ``inner_steps`` all-reduces of every task's inner
+    gradient (``n_tasks x fast_weight_numel`` floats)."""
+    return inner_steps * cost_model.reduce_cost(n_tasks * fast_weight_numel)
 
 
 def fast_weight_megabytes(n_tasks: int, fast_weight_numel: int, *, adam: bool = False,
