@@ -89,6 +89,11 @@ class EvalConfig:
         return problems
 
 
+def replicate_folder(r: int) -> str:
+    """The folder of training replicate ``r`` inside a run of several (``replicate_<r>``)."""
+    return f"replicate_{r}"
+
+
 @dataclass(kw_only=True)
 class RecipeConfig:
     """Everything one run of ``recipes/train.py`` needs; YAML files hold only what differs."""
@@ -184,6 +189,25 @@ class RecipeConfig:
         dtype: Literal["float32", "bfloat16"] = "bfloat16" if name == "bfloat16" else "float32"
         logger.info("model.dtype=auto -> %s: %s", dtype, why)
         return dataclasses.replace(self, model=dataclasses.replace(self.model, dtype=dtype))
+
+    def replicate_configs(self) -> list[RecipeConfig]:
+        """Each training replicate as a one-replicate run: replicate ``r`` trains with
+        ``train.seed + r`` into ``<output_dir>/replicate_<r>`` (docs/outputs.md); with
+        ``train.replicates=1`` the run is its own one replicate, in ``output_dir`` itself.
+
+        So replicate ``r`` of a run is, file for file, the run of ``train.replicates=1`` and
+        ``train.seed`` + r: the same code trains both, and the task split and evaluation episodes
+        (``tasks.seed``) are shared.
+        """
+        if self.train.replicates == 1:
+            return [self]
+        return [
+            dataclasses.replace(
+                self, output_dir=os.path.join(self.output_dir, replicate_folder(r)),
+                train=dataclasses.replace(self.train, seed=self.train.seed + r, replicates=1),
+            )
+            for r in range(self.train.replicates)
+        ]
 
     @property
     def precision(self) -> str:

@@ -23,6 +23,7 @@ of the episodes; the report is the one a single process writes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import shutil
@@ -44,9 +45,9 @@ from fmmeta.engine.distributed import (
 )
 from fmmeta.engine.partition import partitioned_build
 from fmmeta.errors import UserInputError
-from fmmeta.evaluation.run import evaluate_run
+from fmmeta.evaluation.run import Replicate, evaluate_run
 from fmmeta.library_warnings import show_library_warnings_once
-from fmmeta.models import add_lora, build_model_and_tokenizer
+from fmmeta.models import add_lora, build_model_and_tokenizer, initial_adapter
 from fmmeta.recipe_args import IMPORT_HELP, import_modules
 from fmmeta.recipe_config import RecipeConfig
 from fmmeta.shipped import shipped_path, with_shipped_paths
@@ -92,12 +93,21 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         import_modules(args.imports)
         config_path = args.config or (run_config(args.run) if args.run is not None else None)
         cfg = load_config(RecipeConfig, config_path, args.overrides).on_this_machine()
-        adapters = run_adapters(args.run, cfg.methods) if args.run is not None else {}
+        named = named_adapters(args.adapter)
         if args.run is not None:
-            refuse_changed_settings(cfg, args.run, list(adapters), run_config(args.run))
-        adapters.update(named_adapters(args.adapter))
+            replicates = run_replicates(args.run, cfg)
+            for replicate in replicates:
+                refuse_changed_settings(replicate.cfg, Path(replicate.cfg.output_dir), list(replicate.adapters),
+                                        run_config(args.run))
+            if named and len(replicates) > 1:
+                raise UserInputError(f"--adapter with --run {str(args.run)!r}, a run of {len(replicates)} training "
+                                     "replicates: an added adapter has no replicates to pair with; evaluate it "
+                                     "with --config and --adapter NAME=PATH")
+        else:
+            replicates = [Replicate(cfg, None)]
+        replicates[0].adapters.update(named)
         out = args.run if args.run is not None else Path(cfg.output_dir).expanduser()
-        paths = evaluate(cfg, adapters, out)
+        paths = evaluate(cfg, replicates, out)
     except (ConfigError, UserInputError) as err:  # the input, not a bug
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -118,6 +128,26 @@ def run_config(run: Path) -> str:
         raise UserInputError(f"--run {str(run)!r} has no config.yaml: not a run folder written by "
                              "recipes/train.py (use --config and --adapter NAME=PATH instead)")
     return str(config)
+
+
+def run_replicates(run: Path, cfg: RecipeConfig) -> list[Replicate]:
+    """The run's training replicates, each with its ``<method>/adapter`` folders (every replicate
+    needs the same methods: they are compared replicate by replicate).
+
+    Raises:
+        UserInputError: no adapter, or replicates that finished different methods.
+    """
+    replicates = []
+    for replicate_cfg in cfg.replicate_configs():
+        folder = run if cfg.train.replicates == 1 else run / Path(replicate_cfg.output_dir).name
+        replicate_cfg = dataclasses.replace(replicate_cfg, output_dir=str(folder))
+        replicates.append(Replicate(replicate_cfg, None, run_adapters(folder, cfg.methods)))
+    finished = {Path(r.cfg.output_dir).name: sorted(r.adapters) for r in replicates}
+    if len({tuple(v) for v in finished.values()}) > 1:
+        raise UserInputError(f"--run {str(run)!r}: its replicates finished different methods "
+                             f"({'; '.join(f'{k}: {v}' for k, v in finished.items())}); rerun training to "
+                             "finish them (it resumes), then evaluate")
+    return replicates
 
 
 def run_adapters(run: Path, methods: tuple[str, ...]) -> dict[str, Path]:
@@ -175,8 +205,9 @@ def new_report_dir(out: Path) -> Path:
     raise UserInputError(f"{str(out)!r} has 999 reports from this second: remove some")
 
 
-def evaluate(cfg: RecipeConfig, adapters: dict[str, Path], out: Path) -> dict[str, Path]:
-    """Builds the model and tasks, and evaluates ``adapters`` into a new report folder in ``out``."""
+def evaluate(cfg: RecipeConfig, replicates: list[Replicate], out: Path) -> dict[str, Path]:
+    """Builds the model and tasks, and evaluates the replicates' adapters into a new report
+    folder in ``out``."""
     rank = 0
     if resolve_engine_kind(cfg.engine) != "local":
         rank, _, _ = init_distributed(default_backend(), cfg.engine.collective_timeout_s)
@@ -193,23 +224,25 @@ def evaluate(cfg: RecipeConfig, adapters: dict[str, Path], out: Path) -> dict[st
     if outcome == "error":
         raise UserInputError(report)
     try:
-        return _evaluate(cfg, adapters, out, Path(report))
+        return _evaluate(cfg, replicates, out, Path(report))
     except BaseException:
         if rank == 0:  # failed or stopped: leave no empty or half-written report behind
             shutil.rmtree(report, ignore_errors=True)
         raise
 
 
-def _evaluate(cfg: RecipeConfig, adapters: dict[str, Path], out: Path, report: Path) -> dict[str, Path]:
+def _evaluate(cfg: RecipeConfig, replicates: list[Replicate], out: Path, report: Path) -> dict[str, Path]:
     precision = cfg.precision
     partitioned = partitioned_build(cfg.engine, cfg.optim, precision=precision)
     base, tokenizer = build_model_and_tokenizer(cfg.model, partitioned=partitioned)
-    suite = build_task_set(cfg.tasks, tokenizer, seed=cfg.train.seed)
-    model = add_lora(base, cfg.lora, seed=cfg.train.seed)  # the shared initial adapter (B = 0)
+    suite = build_task_set(cfg.tasks, tokenizer)
+    model = add_lora(base, cfg.lora, seed=cfg.train.seed)  # replicate 0's initial adapter (B = 0)
+    for replicate in replicates:  # each replicate's base is its own initial adapter
+        replicate.initial = initial_adapter(model, replicate.cfg.train.seed)
     engine = build_engine(cfg.engine, model, cfg.optim, precision=precision)
     workers = Workers.from_setting(cfg.engine.workers, distributed=resolve_engine_kind(cfg.engine) != "local")
     try:
-        return evaluate_run(cfg, engine, tokenizer, suite, adapters, out, report_dir=report, workers=workers)
+        return evaluate_run(cfg, engine, tokenizer, suite, replicates, out, report_dir=report, workers=workers)
     finally:
         engine.close()
 

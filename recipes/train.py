@@ -61,15 +61,17 @@ from fmmeta.engine.partition import partitioned_build
 from fmmeta.engine.protocol import Engine
 from fmmeta.engine.zero import scatter_adapter
 from fmmeta.errors import UserInputError
-from fmmeta.evaluation.run import evaluate_run, evaluation_tasks
+from fmmeta.evaluation.run import Replicate, evaluate_run, evaluation_tasks
 from fmmeta.library_warnings import show_library_warnings_once
 from fmmeta.models import (
     add_lora,
     build_model_and_tokenizer,
     count_parameters,
+    initial_adapter,
     lora_shapes,
     model_id,
 )
+from fmmeta.progress import Progress
 from fmmeta.recipe_args import IMPORT_HELP, import_modules
 from fmmeta.recipe_config import RecipeConfig
 from fmmeta.sampling import CostAwareSampler, Prefetcher, fast_weight_megabytes
@@ -231,11 +233,6 @@ def interrupt_note(method: str, ckpts: CheckpointManager, step: Callable[[], int
         ) from None
 
 
-def adapter_tensors(model: torch.nn.Module) -> list[torch.nn.Parameter]:
-    """The LoRA tensors, in the order every engine uses (``named_parameters``)."""
-    return [p for p in model.parameters() if p.requires_grad]
-
-
 def save_step_sizes(algorithm: MetaAlgorithm, model: torch.nn.Module, adapter_dir: Path) -> None:
     """What the algorithm keeps next to its adapter (metasgd: ``step_sizes.json``); rank 0 calls."""
     algorithm.save_with_adapter(adapter_dir, [n for n, p in model.named_parameters() if p.requires_grad])
@@ -247,18 +244,21 @@ def fresh_engine(cfg: RecipeConfig, model: torch.nn.Module, initial: list[torch.
     Every method starts from the same seeded adapter this way without a copy of the base; the
     previous method's engine must have been closed (it removes its ZeRO-3 hooks).
     """
-    scatter_adapter(adapter_tensors(model), initial)
+    scatter_adapter([p for p in model.parameters() if p.requires_grad], initial)  # the engines' order
     return build_engine(cfg.engine, model, cfg.optim, precision=cfg.precision)
 
 
 def train_method(cfg: RecipeConfig, method: str, model: torch.nn.Module, initial: list[torch.Tensor],
                  pad_id: int, suite: Any, out: Path, hosts: list[str]) -> Path:
-    """Meta-trains one adapter from the shared initial adapter; returns its peft folder.
+    """Meta-trains one adapter of one replicate (``cfg``: that replicate's config, ``out``: its
+    folder) from the replicate's initial adapter; returns its peft folder.
 
-    Every method starts from the run's seed (dropout draws alike), so methods train the same one
-    after the other or side by side in worker processes (``engine.workers``).
+    Every method starts from the replicate's training seed (dropout draws alike), so methods and
+    replicates train the same one after the other or side by side in worker processes
+    (``engine.workers``).
     """
     torch.manual_seed(cfg.train.seed)
+    out.mkdir(parents=True, exist_ok=True)  # a replicate's own folder (train.replicates > 1)
     method_dir = out / method
     engine = NonFiniteGuard(fresh_engine(cfg, model, initial), cfg.train.nonfinite)
     watch = RankWatch(method, hosts, window=cfg.train.slow_rank_window,
@@ -352,7 +352,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         cfg, rank, distributed = load_run_config(args)
         # Before any model is built: methods that train side by side take this process's threads.
         with claimed_output_dir(cfg, rank) as claim, \
-                Workers.for_run(cfg.engine.workers, methods=len(cfg.methods), distributed=distributed) as workers:
+                Workers.for_run(cfg.engine.workers, methods=len(cfg.methods) * cfg.train.replicates,
+                                distributed=distributed) as workers:
             out = Path(cfg.output_dir).expanduser()
             hosts = ranks_share(out, cfg, rank) if distributed else [socket.gethostname()]
             torch.manual_seed(cfg.train.seed)
@@ -360,7 +361,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             partitioned = partitioned_build(cfg.engine, cfg.optim, precision=cfg.precision)
             base, tokenizer = build_model_and_tokenizer(cfg.model, partitioned=partitioned)
             model = add_lora(base, cfg.lora, seed=cfg.train.seed)
-            initial = [p.detach().clone() for p in adapter_tensors(model)]
+            replicates = [Replicate(c, initial_adapter(model, c.train.seed)) for c in cfg.replicate_configs()]
+            units = [(r, m) for r in replicates for m in cfg.methods]  # a method of a replicate
             suite = build_tasks(cfg, tokenizer)
             if claim is not None:
                 claim.accept(cfg)  # every input is accepted: only now is anything written into output_dir
@@ -370,14 +372,15 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             if workers.n > 1:
                 logger.info("%d worker processes of %d thread(s): %sevaluation shares out its episodes "
                             "(engine.workers)", workers.n, workers.threads,
-                            "methods train side by side, " if len(cfg.methods) > 1 else "")
-            trained = workers.map(
-                lambda m: train_method(cfg, m, model, initial, tokenizer.pad_token_id, suite, out, hosts),
-                cfg.methods,
-            )
-            adapters = dict(zip(cfg.methods, trained))
+                            "methods train side by side, " if len(units) > 1 else "")
+            progress = Progress("trained", len(units) if len(units) > 1 else 0, "methods", every_s=0)
+            trained = workers.map(lambda u: train_method(u[0].cfg, u[1], model, u[0].initial, tokenizer.pad_token_id,
+                                                         suite, Path(u[0].cfg.output_dir), hosts),
+                                  units, on_result=lambda _: progress.advance())
+            for (replicate, method), adapter in zip(units, trained):
+                replicate.adapters[method] = adapter
             if cfg.eval.enabled:
-                evaluate(cfg, model, initial, tokenizer, suite, adapters, out, workers)
+                evaluate(cfg, model, tokenizer, suite, replicates, out, workers)
         logger.info("done in %.1fs; everything is in %s", time.perf_counter() - t0, out)
     return outcome.code
 
@@ -468,7 +471,7 @@ def ranks_share(out: Path, cfg: RecipeConfig, rank: int) -> list[str]:
 
 def build_tasks(cfg: RecipeConfig, tokenizer: Any) -> Any:
     """The task suite, with every refusal it can cause made now, not after meta-training."""
-    suite = build_task_set(cfg.tasks, tokenizer, seed=cfg.train.seed)
+    suite = build_task_set(cfg.tasks, tokenizer)
     if cfg.eval.enabled:
         evaluation_tasks([*suite.validation, *suite.held_out], cfg.eval.query)
     if cfg.sampler.meta_batch_size > len(suite.meta_train):  # as each method's sampler would, but now
@@ -480,13 +483,13 @@ def build_tasks(cfg: RecipeConfig, tokenizer: Any) -> Any:
     return suite
 
 
-def evaluate(cfg: RecipeConfig, model: torch.nn.Module, initial: list[torch.Tensor], tokenizer: Any,
-             suite: Any, adapters: dict[str, Path], out: Path, workers: Workers) -> None:
+def evaluate(cfg: RecipeConfig, model: torch.nn.Module, tokenizer: Any, suite: Any,
+             replicates: list[Replicate], out: Path, workers: Workers) -> None:
     """Every rank (or worker) evaluates its share of the episodes under one more engine on the
-    same model."""
-    engine = fresh_engine(cfg, model, initial)  # "base" is evaluated at the initial adapter
+    same model: every replicate's adapters on the same episodes, into one report."""
+    engine = fresh_engine(cfg, model, replicates[0].initial)
     try:
-        paths = evaluate_run(cfg, engine, tokenizer, suite, adapters, out, workers=workers)
+        paths = evaluate_run(cfg, engine, tokenizer, suite, replicates, out, workers=workers)
         report_evaluation(cfg.train.report_to, out, paths, rank=engine.rank, config=to_dict(cfg))
     finally:
         engine.close()

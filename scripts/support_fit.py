@@ -2,7 +2,7 @@
 """Does an inner-loop setting fit the support set? Support and query scores along an adaptation.
 
 For a run's config (and optionally a trained adapter), adapts on every episode of one split's
-tasks (one episode per task, seed ``train.seed``, the evaluation's first draw) for ``--steps``
+tasks (one episode per task, seed ``tasks.seed``, the evaluation's first draw) for ``--steps``
 steps with each ``--try`` setting, and prints the mean support and query loss and accuracy after
 the scored steps. Choose settings on ``validation`` tasks, or on the CLDR suite's validation layout
 (``'tasks.options={score_on: validation}'`` with ``--split held_out``), never on held-out ones.
@@ -66,8 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     params = [p for p in model.parameters() if p.requires_grad]
     if args.adapter is not None:
         restore(params, adapter_tensors(model, args.adapter))
-    tasks = getattr(build_task_set(cfg.tasks, tokenizer, seed=cfg.train.seed), args.split)
-    episodes = draw_episodes(tasks, cfg.train.seed, 1, 1)
+    tasks = getattr(build_task_set(cfg.tasks, tokenizer), args.split)
+    episodes = draw_episodes(tasks, cfg.tasks.seed, 1, 1)
     score = args.score if args.score is not None else sorted({0, min(2, args.steps), args.steps // 2})
     print(f"{len(episodes)} episodes of {args.split}: {', '.join(t.name for t in tasks)}", flush=True)
     out = []

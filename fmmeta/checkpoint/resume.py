@@ -40,7 +40,7 @@ RESUME_KEYS: tuple[str, ...] = (
     "sampler.meta_batch_size", "sampler.strategy", "sampler.on_uneven", "sampler.difficulty",
     "sampler.pacing_start", "sampler.pacing_steps", "sampler.pacing", "sampler.hard_floor",
     "sampler.hard_temperature", "sampler.difficulty_bins", "sampler.loss_ema",
-    "train.seed",
+    "train.seed", "tasks.seed",
 )
 """Dotted config keys whose value a checkpoint's state depends on (``algorithm.name`` is the
 method the checkpoint was trained with)."""
@@ -138,6 +138,17 @@ def resume_problems(cfg: Any, output_dir: Path) -> list[str]:
            else f" (those are: {', '.join(RESUME_KEYS)})")
         for key in cfg.train.resume_changes if key not in RESUME_KEYS
     ]
+    problems.extend(_layout_problems(cfg, output_dir))
+    replicates = cfg.replicate_configs()
+    for replicate in replicates:
+        folder = output_dir if len(replicates) == 1 else output_dir / Path(replicate.output_dir).name
+        problems.extend(_method_problems(replicate, folder))
+    return problems
+
+
+def _method_problems(cfg: Any, output_dir: Path) -> list[str]:
+    """The resume refusals of one replicate's methods (``cfg``: that replicate's config)."""
+    problems = []
     for method in cfg.methods:
         try:
             ckpt = find_resume_checkpoint(cfg.train, output_dir / method)
@@ -155,6 +166,24 @@ def resume_problems(cfg: Any, output_dir: Path) -> list[str]:
                 f"{method} would resume from {str(ckpt.path)!r}", diffs,
                 "start afresh (train.resume=never or another output_dir)"))
     return problems
+
+
+def _layout_problems(cfg: Any, output_dir: Path) -> list[str]:
+    """A refusal when ``output_dir`` holds a run of another ``train.replicates``: one replicate
+    trains into the folder itself, several into ``replicate_<r>`` folders, so the new run would
+    start afresh beside what is there instead of resuming it."""
+    if not output_dir.is_dir():
+        return []
+    several = sorted(p.name for p in output_dir.glob("replicate_*") if p.is_dir())
+    flat = sorted(m for m in cfg.methods if (output_dir / m / "checkpoints").is_dir()
+                  or (output_dir / m / "adapter").is_dir())
+    found = (f"training replicates ({', '.join(several)})" if several and cfg.train.replicates == 1
+             else f"a one-replicate run's {', '.join(flat)}" if flat and cfg.train.replicates > 1 else None)
+    if found is None:
+        return []
+    return [f"train.replicates={cfg.train.replicates}, but {str(output_dir)!r} holds {found}: "
+            "a run keeps its number of replicates. Rerun with the run's train.replicates (its "
+            "config.yaml), or give this run another output_dir"]
 
 
 def _changed_settings(what: str, diffs: list[str], afresh: str, *, acceptable: bool = True) -> str:

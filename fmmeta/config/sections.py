@@ -189,7 +189,11 @@ class TrainConfig:
     meta_steps: int = 40
     """Outer (meta) updates to run (>= 1)."""
     seed: int = 0
-    """Seed of every generator the run owns (sampler, episodes, LoRA init)."""
+    """Training seed (sampler draws, initial adapter, dropout) of replicate 0; replicate r trains
+    with seed + r. The task split and evaluation episodes have their own (tasks.seed)."""
+    replicates: int = 1
+    """Training replicates (>= 1): every method is trained under this many training seeds on one task
+    split and scored on the same episodes; intervals then count training variance (docs/evaluation.md)."""
     log_every: int = 1
     """Meta-steps between log lines (>= 1)."""
     checkpoint_every: int = 10
@@ -216,6 +220,8 @@ class TrainConfig:
             problems.append(f"meta_steps={self.meta_steps} is invalid: must be >= 1")
         if not self.seed >= 0:
             problems.append(f"seed={self.seed} is invalid: must be >= 0 (numpy's seed sequence)")
+        if not self.replicates >= 1:
+            problems.append(f"replicates={self.replicates} is invalid: must be >= 1 (training seeds per method)")
         if self.log_every < 1:
             problems.append(f"log_every={self.log_every} is invalid: must be >= 1")
         if self.checkpoint_every < 0:

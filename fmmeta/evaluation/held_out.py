@@ -47,6 +47,7 @@ from fmmeta.evaluation.adaptation import Scored, adapt_and_score, by_length, gro
 from fmmeta.evaluation.lockstep import Lockstep, OneRank, Ranks, per_method
 from fmmeta.evaluation.methods import MethodSpec, needs_lr, prepare_methods
 from fmmeta.evaluation.result import EpisodeRecord, EvalResult, LrSelection, kind_of
+from fmmeta.progress import Progress
 from fmmeta.tasks.episode import Episode
 from fmmeta.workers import Workers
 
@@ -82,16 +83,19 @@ def _eval_mode(model: nn.Module, params: Sequence[torch.Tensor]) -> Iterator[lis
 
 
 @contextlib.contextmanager
-def _progress(show: bool, total: int) -> Iterator[Any]:
-    """A tqdm bar over (method, episode) pairs, or ``None`` when not shown."""
+def _progress(show: bool, total: int, what: str, rank: int) -> Iterator[Callable[[Sequence[Any]], None]]:
+    """Counts (method, episode) pairs as groups finish: a tqdm bar when ``show``, else log lines
+    (:class:`~fmmeta.progress.Progress`, rank 0), which also reach a log file and report the
+    groups that worker processes finish."""
     if not show:
-        yield None
+        log = Progress(what, total if rank == 0 else 0, "episodes")
+        yield lambda group: log.advance(len(group))
         return
     from tqdm.auto import tqdm
 
     bar = tqdm(total=total, desc="eval", unit="ep")
     try:
-        yield bar
+        yield lambda group: bar.update(len(group))
     finally:
         bar.close()
 
@@ -219,7 +223,7 @@ def evaluate_methods(
     lora = TaskLoRA(model, params)
     flat, order, groups = _groups(episodes_per_seed, episodes_per_pass)
     total = len(specs) * len(flat)
-    with _eval_mode(model, params) as theta, _progress(progress, total) as bar:
+    with _eval_mode(model, params) as theta, _progress(progress, total, "evaluating", ranks.rank) as advance:
         scorers: dict[str, Callable[[list[Episode] | None], list[Scored]]] = {}
         for method, spec in specs.items():
             start = theta if spec.state is None else [t.detach() for t in spec.state]
@@ -232,8 +236,7 @@ def evaluate_methods(
                 pad_id=pad_id, micro_batch_size=micro_batch_size, lockstep=lockstep, icl_max_length=icl,
                 support_icl_max_length=support_icl, score_steps=score_steps, lrs=spec.step_sizes,
             )
-        done = per_method(ranks, workers, groups, scorers,
-                          on_result=None if bar is None else lambda group: bar.update(len(group)))
+        done = per_method(ranks, workers, groups, scorers, on_result=advance)
     records = [r for method in specs for r in _records(method, flat, order, done[method], families or {})]
     return EvalResult(
         records=records,
@@ -305,7 +308,8 @@ def select_inner_lr(
     chosen: dict[str, float] = {}
     # Every (lr, episode) pair of the grid is one task: the lrs are tried side by side.
     pairs = [(lr, validation_episodes[j]) for j in by_length(validation_episodes) for lr in sorted(lr_grid)]
-    with _eval_mode(model, params) as theta:
+    with _eval_mode(model, params) as theta, \
+            _progress(False, len(pairs) * len(needs_lr(specs)), "choosing lrs", ranks.rank) as advance:
         scorers: dict[str, Callable[[list[tuple[float, Episode]] | None], list[float]]] = {}
         for method in needs_lr(specs):
             spec = specs[method]
@@ -316,7 +320,7 @@ def select_inner_lr(
                 micro_batch_size=micro_batch_size, lockstep=lockstep, icl_max_length=icl,
                 support_icl_max_length=support_icl,
             )
-        done = per_method(ranks, workers, groups_of(pairs, episodes_per_pass), scorers)
+        done = per_method(ranks, workers, groups_of(pairs, episodes_per_pass), scorers, on_result=advance)
     for method in scorers:
         losses = [x for g in done[method] for x in g]
         table: dict[float, float] = {}
@@ -327,12 +331,8 @@ def select_inner_lr(
         val_loss[method] = table
         chosen[method] = min(table, key=lambda lr: (table[lr], lr))
         logger.info("lr for %s: %s (validation query loss %s)", method, chosen[method], table)
-    return LrSelection(
-        chosen=chosen,
-        val_loss=val_loss,
-        steps=steps,
-        tasks=tuple(sorted({ep.task for ep in validation_episodes})),
-    )
+    return LrSelection(chosen=chosen, val_loss=val_loss, steps=steps,
+                       tasks=tuple(sorted({ep.task for ep in validation_episodes})))
 
 
 def evaluate_held_out(

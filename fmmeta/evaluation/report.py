@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 from fmmeta.atomic import replace_text
 from fmmeta.evaluation.intervals import N_BOOTSTRAP, Interval
 from fmmeta.evaluation.methods import IN_CONTEXT, MULTITASK
-from fmmeta.evaluation.result import Comparison, EvalResult
+from fmmeta.evaluation.replicated import Replicated
+from fmmeta.evaluation.result import CLASSIFICATION, GENERATION, OVERALL, Comparison, EvalResult
 from fmmeta.strict_json import dumps_strict
 
 if TYPE_CHECKING:
@@ -59,45 +60,97 @@ def format_markdown(result: EvalResult) -> str:
     differences table compares every method at its headline step with the multi-task baseline and
     with in-context demonstrations on the same episodes; bold marks intervals that exclude 0.
     """
-    return "\n".join([*_settings(result), *_differences(result), *_score_tables(result),
-                      *_lr_selection(result)])
+    return "\n".join(["# Held-out evaluation", "", *_headline(result), *_settings(result),
+                      *_differences(result), *_score_tables(result), *_lr_selection(result)])
+
+
+def _headline(result: EvalResult) -> list[str]:
+    """What a person reads first: whether the intervals count training variance, which accuracy
+    comparisons hold (the 95% interval excludes 0) and which do not, and at what power."""
+    kinds = [f for f in (CLASSIFICATION, GENERATION) if f in result.families()]
+    families = kinds + ([OVERALL] if len(kinds) > 1 else [])
+    comparisons = [c for c in result.comparisons() if c.family in families and c.method != "base"]
+    r = result.n_replicates
+    if r > 1:
+        seeds = f" (training seeds {', '.join(map(str, result.train_seeds))})" if result.train_seeds else ""
+        scope = (f"{r} training replicates{seeds}, each scored on the same episodes: intervals count "
+                 "the variance between replicates (training) and between episodes "
+                 "(docs/evaluation.md, \"Intervals that count training variance\").")
+    else:
+        scope = ("One training replicate: every interval holds the trained adapters fixed, so it leaves "
+                 "out training variance, which can be as large as the differences (train.replicates=3 "
+                 "counts it).")
+    lines = ["## What holds", "", scope, ""]
+    if not comparisons:
+        return lines
+    holds = [c for c in comparisons if c.accuracy.excludes_zero]
+    lines += ["Holds (accuracy, the 95% interval excludes 0):"
+              + ("" if holds else " none."), *(f"- {_sentence(c)}" for c in holds), ""]
+    lines += [
+        "| accuracy difference | family | estimate [95%] | replicates for / against | holds | "
+        "resolvable at 80% power | to resolve 0.05 |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in comparisons:
+        rep = c.accuracy_replicated
+        favour = f"{rep.favour[0]} / {rep.favour[1]}" if r > 1 else "-"
+        lines.append(f"| {c.method} - {c.baseline} | {c.family} | {_interval(c.accuracy, signed=True)} | "
+                     f"{favour} | {'yes' if c.accuracy.excludes_zero else 'no'} | "
+                     f"{rep.resolvable():.3f}{'' if r > 1 else ' (episodes only)'} | {_to_resolve(rep)} |")
+    lines += ["", "Resolvable: the smallest true difference this evaluation detects with 80% power at "
+              "the 5% level; to resolve 0.05: the replicates (at these episodes) or the episodes (at "
+              "these replicates) that would" + (" (with one replicate training variance is unknown: "
+                                                "both are lower bounds)." if r == 1 else "."), ""]
+    return lines
+
+
+def _sentence(c: Comparison) -> str:
+    rep = c.accuracy_replicated
+    side = "above" if c.accuracy.estimate > 0 else "below"
+    votes = (f", {max(rep.favour)} of {rep.replicates} replicates agree" if rep.replicates > 1 else "")
+    return f"{c.method} {side} {c.baseline} on {c.family}: {_interval(c.accuracy, signed=True)}{votes}"
+
+
+def _to_resolve(rep: Replicated) -> str:
+    """``"6 replicates or 240 episodes"`` (either alone is enough); ``-`` where nothing varies."""
+    if rep.standard_error() == 0:
+        return "-"
+    r, e = rep.replicates_to_resolve(0.05), rep.episodes_to_resolve(0.05)
+    parts = ([f"{r} replicate{'s' * (r != 1)}"] if r is not None else []) + (
+        [f"{e} episode{'s' * (e != 1)}"] if e is not None else [])
+    return " or ".join(parts) if parts else "more replicates and episodes together"
 
 
 def _settings(result: EvalResult) -> list[str]:
-    """The title, how cells read, the budgets and the adaptation lrs (chosen or learned)."""
-    n_boot = f"{N_BOOTSTRAP} stratified bootstrap resamples over episodes, by task"
+    """How cells read, the budgets and the adaptation lrs (chosen or learned)."""
+    how = (f"{N_BOOTSTRAP} stratified bootstrap resamples over episodes, by task" if result.n_replicates == 1
+           else f"the variance between its {result.n_replicates} replicates and between episodes (a Student-t "
+           "interval, docs/evaluation.md)")
     scored = result.scored_steps()
     at = "" if scored == list(range(result.max_steps + 1)) else f" (scored after {scored})"
     lines = [
-        "# Held-out evaluation",
-        "",
         f"Seeds (episode draws): {result.n_seeds}. Adaptation: {result.inner.inner_optimizer}, "
         f"clip norm {result.inner.inner_clip_norm}, 0..{result.max_steps} steps on the support set{at}; "
         f"cells are `mean [95% interval] (worst seed)`: the mean over episodes, its interval from "
-        f"{n_boot}, and the worst seed-mean (lowest accuracy, highest loss). Every method is scored "
+        f"{how}, and the worst seed-mean (lowest accuracy, highest loss). Every method is scored "
         "on the same episodes. Accuracy: verbalizer ranking (classification), exact match "
         "(generation).",
         "",
     ]
     if result.notes:
         lines += ["## Budgets", "", *(f"- {n}" for n in result.notes), ""]
-    if result.inner_lrs:
+    if result.inner_lrs and result.lr_selection is None:  # chosen ones are in the lr table
         lines.append(
             "Adaptation lr per method: "
             + ", ".join(f"{m} {lr:g}" for m, lr in result.inner_lrs.items())
-            + (
-                f" (chosen on validation tasks {', '.join(result.lr_selection.tasks)} at "
-                f"{result.lr_selection.steps} steps)"
-                if result.lr_selection is not None
-                else " (fixed, not selected)"
-            )
-            + "."
+            + " (fixed, not selected)."
         )
         lines.append("")
     for m, learned in result.step_sizes.items():
         ordered = sorted(learned)
         lines += [
-            f"{m} adapts with its learned step sizes, one per adapter tensor ({len(learned)}): "
+            f"{m} adapts with its learned step sizes, one per adapter tensor ({len(learned)})"
+            f"{' of replicate 0' if result.n_replicates > 1 else ''}: "
             f"min {ordered[0]:.3g}, median {ordered[len(ordered) // 2]:.3g}, max {ordered[-1]:.3g}.",
             "",
         ]
@@ -160,16 +213,22 @@ def _lr_selection(result: EvalResult) -> list[str]:
     """The mean validation query loss of every lr tried, and the one chosen, per method."""
     if result.lr_selection is None:
         return []
-    grid = sorted({lr for t in result.lr_selection.val_loss.values() for lr in t})
+    sel = result.lr_selection
+    grid = sorted({lr for t in sel.val_loss.values() for lr in t})
+    several = len(result.replicate_lrs) > 1
     lines = [
         "## Adaptation lr selection (mean validation query loss)",
         "",
-        "| method | " + " | ".join(f"lr {lr:g}" for lr in grid) + " | chosen |",
+        f"Chosen on validation tasks {', '.join(sel.tasks)} at {sel.steps} steps, never on held-out ones"
+        + ("; losses of replicate 0, and the lr each replicate chose for its own adapters." if several else "."),
+        "",
+        "| method | " + " | ".join(f"lr {lr:g}" for lr in grid) + f" | chosen{' per replicate' if several else ''} |",
         "|---|" + "---|" * (len(grid) + 1),
     ]
-    for m, table in result.lr_selection.val_loss.items():
+    for m, table in sel.val_loss.items():
         cells = [_fmt(table[lr]) if lr in table else "-" for lr in grid]
-        lines.append(f"| {m} | " + " | ".join(cells) + f" | {result.lr_selection.chosen[m]:g} |")
+        chosen = (", ".join(f"{lrs[m]:g}" for lrs in result.replicate_lrs) if several else f"{sel.chosen[m]:g}")
+        lines.append(f"| {m} | " + " | ".join(cells) + f" | {chosen} |")
     lines.append("")
     return lines
 

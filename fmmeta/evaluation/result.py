@@ -3,8 +3,11 @@ differences between methods, and how the adaptation lrs were chosen (:class:`Eva
 
 Summaries are the mean over seeds and the worst seed (the lowest seed-mean accuracy, the highest
 seed-mean loss), per family (classification / generation, the suite's task families) and overall;
-within a seed every episode weighs the same (its own loss is per answer token). Intervals are
-stratified bootstraps (:mod:`fmmeta.evaluation.intervals`).
+within a seed every episode weighs the same (its own loss is per answer token). With one training
+replicate, intervals are stratified bootstraps over episodes (:mod:`fmmeta.evaluation.intervals`),
+which hold the trained adapters fixed; with several (``train.replicates``), every replicate is
+scored on the same episodes and intervals count training variance too
+(:mod:`fmmeta.evaluation.replicated`).
 """
 
 from __future__ import annotations
@@ -13,9 +16,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+import numpy as np
+
 from fmmeta.algorithms.config import InnerLoopConfig
-from fmmeta.evaluation.intervals import Interval, bootstrap_interval
+from fmmeta.evaluation.intervals import Interval
 from fmmeta.evaluation.methods import IN_CONTEXT, MULTITASK
+from fmmeta.evaluation.replicated import Replicated, replicated_interval
 from fmmeta.tasks.episode import Episode
 
 CLASSIFICATION = "classification"
@@ -43,6 +49,7 @@ class EpisodeRecord:
         loss: mean query loss per answer token (nats).
         accuracy: query accuracy in [0, 1].
         n: number of queries.
+        replicate: the training replicate the scored adapter belongs to (0 with one replicate).
     """
 
     method: str
@@ -55,6 +62,7 @@ class EpisodeRecord:
     accuracy: float
     n: int
     family: str = ""
+    replicate: int = 0
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> EpisodeRecord:
@@ -82,9 +90,10 @@ class MetricSummary:
         accuracy_worst: lowest seed-mean accuracy (worst case, as MetaICL reports).
         n_seeds: seeds that had episodes of this family.
         n_episodes: episodes aggregated over all those seeds.
-        accuracy_interval: mean accuracy over episodes with its 95% bootstrap interval
-            (stratified by task, :mod:`fmmeta.evaluation.intervals`).
+        accuracy_interval: mean accuracy over episodes (and replicates) with its 95% interval
+            (:func:`~fmmeta.evaluation.replicated.replicated_interval`).
         loss_interval: the same for the query loss.
+        n_replicates: training replicates behind it.
     """
 
     loss_mean: float
@@ -95,6 +104,7 @@ class MetricSummary:
     n_episodes: int
     accuracy_interval: Interval
     loss_interval: Interval
+    n_replicates: int = 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,6 +120,8 @@ class Comparison:
         method_step, baseline_step: the steps compared.
         accuracy: difference in accuracy (positive: ``method`` is better) with its interval.
         loss: difference in query loss (negative: ``method`` is better) with its interval.
+        accuracy_replicated, loss_replicated: the same differences with their variance
+            components, the replicates favouring each side and the power of the comparison.
     """
 
     method: str
@@ -119,6 +131,8 @@ class Comparison:
     baseline_step: int
     accuracy: Interval
     loss: Interval
+    accuracy_replicated: Replicated
+    loss_replicated: Replicated
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -152,7 +166,12 @@ class EvalResult:
         inner: the inner-loop settings shared by all methods (lr aside).
         lr_selection: how ``inner_lrs`` were chosen, when they were.
         notes: how the compared adapters were trained (budget rules), for the report.
-        step_sizes: the per-tensor step sizes of methods that adapt with learned ones.
+        step_sizes: the per-tensor step sizes of methods that adapt with learned ones (replicate
+            0's when there are several).
+        train_seeds: the training seed of each replicate (record ``replicate`` r has
+            ``train_seeds[r]``); empty when the evaluation does not know it (one replicate).
+        replicate_lrs: the adaptation lrs of each replicate, each chosen on validation for its
+            own adapters, when there are several (``inner_lrs`` is replicate 0's).
     """
 
     records: list[EpisodeRecord]
@@ -164,12 +183,19 @@ class EvalResult:
     lr_selection: LrSelection | None = None
     notes: list[str] = field(default_factory=list)
     step_sizes: dict[str, list[float]] = field(default_factory=dict)
+    train_seeds: list[int] = field(default_factory=list)
+    replicate_lrs: list[dict[str, float]] = field(default_factory=list)
     _summary: dict[str, dict[str, dict[int, MetricSummary]]] | None = field(
         default=None, repr=False, compare=False
     )
     _comparisons: dict[tuple[str, ...], list[Comparison]] = field(
         default_factory=dict, repr=False, compare=False
     )
+
+    @property
+    def n_replicates(self) -> int:
+        """Training replicates scored (1 unless ``train.replicates`` trained several)."""
+        return 1 + max((r.replicate for r in self.records), default=0)
 
     def steps_of(self, method: str) -> list[int]:
         """Adaptation steps scored for ``method`` (``[0]`` for methods that do not adapt)."""
@@ -199,10 +225,10 @@ class EvalResult:
         Raises:
             ValueError: if the two were not scored on the same episodes (no pairing possible).
         """
-        def at_headline(m: str) -> tuple[int, dict[tuple[int, int], EpisodeRecord]]:
+        def at_headline(m: str) -> tuple[int, dict[_Key, EpisodeRecord]]:
             steps = self.steps_of(m)
             step = steps[-1] if steps else 0
-            return step, {(r.seed, r.episode): r for r in self.records
+            return step, {_key(r): r for r in self.records
                           if r.method == m and r.step == step and family in (r.kind, r.family, OVERALL)}
 
         m_step, mine = at_headline(method)
@@ -214,12 +240,13 @@ class EvalResult:
                 f"{method} and {baseline} were scored on different {family} episodes: a paired "
                 "difference needs both on the same episodes (evaluate them in one call)"
             )
-        keys = sorted(mine)
-        strata = [mine[k].task for k in keys]
+        # Paired within a replicate: both adapters were trained from its initial adapter and draws.
+        accuracy = replicated_interval(*_matrix({k: (r.accuracy - theirs[k].accuracy, r.task)
+                                                 for k, r in mine.items()}))
+        loss = replicated_interval(*_matrix({k: (r.loss - theirs[k].loss, r.task) for k, r in mine.items()}))
         return Comparison(
             method=method, baseline=baseline, family=family, method_step=m_step, baseline_step=b_step,
-            accuracy=bootstrap_interval([mine[k].accuracy - theirs[k].accuracy for k in keys], strata),
-            loss=bootstrap_interval([mine[k].loss - theirs[k].loss for k in keys], strata),
+            accuracy=accuracy.interval, loss=loss.interval, accuracy_replicated=accuracy, loss_replicated=loss,
         )
 
     def comparisons(self, baselines: Sequence[str] = (MULTITASK, IN_CONTEXT)) -> list[Comparison]:
@@ -281,10 +308,55 @@ class EvalResult:
             "lr_selection": sel,
             "notes": self.notes,
             "step_sizes": self.step_sizes,
+            "train_seeds": self.train_seeds,
+            "replicate_lrs": self.replicate_lrs,
             "summary": summary,
             "comparisons": [dataclasses.asdict(c) for c in self.comparisons()],
             "records": [dataclasses.asdict(r) for r in self.records],
         }
+
+
+_Key = tuple[int, tuple[int, str, int]]
+
+
+def _key(record: EpisodeRecord) -> _Key:
+    """``(replicate, episode)``: which adapter scored which episode (seed, task, index)."""
+    return record.replicate, (record.seed, record.task, record.episode)
+
+
+def _matrix(cells: dict[_Key, tuple[float, str]]) -> tuple[np.ndarray, list[str]]:
+    """Values keyed by :func:`_key` as a ``[replicates, episodes]`` array (every replicate
+    scored on the same episodes, in one order) and each episode's task.
+
+    Raises:
+        ValueError: if the replicates were not all scored on the same episodes.
+    """
+    replicates = sorted({r for r, _ in cells})
+    episodes = sorted({e for _, e in cells})
+    if len(cells) != len(replicates) * len(episodes):
+        raise ValueError(
+            f"the {len(replicates)} training replicates were scored on different episodes: intervals "
+            "over replicates need every replicate on the same episodes (evaluate them in one call)"
+        )
+    values = np.array([[cells[(r, e)][0] for e in episodes] for r in replicates], dtype=np.float64)
+    return values, [task for _, task, _ in episodes]
+
+
+def merge_replicates(results: Sequence[EvalResult], train_seeds: Sequence[int]) -> EvalResult:
+    """One result of several training replicates, each evaluated on the same episodes: record
+    ``replicate`` r comes from ``results[r]`` (trained with ``train_seeds[r]``)."""
+    if len(results) != len(train_seeds) or not results:
+        raise ValueError(f"got {len(results)} results for {len(train_seeds)} training seeds: give one per replicate")
+    if len(results) == 1:
+        return dataclasses.replace(results[0], train_seeds=list(train_seeds))
+    first = results[0]
+    return dataclasses.replace(
+        first,
+        records=[dataclasses.replace(rec, replicate=r) for r, res in enumerate(results) for rec in res.records],
+        train_seeds=list(train_seeds),
+        replicate_lrs=[dict(res.inner_lrs) for res in results],
+        _summary=None, _comparisons={},
+    )
 
 
 def summarise(records: Sequence[EpisodeRecord]) -> dict[str, dict[str, dict[int, MetricSummary]]]:
@@ -298,16 +370,18 @@ def summarise(records: Sequence[EpisodeRecord]) -> dict[str, dict[str, dict[int,
         seed_loss = [sum(r.loss for r in rs) / len(rs) for rs in by_seed.values()]
         seed_acc = [sum(r.accuracy for r in rs) / len(rs) for rs in by_seed.values()]
         every = [r for rs in by_seed.values() for r in rs]
-        strata = [r.task for r in every]
+        accuracy, tasks = _matrix({_key(r): (r.accuracy, r.task) for r in every})
+        loss, _ = _matrix({_key(r): (r.loss, r.task) for r in every})
         out.setdefault(method, {}).setdefault(fam, {})[step] = MetricSummary(
             loss_mean=sum(seed_loss) / len(seed_loss),
             loss_worst=max(seed_loss),
             accuracy_mean=sum(seed_acc) / len(seed_acc),
             accuracy_worst=min(seed_acc),
             n_seeds=len(by_seed),
-            n_episodes=len(every),
-            accuracy_interval=bootstrap_interval([r.accuracy for r in every], strata),
-            loss_interval=bootstrap_interval([r.loss for r in every], strata),
+            n_episodes=accuracy.shape[1],
+            accuracy_interval=replicated_interval(accuracy, tasks).interval,
+            loss_interval=replicated_interval(loss, tasks).interval,
+            n_replicates=accuracy.shape[0],
         )
     for by_fam in out.values():
         for fam in list(by_fam):

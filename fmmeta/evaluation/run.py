@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Collection, Mapping, Sequence
 
@@ -24,6 +25,7 @@ from fmmeta.errors import UserInputError
 from fmmeta.evaluation.held_out import evaluate_held_out
 from fmmeta.evaluation.methods import IN_CONTEXT, EvalMethod
 from fmmeta.evaluation.report import format_markdown, write_report
+from fmmeta.evaluation.result import EpisodeRecord, EvalResult, merge_replicates
 from fmmeta.recipe_config import RecipeConfig
 from fmmeta.tasks.episode import Episode
 from fmmeta.tasks.task import Task
@@ -121,12 +123,42 @@ def eval_methods(
     return rows
 
 
+def _with_rows_of(result: EvalResult, first: EvalResult, names: Sequence[str]) -> EvalResult:
+    """``result`` with the rows ``names`` taken from ``first``, rows and records in ``first``'s order."""
+    methods = [m for m in first.methods if m in result.methods or m in names]
+    by_method: dict[str, list[EpisodeRecord]] = {m: [] for m in methods}
+    for record in (*result.records, *(r for r in first.records if r.method in names)):
+        by_method[record.method].append(record)
+    return dataclasses.replace(result, records=[r for m in methods for r in by_method[m]], methods=methods,
+                               _summary=None, _comparisons={})
+
+
+def _replicate_states(model: torch.nn.Module, params: Sequence[torch.Tensor], replicate: Replicate
+                      ) -> tuple[dict[str, list[torch.Tensor] | None], dict[str, list[float]]]:
+    """A replicate's adapter states (``"base"``: its initial adapter) and learned step sizes."""
+    states: dict[str, list[torch.Tensor] | None] = {
+        "base": None if replicate.initial is None else [t.to(p.dtype) for t, p in zip(replicate.initial, params)]
+    }
+    learned: dict[str, list[float]] = {}
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    for name, folder in replicate.adapters.items():
+        states[name] = adapter_tensors(model, Path(folder))
+        sizes = load_step_sizes(folder, names)
+        if sizes is not None:
+            learned[name] = sizes
+    return states, learned
+
+
 def budget_notes(cfg: RecipeConfig) -> list[str]:
     """How much training each compared adapter got, and the rule each method follows."""
     s, a = cfg.sampler, cfg.algorithm
+    r = cfg.train.replicates
     notes = [
         f"Every method: {cfg.train.meta_steps} meta-steps x {s.meta_batch_size} episodes, "
-        f"outer lr {cfg.optim.outer_lr:g}, from the same initial adapter and the same episode draws."
+        f"outer lr {cfg.optim.outer_lr:g}, from the same initial adapter and the same episode draws"
+        + (f"; {r} training replicates (training seeds {cfg.train.seed}..{cfg.train.seed + r - 1}: "
+           "initial adapter, episode draws, dropout), each scored on the same held-out episodes."
+           if r > 1 else ".")
     ]
     notes += [f"{m}: {BUDGET_RULES[m].format(k=a.inner_steps)}" for m in cfg.methods if m in BUDGET_RULES]
     in_context = [m for m in cfg.methods if adapts_in_context(m, cfg.algorithm)]
@@ -138,9 +170,26 @@ def budget_notes(cfg: RecipeConfig) -> list[str]:
     return notes
 
 
+@dataclass
+class Replicate:
+    """One training replicate of a run (``train.replicates``).
+
+    Attributes:
+        cfg: its config as a one-replicate run (:meth:`RecipeConfig.replicate_configs`):
+            ``cfg.train.seed`` is its training seed, ``cfg.output_dir`` its folder.
+        initial: its initial adapter (LoRA B = 0), in the order of the adapter parameters, scored
+            as ``"base"``; ``None``: the engine's adapter as it is.
+        adapters: method -> the folder of the adapter it trained (filled as training finishes).
+    """
+
+    cfg: RecipeConfig
+    initial: list[torch.Tensor] | None
+    adapters: dict[str, Path] = field(default_factory=dict)
+
+
 def evaluate_run(
     cfg: RecipeConfig, engine: Engine, tokenizer: Any, suite: Any,
-    adapters: Mapping[str, Path], out: Path, report_dir: Path | None = None,
+    adapters: Mapping[str, Path] | Sequence[Replicate], out: Path, report_dir: Path | None = None,
     notes: Sequence[str] | None = None, in_context: Collection[str] | None = None,
     workers: Workers | None = None,
 ) -> dict[str, Path]:
@@ -152,6 +201,10 @@ def evaluate_run(
     Args:
         engine: the engine wrapping the peft model, whose adapter holds the run's initial adapter
             (scored as ``"base"``: LoRA B is zero).
+        adapters: name -> adapter folder (one replicate, its base the engine's adapter), or the
+            run's training replicates: each is evaluated on the very same episodes, its
+            adaptation lrs chosen on validation for its own adapters, into one report whose
+            intervals count the training variance between them.
         out: the run's folder (its ``metrics.jsonl``, if any, gives the training curves).
         report_dir: where the report goes; ``None`` = ``out/eval``.
         notes: how each compared adapter was trained, for the report; ``None`` = every method
@@ -166,34 +219,37 @@ def evaluate_run(
     """
     model = engine.model
     params = engine.adapter_parameters()
-    states: dict[str, list[torch.Tensor] | None] = {"base": None}
-    learned: dict[str, list[float]] = {}
-    names = [n for n, p in model.named_parameters() if p.requires_grad]
-    for name, folder in adapters.items():
-        states[name] = adapter_tensors(model, Path(folder))
-        sizes = load_step_sizes(folder, names)
-        if sizes is not None:
-            learned[name] = sizes
-    methods = eval_methods(cfg, states, learned, in_context)
+    replicates = ([Replicate(cfg, None, dict(adapters))] if isinstance(adapters, Mapping)
+                  else list(adapters))
     if cfg.algorithm.padding_free:  # adaptation's passes are laid out in lines too
         check_lines(model)
-    seed, query = cfg.train.seed, cfg.eval.query
+    seed, query = cfg.tasks.seed, cfg.eval.query
     val = draw_episodes(evaluation_tasks(suite.validation, query), seed, 0, cfg.eval.val_episodes_per_task)
     held_out = evaluation_tasks(suite.held_out, query)
     test = [draw_episodes(held_out, seed, 1 + s, cfg.eval.episodes_per_task) for s in range(cfg.eval.seeds)]
-    logger.info(
-        "evaluating %s on %d held-out tasks x %d seeds x %d episodes (lr chosen on %d validation "
-        "episodes)", ", ".join(methods), len(suite.held_out), cfg.eval.seeds,
-        cfg.eval.episodes_per_task, len(val),
-    )
-    result = evaluate_held_out(
-        model, params, methods, val, test, cfg.algorithm.inner_loop, cfg.eval.max_steps,
-        tokenizer.pad_token_id, lr_grid=cfg.eval.lr_grid,
-        micro_batch_size=cfg.eval.micro_batch_size, min_seeds=min(3, cfg.eval.seeds),
-        ranks=engine, workers=workers, icl_max_length=cfg.algorithm.icl_max_length,
-        families={t.name: t.family for t in suite.held_out if t.family != t.name},
-        score_steps=cfg.eval.score_steps or None, episodes_per_pass=cfg.eval.episodes_per_pass,
-    )
+    results: list[EvalResult] = []
+    for r, replicate in enumerate(replicates):
+        methods = eval_methods(cfg, *_replicate_states(model, params, replicate), in_context)
+        # In-context demonstrations score the initial adapter, whose B = 0 makes LoRA add exactly
+        # nothing: every replicate's scores are replicate 0's, bit for bit, so they are copied.
+        shared = [IN_CONTEXT] if r > 0 and IN_CONTEXT in methods else []
+        logger.info(
+            "evaluating %s%s on %d held-out tasks x %d seeds x %d episodes (lr chosen on %d validation "
+            "episodes)", ", ".join(m for m in methods if m not in shared),
+            f" of replicate {r} ({r + 1}/{len(replicates)}, training seed {replicate.cfg.train.seed})"
+            if len(replicates) > 1 else "",
+            len(suite.held_out), cfg.eval.seeds, cfg.eval.episodes_per_task, len(val),
+        )
+        result = evaluate_held_out(
+            model, params, {m: e for m, e in methods.items() if m not in shared}, val, test,
+            cfg.algorithm.inner_loop, cfg.eval.max_steps, tokenizer.pad_token_id, lr_grid=cfg.eval.lr_grid,
+            micro_batch_size=cfg.eval.micro_batch_size, min_seeds=min(3, cfg.eval.seeds),
+            ranks=engine, workers=workers, icl_max_length=cfg.algorithm.icl_max_length,
+            families={t.name: t.family for t in suite.held_out if t.family != t.name},
+            score_steps=cfg.eval.score_steps or None, episodes_per_pass=cfg.eval.episodes_per_pass,
+        )
+        results.append(_with_rows_of(result, results[0], shared) if shared else result)
+    result = merge_replicates(results, [rep.cfg.train.seed for rep in replicates])
     result.notes = budget_notes(cfg) if notes is None else list(notes)
     if query is not None:
         result.notes.append(f"Every evaluation episode has {query} query examples per class (per "

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import logging
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -362,10 +363,37 @@ def add_lora(model: nn.Module, cfg: LoraConfig, *, seed: int = 0) -> nn.Module:
     with torch.random.fork_rng(devices=[]):
         torch.random.default_generator.manual_seed(seed)
         peft_model = get_peft_model(model, peft_cfg, autocast_adapter_dtype=False)
-    for name, param in peft_model.named_parameters():
-        if param.requires_grad and param.dtype != base_dtype:
-            param.data = param.data.to(base_dtype)
+    trainable = [(n, p) for n, p in peft_model.named_parameters() if p.requires_grad]
+    for (name, param), value in zip(trainable, initial_adapter(peft_model, seed), strict=True):
+        param.data = value.to(base_dtype)
     return peft_model
+
+
+def initial_adapter(model: nn.Module, seed: int) -> list[torch.Tensor]:
+    """The initial adapter of training seed ``seed``: every LoRA ``A`` drawn as peft draws it
+    (Kaiming-uniform, ``U(-1/sqrt(in), 1/sqrt(in))``, drawn in float32), every ``B`` zero; full
+    shapes, in each parameter's dtype and in the order of the trainable parameters.
+
+    Why not peft's own draw: it takes the global generator in module-creation order, so another
+    seed's adapter would need a second model. From a generator of its own, a run's training
+    replicates each get their seed's adapter on one shared model (:func:`add_lora` writes this
+    one too), and a replicate equals a one-replicate run with that training seed.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        shape = tuple(int(d) for d in getattr(param, "ds_shape", param.shape))
+        if ".lora_A." in name:
+            bound = 1.0 / math.sqrt(shape[1])
+            out.append(((torch.rand(shape, generator=gen, dtype=torch.float32) * 2 - 1) * bound).to(param.dtype))
+        elif ".lora_B." in name:
+            out.append(torch.zeros(shape, dtype=param.dtype))
+        else:
+            raise ModelBuildError(f"trainable parameter {name!r} is not a LoRA A or B matrix: "
+                                  "fmmeta trains LoRA adapters only (bias='none', no modules_to_save)")
+    return out
 
 
 def _check_lora_targets(model: nn.Module, cfg: LoraConfig) -> None:

@@ -217,7 +217,7 @@ class CollectionSplit:
     validation_file: str | None = None
     """File of validation task names, same formats as held_out_file."""
     held_out_fraction: float | None = None
-    """Share in [0, 1) of the tasks named nowhere drawn for held-out (seeded by train.seed);
+    """Share in [0, 1) of the tasks named nowhere drawn for held-out (seeded by tasks.seed);
     null = 0.1 if nothing names a held-out task, else 0."""
     validation_fraction: float | None = None
     """Share in [0, 1) of the tasks named nowhere drawn for validation; null = 0.1 if

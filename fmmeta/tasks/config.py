@@ -36,6 +36,9 @@ class TasksConfig:
     """Which collection tasks are validation and held-out (names, families, files, shares)."""
     cache_dir: str | None = None
     """Folder for the collection's caches (tokenized/ and datasets/ inside); null = the datasets cache."""
+    seed: int = 0
+    """Seed of the task split, of max_examples draws and of evaluation's episodes (>= 0): what every
+    training replicate shares, apart from the training seed (train.seed)."""
 
     def resolved_suite(self) -> str:
         """The suite this section builds, with ``suite: null`` resolved."""
@@ -50,6 +53,8 @@ class TasksConfig:
         from fmmeta.tasks.suites import resolve_suite
 
         problems: list[str] = []
+        if not self.seed >= 0:
+            problems.append(f"seed={self.seed} is invalid: must be >= 0 (numpy's seed sequence)")
         if not self.max_length >= 8:
             problems.append(f"max_length={self.max_length} is invalid: must be >= 8 tokens")
         suite = self.resolved_suite()
@@ -100,18 +105,20 @@ def _suite_problem(suite: str, err: ValueError) -> str:
     )
 
 
-def build_task_set(cfg: TasksConfig, tokenizer: Any, *, seed: int) -> TaskSet:
+def build_task_set(cfg: TasksConfig, tokenizer: Any, *, seed: int | None = None) -> TaskSet:
     """Builds the task set ``cfg`` names: a suite, an imported builder or a collection.
 
     Args:
         cfg: the (validated) tasks section.
         tokenizer: the model's tokenizer.
-        seed: the run's seed (splits, ``max_examples`` draws, suite shuffles).
+        seed: the seed of splits, ``max_examples`` draws and suite shuffles; ``None`` =
+            ``cfg.seed`` (``tasks.seed``), which every training replicate of a run shares.
 
     Example:
         >>> cfg = load_config(RecipeConfig, "recipes/configs/own_tasks.yaml", [])  # doctest: +SKIP
-        >>> suite = build_task_set(cfg.tasks, tokenizer, seed=cfg.train.seed)  # doctest: +SKIP
+        >>> suite = build_task_set(cfg.tasks, tokenizer)  # doctest: +SKIP
     """
+    seed = cfg.seed if seed is None else seed
     suite = cfg.resolved_suite()
     try:
         if suite == COLLECTION:

@@ -103,11 +103,12 @@ def kill_group(proc: subprocess.Popen[str]) -> None:
 
 
 def run_and_kill(launcher: str, args: list[str], metrics: Path, *, at_step: int, nprocs: int = 1,
-                 timeout_s: float = 180.0) -> str:
+                 timeout_s: float = 180.0, log: Path | None = None) -> str:
     """Starts the recipe, SIGKILLs its whole process group once ``metrics`` shows ``at_step``,
-    and returns the output; fails if the run finished (or died) before it could be killed."""
+    and returns the output; fails if the run finished (or died) before it could be killed.
+    The output is kept in ``log`` (default: beside the folder of ``metrics``)."""
     cmd = command(launcher, args, nprocs=nprocs)
-    log = metrics.parent.with_name(metrics.parent.name + ".killed.log")
+    log = log or metrics.parent.with_name(metrics.parent.name + ".killed.log")
     with log.open("w") as fh:
         proc = subprocess.Popen(cmd, cwd=REPO, env=environment(), stdout=fh,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)

@@ -27,7 +27,7 @@ def _check_report(out: Path) -> None:
     assert set(report["methods"]) >= {"base", *RecipeConfig().methods}
     text = (out / "eval" / "eval.md").read_text()
     assert "## generation: query accuracy" in text  # the held-out family's table
-    assert "chosen on validation tasks hot_or_cold, uppercase" in text
+    assert "Chosen on validation tasks hot_or_cold, uppercase" in text
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [(r["method"], r["step"]) for r in lines] == [
         (m, s) for m in RecipeConfig().methods for s in (0, 1)

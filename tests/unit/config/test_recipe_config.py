@@ -47,3 +47,15 @@ def test_workers_are_for_one_process_runs(launch: list[str], monkeypatch: pytest
                for p in err.value.problems), err.value.problems
     for ok in ("auto", "1"):
         assert load_config(RecipeConfig, None, [*overrides, f"engine.workers={ok}"]).engine.workers in ("auto", 1)
+
+
+def test_each_replicate_is_a_one_replicate_run_of_its_training_seed() -> None:
+    cfg = load_config(RecipeConfig, None, ["train.replicates=3", "train.seed=10", "output_dir=runs/x", "tasks.seed=4"])
+    reps = cfg.replicate_configs()
+    assert [(r.train.seed, r.train.replicates, r.output_dir) for r in reps] == [
+        (10, 1, "runs/x/replicate_0"), (11, 1, "runs/x/replicate_1"), (12, 1, "runs/x/replicate_2")]
+    assert {r.tasks.seed for r in reps} == {4}  # the split and evaluation episodes are shared
+    one = load_config(RecipeConfig, None, ["output_dir=runs/y"])
+    assert one.replicate_configs() == [one]  # one replicate: the run itself, in output_dir
+    with pytest.raises(ConfigError, match="replicates=0 is invalid"):
+        load_config(RecipeConfig, None, ["train.replicates=0"])

@@ -16,6 +16,7 @@ from fmmeta.models import (
     add_lora,
     build_model_and_tokenizer,
     count_parameters,
+    initial_adapter,
     lora_shapes,
     model_id,
     resolve_origin,
@@ -82,6 +83,24 @@ def test_lora_init_is_seeded() -> None:
     p = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight"
     s1, s2, s3 = (dict(m.named_parameters())[p] for m in (m1, m2, m3))
     assert torch.equal(s1, s2) and not torch.equal(s1, s3)
+
+
+def test_initial_adapter_of_a_seed_is_the_one_add_lora_draws_with_it() -> None:
+    """A run's training replicates each start from their seed's adapter on one shared model."""
+    cfg = LoraConfig(r=4)
+    model = add_lora(build_model_and_tokenizer(_tiny())[0], cfg, seed=3)
+    other = add_lora(build_model_and_tokenizer(_tiny())[0], cfg, seed=5)
+    trained = [(n, p) for n, p in other.named_parameters() if p.requires_grad]
+    drawn = initial_adapter(model, 5)  # seed 5's adapter, from the model built with seed 3
+    assert len(drawn) == len(trained)
+    for (name, param), value in zip(trained, drawn):
+        assert torch.equal(param, value), name
+        if ".lora_B." in name:
+            assert not value.any()
+        else:  # peft's Kaiming-uniform range, U(-1/sqrt(in), 1/sqrt(in))
+            bound = 1 / value.shape[1] ** 0.5
+            assert value.abs().max() <= bound and value.abs().max() > 0.9 * bound
+    assert not torch.equal(initial_adapter(model, 3)[0], drawn[0])
 
 
 def test_bf16_adapter_matches_base_dtype() -> None:
