@@ -13,10 +13,12 @@ tasks were scored); build the model and the task suite once; then per method, on
 is a normal run of the train recipe into its own folder, trained in segments of
 ``report_every`` meta-steps, each segment resuming the last one's checkpoint and scored on
 validation tasks over several seeds of episode draws, so the pruner can stop a trial whose
-validation curve trails. The choice per method (validation score alone) is written before any
-held-out episode is drawn; then the chosen configurations, the base model and in-context
-demonstrations are scored once on the held-out tasks, paired, and ``study.md`` / ``study.json``
-say what was tried, what was chosen and why, and what it scored.
+validation curve trails. The choice per method (validation score alone, with its standard error;
+trials within one of the best are reported as tied) is written before any held-out episode is
+drawn; then each choice is trained under ``replicates - 1`` more training seeds (:func:`confirm`),
+and only then are the chosen configurations, the base model and in-context demonstrations scored
+once on the held-out tasks, every replicate on the same episodes, paired, and ``study.md`` /
+``study.json`` say what was tried, what was chosen and why, and what it scored.
 
 A killed study resumes where it stopped: rerun the same command. Optuna's storage
 (``study.db``) keeps the finished trials; a trial killed mid-run is run again with the same
@@ -39,6 +41,7 @@ from fmmeta.startup import ctrl_c_raises  # first: Ctrl-C during the imports bel
 from fmmeta.atomic import replace_text
 from fmmeta.config import ConfigError, describe_config, load_config
 from fmmeta.errors import UserInputError
+from fmmeta.progress import Progress
 from fmmeta.recipe_args import IMPORT_HELP, import_modules
 from fmmeta.recipe_config import RecipeConfig
 from fmmeta.recipes import train as train_recipe
@@ -48,7 +51,7 @@ from fmmeta.study import StudyConfig, recipe_problems, searched_keys
 from fmmeta.study.config import trial_overrides
 from fmmeta.study.folder import CHOICE_FILE, claim_study_dir, start_held_out
 from fmmeta.study.report import choose, trial_rows, write_study
-from fmmeta.study.scoring import Scorer, score_of
+from fmmeta.study.scoring import Scorer, score_of, standard_error_of
 from fmmeta.study.search import (
     DIVERGED,
     FOLDER,
@@ -132,9 +135,10 @@ def run(study: StudyConfig) -> int:
             # The choice is on disk before the first held-out episode is drawn.
             replace_text(folder / CHOICE_FILE, json.dumps(choice, indent=2) + "\n")
             write_study(folder, study, trials, choice, None, scorer.held_out_tasks())
+            # It is confirmed under more training seeds before it is scored (validation alone chose it).
+            replicates = confirm(study, choice, folder, scorer)
             report_dir = start_held_out(folder, choice)
-            adapters = {m: folder / m / c["folder"] / m / "adapter" for m, c in choice.items()}
-            paths = scorer.held_out(adapters, report_dir, budget_notes(study, choice),
+            paths = scorer.held_out(replicates, report_dir, budget_notes(study, choice),
                                     {m: c["params"] for m, c in choice.items()})
             held_out = json.loads(paths["eval.json"].read_text(encoding="utf-8"))
             paths = write_study(folder, study, trials, choice, held_out, scorer.held_out_tasks())
@@ -171,7 +175,48 @@ def search(optuna: Any, study: StudyConfig, method: str, folder: Path, scorer: S
             opt.tell(trial, state=optuna.trial.TrialState.FAIL)
         logger.info("%s %s: %s, validation %s %s | %s", method, name, outcome, study.metric,
                     "-" if score is None else f"{score:.4f}", values)
-    return trial_rows(opt)
+    return [{**row, "standard_error": last_standard_error(folder / method / str(row["folder"]))}
+            for row in trial_rows(opt)]
+
+
+def last_standard_error(trial_dir: Path) -> float | None:
+    """The standard error of a trial's last validation score (None: never scored)."""
+    scored = sorted((trial_dir / "validation").glob("step_*.json"))
+    if not scored:
+        return None
+    return json.loads(scored[-1].read_text(encoding="utf-8")).get("standard_error")
+
+
+def confirm(study: StudyConfig, choice: dict[str, dict], folder: Path, scorer: Scorer) -> list[dict[str, Path]]:
+    """Trains each method's chosen configuration under ``study.replicates - 1`` more training
+    seeds (``train.seed + r``, into ``<method>/replicates/replicate_<r>``; a killed one resumes);
+    returns, per replicate, method -> adapter folder (replicate 0: the chosen trials' own)."""
+    seed = scorer.cfg.train.seed
+    jobs = [(m, r) for r in range(1, study.replicates) for m in choice]
+    progress = Progress("confirmed", len(jobs), "trainings", every_s=0)
+
+    def train(job: tuple[str, int]) -> Path:
+        method, r = job
+        values = choice[method]["params"]
+        out = folder / method / "replicates" / f"replicate_{r}"
+        steps = int(float(values.get("train.meta_steps", study.meta_steps)))
+        config = _config(study)
+        argv = [*(["--config", config] if config else []),
+                *trial_overrides(study, method, values, steps, out), f"train.seed={seed + r}"]
+        rc = train_recipe.main(argv, prog="fmmeta train")
+        if rc == 130:
+            raise KeyboardInterrupt
+        if rc != 0:  # the choice trained to the end once: a refusal or a divergence now is news
+            raise RuntimeError(f"the train recipe failed (exit {rc}) training {method}'s choice under "
+                               f"training seed {seed + r} in {str(out)!r}; its message is above")
+        return out / method / "adapter"
+
+    if jobs:
+        logger.info("confirming the choice under %d more training seed(s): %d trainings", study.replicates - 1,
+                    len(jobs))
+    trained = dict(zip(jobs, scorer.workers.map(train, jobs, on_result=lambda _: progress.advance())))
+    first = {m: folder / m / c["folder"] / m / "adapter" for m, c in choice.items()}
+    return [first, *({m: trained[(m, r)] for m in choice} for r in range(1, study.replicates))]
 
 
 def rungs(total: int, every: int) -> list[int]:
@@ -218,7 +263,9 @@ def segment(study: StudyConfig, method: str, values: dict[str, float | str], ste
     score = score_of(result, method, study.metric, study.family)
     scored.parent.mkdir(parents=True, exist_ok=True)
     replace_text(scored, dumps_strict({"step": steps, "metric": study.metric, "family": study.family,
-                                       "score": score, "validation": result.to_dict()}) + "\n")
+                                       "score": score, "standard_error": standard_error_of(
+                                           result, method, study.metric, study.family),
+                                       "validation": result.to_dict()}) + "\n")
     return score
 
 
@@ -228,7 +275,10 @@ def budget_notes(study: StudyConfig, choice: dict[str, dict]) -> list[str]:
              f"{c['value']:.4f}), trained with {c['params'] or 'the base config'}"
              + ("" if "train.meta_steps" in c["params"] else f", {study.meta_steps} meta-steps")
              for m, c in choice.items()]
-    return notes + ["base / in_context: the initial adapter (LoRA B = 0), no meta-training."]
+    if study.replicates > 1:
+        notes.append(f"Each choice trained under {study.replicates} training seeds (replicate 0: the chosen "
+                     "trial itself), every replicate scored on the same held-out episodes.")
+    return notes + ["base / in_context: each replicate's initial adapter (LoRA B = 0), no meta-training."]
 
 
 def cli(argv: list[str] | None = None, prog: str | None = None) -> int:

@@ -179,12 +179,17 @@ class StudyConfig:
     """Trials per method that run to the end before the pruner judges any (>= 0)."""
     seed: int = 0
     """Seeds Optuna's sampler (the trials' draws)."""
+    replicates: int = 3
+    """Training seeds each method's chosen configuration is trained under before the held-out
+    scoring (>= 1; the chosen trial is the first, the others train with train.seed + 1, + 2, ...):
+    held-out intervals then count training variance, and a choice that won by one lucky training
+    draw shows it."""
 
     def validate(self) -> list[str]:
         """Range checks, the searched keys' types, and overrides that the study sets itself."""
         problems: list[str] = []
         for key, least in (("trials", 1), ("meta_steps", 1), ("seeds", 3), ("episodes_per_task", 1),
-                           ("report_every", 0), ("pruner_startup_trials", 0)):
+                           ("report_every", 0), ("pruner_startup_trials", 0), ("replicates", 1)):
             if not getattr(self, key) >= least:
                 why = " (a mean and a worst case over seeds of episode draws)" if key == "seeds" else ""
                 problems.append(f"{key}={getattr(self, key)} is invalid: must be >= {least}{why}")

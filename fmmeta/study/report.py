@@ -1,10 +1,11 @@
 """The study's choice and its one report: ``study.json`` (everything) and ``study.md`` (to read).
 
-The choice per method is the finished trial with the best validation score (ties to the earlier
-folder); the report says why, next to every trial, and then the held-out table: each chosen
-configuration, the base model and in-context demonstrations on the very same held-out episodes,
-with stratified bootstrap intervals and paired differences against multi-task and in-context
-(:mod:`fmmeta.evaluation.intervals`).
+The choice per method is the finished trial with the best validation score (equal scores to the
+earlier folder; trials within one standard error of it reported as tied); the report says why,
+next to every trial, and then the held-out table: each chosen configuration (under every training
+replicate), the base model and in-context demonstrations on the very same held-out episodes, with
+intervals over replicates and episodes and paired differences against multi-task and in-context
+(:mod:`fmmeta.evaluation.replicated`).
 """
 
 from __future__ import annotations
@@ -51,12 +52,18 @@ def choose(method: str, rows: Sequence[Mapping[str, Any]], study: StudyConfig) -
     sign = -1.0 if study.metric == "accuracy" else 1.0  # best first; ties to the earlier folder
     ordered = sorted(complete, key=lambda r: (sign * r["value"], str(r["folder"])))
     best, runner = ordered[0], (ordered[1] if len(ordered) > 1 else None)
+    se = best.get("standard_error")
     what = (f"{'highest' if study.metric == 'accuracy' else 'lowest'} mean validation {study.metric} "
             f"({study.family}, {study.seeds} seeds of episode draws) of {len(complete)} complete trials")
-    why = f"{best['folder']}: {what}, {best['value']:.4f}"
+    why = f"{best['folder']}: {what}, {best['value']:.4f}" + ("" if se is None else f" (standard error {se:.4f})")
     if runner is not None:
         why += f"; next {runner['folder']} at {runner['value']:.4f} ({best['value'] - runner['value']:+.4f})"
-    return {"folder": best["folder"], "params": best["params"], "value": best["value"], "why": why}
+    tied = [r for r in ordered[1:] if se is not None and abs(best["value"] - r["value"]) <= se]
+    if tied:
+        why += (f"; tied with {', '.join(str(r['folder']) for r in tied)} (within one standard error of "
+                "the best: validation cannot tell them apart, the best score decides by rule)")
+    return {"folder": best["folder"], "params": best["params"], "value": best["value"], "standard_error": se,
+            "tied": [r["folder"] for r in tied], "why": why}
 
 
 def write_study(folder: Path, study: StudyConfig, trials: Mapping[str, list[dict[str, Any]]],
@@ -80,6 +87,12 @@ def _interval(i: Mapping[str, Any], signed: bool = False) -> str:
     return f"{i['estimate']:{f}} [{i['low']:{f}}, {i['high']:{f}}]"
 
 
+def _favour(comparison: Mapping[str, Any], replicates: int) -> str:
+    """``"2 / 1"``: the replicates whose mean difference favours the method / the baseline."""
+    favour = comparison.get("accuracy_replicated", {}).get("favour")
+    return f"{favour[0]} / {favour[1]}" if favour and replicates > 1 else "-"
+
+
 def format_study(data: Mapping[str, Any]) -> str:
     """``study.md``: the protocol, every trial, the choice and why, the held-out table."""
     s = data["study"]
@@ -89,18 +102,21 @@ def format_study(data: Mapping[str, Any]) -> str:
              f"validation tasks only: mean {s['metric']} on {s['family']} episodes over "
              f"{s['seeds']} seeds of episode draws x {s['episodes_per_task']} episode(s) per task. "
              "The choice per method was made on that score alone, before any held-out episode was "
-             "drawn; the chosen configurations were then scored once on the held-out tasks "
+             "drawn. Tie rule: a trial whose score is within one standard error (over validation "
+             "episodes, of the best trial's score) of the best is reported as tied with it; the best "
+             f"score is chosen. The choice was then trained under {s.get('replicates', 1)} training "
+             "seed(s) and scored once on the held-out tasks "
              f"({', '.join(data['held_out_tasks'])}).", ""]
     for method, rows in data["trials"].items():
         keys = sorted({k for r in rows for k in r["params"]})
-        lines += [f"## {method}", "", "| trial | state | " + " | ".join(keys) + " | curve | score |",
-                  "|---" * (len(keys) + 4) + "|"]
+        lines += [f"## {method}", "", "| trial | state | " + " | ".join(keys) + " | curve | score | standard error |",
+                  "|---" * (len(keys) + 5) + "|"]
         for r in rows:
             curve = ", ".join(f"{k}: {_value(v)}" for k, v in r["curve"].items())
             lines.append(f"| {r['folder']} | {r['state']} | "
                          + " | ".join(f"{r['params'].get(k, '-'):.4g}" if isinstance(r['params'].get(k), float)
                                       else str(r["params"].get(k, "-")) for k in keys)
-                         + f" | {curve} | {_value(r['value'])} |")
+                         + f" | {curve} | {_value(r['value'])} | {_value(r.get('standard_error'))} |")
         lines += ["", f"Chosen: {data['choice'][method]['why']}.", ""]
     lines += _held_out_lines(data["held_out"])
     return "\n".join(lines) + "\n"
@@ -109,9 +125,12 @@ def format_study(data: Mapping[str, Any]) -> str:
 def _held_out_lines(held_out: Mapping[str, Any] | None) -> list[str]:
     if held_out is None:
         return ["## Held-out", "", "Not scored yet.", ""]
+    replicates = len(held_out.get("train_seeds") or [0])
+    how = ("95% stratified bootstrap interval over episodes, the trained adapters held fixed" if replicates == 1
+           else f"95% interval over {replicates} training replicates and the episodes")
     lines = ["## Held-out (scored once)", "",
              f"{held_out['n_seeds']} seeds of episode draws; each row at its headline step "
-             "(accuracy, 95% stratified bootstrap interval).", ""]
+             f"(accuracy, {how}).", ""]
     for family in sorted({f for m in held_out["summary"].values() for f in m}):
         lines += [f"### {family}", "", "| method | step | accuracy | worst seed | loss |", "|---|---|---|---|---|"]
         for method, by_family in held_out["summary"].items():
@@ -124,10 +143,10 @@ def _held_out_lines(held_out: Mapping[str, Any] | None) -> list[str]:
                          f"{c['accuracy_worst']:.3f} | {c['loss_mean']:.3f} |")
         pairs = [c for c in held_out["comparisons"] if c["family"] == family]
         if pairs:
-            lines += ["", "| paired difference | accuracy | loss |", "|---|---|---|"]
+            lines += ["", "| paired difference | accuracy | replicates for / against | loss |", "|---|---|---|---|"]
             lines += [f"| {c['method']} - {c['baseline']} | {_interval(c['accuracy'], True)}"
                       + (" (excludes 0)" if c["accuracy"]["low"] > 0 or c["accuracy"]["high"] < 0 else "")
-                      + f" | {_interval(c['loss'], True)} |" for c in pairs]
+                      + f" | {_favour(c, replicates)} | {_interval(c['loss'], True)} |" for c in pairs]
         lines.append("")
     lines += [f"- {n}" for n in held_out.get("notes", [])]
     return lines

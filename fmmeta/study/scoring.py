@@ -26,20 +26,22 @@ from fmmeta.engine.build import build_engine
 from fmmeta.engine.partition import partitioned_build
 from fmmeta.errors import UserInputError
 from fmmeta.evaluation.held_out import evaluate_methods, select_inner_lr
-from fmmeta.evaluation.result import EvalResult
+from fmmeta.evaluation.replicated import replicated_interval
+from fmmeta.evaluation.result import OVERALL, EvalResult
 from fmmeta.evaluation.run import (
+    Replicate,
     adapter_tensors,
     draw_episodes,
     eval_methods,
     evaluate_run,
     evaluation_tasks,
 )
-from fmmeta.models import add_lora, build_model_and_tokenizer
+from fmmeta.models import add_lora, build_model_and_tokenizer, initial_adapter
 from fmmeta.recipe_config import RecipeConfig
 from fmmeta.tasks.config import build_task_set
 from fmmeta.workers import Workers
 
-__all__ = ["Scorer", "score_of"]
+__all__ = ["Scorer", "score_of", "standard_error_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +62,7 @@ class Scorer:
         self.episodes_per_task = episodes_per_task
         partitioned = partitioned_build(cfg.engine, cfg.optim, precision=cfg.precision)
         base, self.tokenizer = build_model_and_tokenizer(cfg.model, partitioned=partitioned)
-        self.suite = build_task_set(cfg.tasks, self.tokenizer, seed=cfg.train.seed)
+        self.suite = build_task_set(cfg.tasks, self.tokenizer)
         if not self.suite.validation:
             raise UserInputError("the task suite has no validation tasks: a study chooses on them; "
                                  "give the suite validation tasks (tasks.validation_fraction > 0)")
@@ -80,7 +82,7 @@ class Scorer:
 
     def _validation_draw(self, draw: int, per_task: int | None = None) -> list[Any]:
         tasks = evaluation_tasks(self.suite.validation, self.cfg.eval.query)
-        return draw_episodes(tasks, self.cfg.train.seed, draw,
+        return draw_episodes(tasks, self.cfg.tasks.seed, draw,
                              per_task or self.cfg.eval.val_episodes_per_task)
 
     def _algorithm(self, drawn: Mapping[str, object] | None) -> AlgorithmConfig:
@@ -114,15 +116,22 @@ class Scorer:
             score_steps=e.score_steps or None, **common,
         )
 
-    def held_out(self, adapters: Mapping[str, Path], report_dir: Path, notes: Sequence[str],
+    def held_out(self, replicates: Sequence[Mapping[str, Path]], report_dir: Path, notes: Sequence[str],
                  drawn: Mapping[str, Mapping[str, object]] | None = None) -> dict[str, Path]:
         """The chosen adapters, the base model and in-context demonstrations scored once on the
         held-out tasks by the train recipe's own evaluation, each adapter in the rows' format its
         trial trained in (``drawn``: method -> its chosen trial's searched values; missing: the
-        study's); the report goes to ``report_dir``."""
+        study's); the report goes to ``report_dir``.
+
+        ``replicates[r]``: method -> adapter folder of training replicate ``r``, trained with
+        ``train.seed + r`` from that seed's initial adapter (replicate 0: the chosen trials)."""
         chosen = drawn or {}
-        in_context = [m for m in adapters if adapts_in_context(m, self._algorithm(chosen.get(m)))]
-        return evaluate_run(self.cfg, self.engine, self.tokenizer, self.suite, dict(adapters),
+        in_context = [m for m in replicates[0] if adapts_in_context(m, self._algorithm(chosen.get(m)))]
+        runs = []
+        for r, adapters in enumerate(replicates):
+            cfg = dataclasses.replace(self.cfg, train=dataclasses.replace(self.cfg.train, seed=self.cfg.train.seed + r))
+            runs.append(Replicate(cfg, initial_adapter(self.model, cfg.train.seed), dict(adapters)))
+        return evaluate_run(self.cfg, self.engine, self.tokenizer, self.suite, runs,
                             report_dir.parent, report_dir=report_dir, notes=list(notes),
                             in_context=in_context, workers=self.workers)
 
@@ -139,3 +148,14 @@ def score_of(result: EvalResult, method: str, metric: str, family: str) -> float
     step = result.steps_of(method)[-1]
     cell = result.get(method, step, family)
     return cell.accuracy_mean if metric == "accuracy" else cell.loss_mean
+
+
+def standard_error_of(result: EvalResult, method: str, metric: str, family: str) -> float:
+    """The standard error of :func:`score_of` over the validation episodes (by task, the trial's
+    training held fixed): how far the score would move on another draw of episodes, which is
+    what tells two trials' scores apart or not."""
+    step = result.steps_of(method)[-1]
+    mine = [r for r in result.records if r.method == method and r.step == step
+            and family in (r.kind, r.family, OVERALL)]
+    values = [[r.accuracy if metric == "accuracy" else r.loss for r in mine]]
+    return replicated_interval(values, [r.task for r in mine]).standard_error()

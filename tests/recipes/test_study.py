@@ -145,6 +145,7 @@ def test_held_out_tasks_are_not_touched_before_the_choice(tmp_path: Path, monkey
     out = tmp_path / "spied"
     draws: list[tuple[str, bool]] = []  # (task, was the choice on disk)
     scorings: list[tuple[set[str], bool]] = []
+    confirmed: list[bool] = []  # were the choices' replicates all trained
 
     for cls in (ClassificationTask, GenerationTask):
         original = cls.sample_episode
@@ -158,6 +159,8 @@ def test_held_out_tasks_are_not_touched_before_the_choice(tmp_path: Path, monkey
 
     def counted(model, params, methods, episodes_per_seed, *args, **kwargs):
         scorings.append(({ep.task for eps in episodes_per_seed for ep in eps}, (out / "choice.json").is_file()))
+        confirmed.append(all((out / m / "replicates" / f"replicate_{r}" / m / "adapter").is_dir()
+                             for m in ("fomaml", "reptile", "multitask") for r in (1, 2)))
         return evaluate(model, params, methods, episodes_per_seed, *args, **kwargs)
 
     monkeypatch.setattr(held_out_module, "evaluate_methods", counted)  # the held-out scoring's
@@ -166,15 +169,17 @@ def test_held_out_tasks_are_not_touched_before_the_choice(tmp_path: Path, monkey
     assert recipe.main(args) == 0
     study = load_config(recipe.StudyConfig, example)
     base = load_config(RecipeConfig, _recipe.SMOKE, FAST_EVAL)
-    names = build_task_set(base.tasks, build_model_and_tokenizer(base.model)[1], seed=base.train.seed).names()
+    names = build_task_set(base.tasks, build_model_and_tokenizer(base.model)[1]).names()
     held_out, validation = set(names["held_out"]), set(names["validation"])
 
     assert held_out and validation and not held_out & validation
     assert [t for t, chosen in draws if t in held_out and not chosen] == []
     assert {t for t, chosen in draws if t in held_out} == held_out  # then every one was drawn
     assert {t for t, chosen in draws if t in validation and not chosen} == validation
-    on_held_out = [chosen for tasks, chosen in scorings if tasks & held_out]
-    assert on_held_out == [True]  # one scoring call on held-out tasks, after the choice
+    on_held_out = [(chosen, done) for (tasks, chosen), done in zip(scorings, confirmed) if tasks & held_out]
+    # The held-out scoring: one call per training replicate of the choices, after the choice was
+    # written and every replicate was trained (the held-out episodes drawn once, checked above).
+    assert study.replicates == 3 and on_held_out == [(True, True)] * study.replicates
     # One validation scoring per segment of every trial, all before the choice.
     segments = len(study.space) * study.trials * (study.meta_steps // study.report_every)
     assert sum(1 for tasks, chosen in scorings if tasks <= validation and not chosen) == segments == 12
@@ -209,7 +214,10 @@ def test_a_searched_inner_format_is_scored_in_the_format_it_trained_in(tmp_path:
     assert ("validation", {"fomaml": (True, True)}) in seen
     assert ("validation", {"multitask": (False, False)}) in seen
     held = [methods for where, methods in seen if where == "held_out"]
-    assert len(held) == 1 and held[0]["fomaml"] == (True, True) and held[0]["multitask"] == (False, False)
+    # One held-out scoring per training replicate of the choice (3 by default), each in its format.
+    assert len(held) == 3 and all(h["fomaml"] == (True, True) and h["multitask"] == (False, False) for h in held)
+    replicate = yaml.safe_load((tmp_path / "formats" / "fomaml" / "replicates" / "replicate_2" / "config.yaml").read_text())
+    assert replicate["algorithm"]["inner_format"] == "in_context" and replicate["train"]["seed"] == 2
     choice = json.loads((tmp_path / "formats" / "choice.json").read_text())
     assert choice["fomaml"]["params"] == {"algorithm.inner_format": "in_context"}
 

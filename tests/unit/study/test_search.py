@@ -89,6 +89,18 @@ def test_the_choice_is_the_best_validation_score_ties_to_the_earlier_trial() -> 
         choose("fomaml", [_row("trial_000", None, "pruned")], StudyConfig())
 
 
+def test_trials_within_one_standard_error_of_the_best_are_reported_as_tied() -> None:
+    rows = [{**_row("trial_000", 0.50), "standard_error": 0.04}, {**_row("trial_001", 0.60), "standard_error": 0.05},
+            {**_row("trial_002", 0.56), "standard_error": 0.05}, {**_row("trial_003", 0.58), "standard_error": 0.05}]
+    acc = choose("fomaml", rows, StudyConfig(metric="accuracy"))
+    # The best's own standard error (0.05) decides: 0.56 and 0.58 are within it, 0.50 is not.
+    assert acc["folder"] == "trial_001" and acc["standard_error"] == 0.05
+    assert acc["tied"] == ["trial_003", "trial_002"]  # best first
+    assert "(standard error 0.0500)" in acc["why"] and "tied with trial_003, trial_002" in acc["why"]
+    assert choose("fomaml", [r for r in rows if r["folder"] != "trial_002" and r["folder"] != "trial_003"],
+                  StudyConfig(metric="accuracy"))["tied"] == []
+
+
 def test_held_out_tasks_are_scored_once_per_folder(tmp_path: Path) -> None:
     refuse_second_look(tmp_path)  # nothing scored yet
     start_held_out(tmp_path, {"fomaml": {"folder": "trial_000"}})
