@@ -67,9 +67,12 @@ def format_markdown(result: EvalResult) -> str:
 def _headline(result: EvalResult) -> list[str]:
     """What a person reads first: whether the intervals count training variance, which accuracy
     comparisons hold (the 95% interval excludes 0) and which do not, and at what power."""
-    kinds = [f for f in (CLASSIFICATION, GENERATION) if f in result.families()]
-    families = kinds + ([OVERALL] if len(kinds) > 1 else [])
-    comparisons = [c for c in result.comparisons() if c.family in families and c.method != "base"]
+    # Per kind of task (overall is in the tables below), each contender against each baseline,
+    # in_context - multitask left out as the mirror of multitask - in_context.
+    families = [f for f in (CLASSIFICATION, GENERATION) if f in result.families()] or [OVERALL]
+    comparisons = [c for c in result.comparisons() if c.family in families and c.method != "base"
+                   and (c.method, c.baseline) != (IN_CONTEXT, MULTITASK)]
+    comparisons.sort(key=lambda c: families.index(c.family))
     r = result.n_replicates
     if r > 1:
         seeds = f" (training seeds {', '.join(map(str, result.train_seeds))})" if result.train_seeds else ""

@@ -205,7 +205,7 @@ def evaluate_run(
             run's training replicates: each is evaluated on the very same episodes, its
             adaptation lrs chosen on validation for its own adapters, into one report whose
             intervals count the training variance between them.
-        out: the run's folder (its ``metrics.jsonl``, if any, gives the training curves).
+        out: the run's folder (its ``metrics.jsonl``, or replicate 0's, gives the training curves).
         report_dir: where the report goes; ``None`` = ``out/eval``.
         notes: how each compared adapter was trained, for the report; ``None`` = every method
             trained as ``cfg`` says (a study's chosen adapters were each trained their own way).
@@ -256,7 +256,8 @@ def evaluate_run(
                             "episode for generation tasks; eval.query), not each task's own.")
     if engine.rank != 0:
         return {}
-    metrics = out / "metrics.jsonl"
+    # Several replicates: replicate 0's training curves (each replicate's are in its folder).
+    metrics = (out if len(replicates) == 1 else Path(replicates[0].cfg.output_dir)) / "metrics.jsonl"
     paths = write_report(result, report_dir or out / "eval",
                          metrics_jsonl=metrics if metrics.exists() else None)
     logger.info("held-out evaluation:\n%s", format_markdown(result))
