@@ -23,7 +23,7 @@ import numpy as np
 
 from fmmeta.tasks.collection_config import PRESETS, CollectionSource, CollectionSplit, read_task_list
 from fmmeta.tasks.collection_split import SPLITS, assign_splits
-from fmmeta.tasks.data import FORMATS, read_dataset
+from fmmeta.tasks.data import FORMATS, SAVED_MARKERS, dataset_name, is_saved_dataset, read_dataset
 from fmmeta.tasks.options import TaskOptions
 from fmmeta.tasks.rows import TaskRows, classification_rows, column_rows, dataset_rows
 from fmmeta.tasks.task import Task, TaskSet, check_unique_names
@@ -39,18 +39,18 @@ def source_files(src: CollectionSource) -> list[str] | None:
     """
     path = os.path.expanduser(src.path)
     if any(ch in path for ch in "*?["):
-        files = sorted(f for f in glob.glob(path, recursive=True) if os.path.isfile(f))
+        files = sorted(f for f in glob.glob(path, recursive=True) if os.path.isfile(f) or is_saved_dataset(f))
         if not files:
             raise ValueError(f"path={src.path!r} matches no file: check the pattern")
         return files
+    if is_saved_dataset(path):
+        return [path]
     if os.path.isdir(path):
-        files = sorted(
-            str(f) for f in Path(path).rglob("*") if f.is_file() and f.suffix.lower() in FORMATS
-        )
+        files = _folder_data(Path(path))
         if not files:
             raise ValueError(
-                f"path={src.path!r} is a folder without .jsonl/.json/.csv/.parquet files: put the "
-                "data files there or point path at them"
+                f"path={src.path!r} is a folder without .jsonl/.json/.csv/.parquet/.arrow files or "
+                "save_to_disk folders: put the data there or point path at it"
             )
         return files
     if os.path.isfile(path):
@@ -65,19 +65,26 @@ def source_files(src: CollectionSource) -> list[str] | None:
     return None
 
 
+def _folder_data(root: Path) -> list[str]:
+    """The data under ``root``: every ``save_to_disk`` folder in it (one dataset each) and every
+    data file outside them (their Arrow and JSON files are parts of the saved dataset, not data)."""
+    saved = sorted({str(p.parent) for marker in SAVED_MARKERS for p in root.rglob(marker)
+                    if is_saved_dataset(p.parent)})
+    inside = tuple(os.path.join(folder, "") for folder in saved)
+    files = [str(f) for f in root.rglob("*")
+             if f.is_file() and f.suffix.lower() in FORMATS and not str(f).startswith(inside)]
+    # A saved DatasetDict holds saved Datasets (one per split): it is the one dataset, not them.
+    top = [f for f in saved if not any(f != o and f.startswith(os.path.join(o, "")) for o in saved)]
+    return sorted([*top, *files])
+
+
 def _load(src: CollectionSource, files: list[str] | None, cache_dir: str | None) -> datasets.Dataset:
     if files is None:
         return read_dataset(
             src.path, split=src.split, name=src.name, data_files=src.data_files, cache_dir=cache_dir
         )
-    return read_dataset(files, cache_dir=cache_dir)  # refuses empty, non-UTF-8 and malformed files
-
-
-def _stem(path: str) -> str:
-    name = Path(path).name
-    for suffix in reversed(Path(path).suffixes):
-        name = name[: -len(suffix)] if name.endswith(suffix) else name
-    return name
+    # refuses empty, non-UTF-8 and malformed files; split picks a saved DatasetDict's
+    return read_dataset(files, split=src.split, cache_dir=cache_dir)
 
 
 def read_source(
@@ -109,9 +116,9 @@ def read_source(
                 f"task_name={src.task_name!r} names one task but path={src.path!r} holds "
                 f"{len(files)} files (one task each, named by file): remove task_name"
             )
-        parts = [(_stem(f), _load(src, [f], cache_dir)) for f in files]
+        parts = [(dataset_name(f), _load(src, [f], cache_dir)) for f in files]
     else:
-        default_name = src.task_name or (_stem(files[0]) if files else src.path)
+        default_name = src.task_name or (dataset_name(files[0]) if files else src.path)
         parts = [(default_name, _load(src, files, cache_dir))]
     rows: list[TaskRows] = []
     for task_name, ds in parts:

@@ -64,7 +64,8 @@ class CollectionSource:
     """One source of tasks: where its rows are and which builder turns them into tasks."""
 
     path: str
-    """Hub dataset id, local .jsonl/.json/.csv/.parquet file, a folder of them, or a glob."""
+    """Hub dataset id, local .jsonl/.json/.csv/.parquet/.arrow file, a save_to_disk folder, a folder of
+    those (one task each with builder: dataset), or a glob."""
     builder: Builder | None = None
     """"classification" (one N-way task), "task_column" (a task per value of a column) or
     "dataset" (one task per file); null = the preset's."""
@@ -74,7 +75,8 @@ class CollectionSource:
     name: str | None = None
     """Hub dataset configuration (load_dataset's name); hub ids only."""
     split: str | None = None
-    """Split to read; required for hub ids, ignored for local files (their rows are one split)."""
+    """Split to read; required for hub ids and saved DatasetDicts of several splits, checked against a
+    saved Dataset's own split, ignored for local files (their rows are one split)."""
     data_files: list[str] | None = None
     """Hub ids only: which of the dataset's files to read (load_dataset's data_files)."""
     task_name: str | None = None

@@ -1,9 +1,10 @@
 """One entry point for every place a task's data can come from.
 
 Builders accept a ``datasets.Dataset``, a ``DatasetDict`` plus a split, a hub dataset name plus
-config and split, or local json/jsonl/csv/parquet files. :func:`read_dataset` turns each into one
-``datasets.Dataset`` so builders only ever deal with that, and errors about the data itself
-(a missing split, a file that does not exist, an unreachable hub) surface here with a fix.
+config and split, local json/jsonl/csv/parquet/arrow files, or a folder written by
+``save_to_disk`` (the form most Hugging Face users keep data in). :func:`read_dataset` turns each
+into one ``datasets.Dataset`` so builders only ever deal with that, and errors about the data
+itself (a missing split, a file that does not exist, an unreachable hub) surface here with a fix.
 """
 
 from __future__ import annotations
@@ -24,7 +25,31 @@ logger = logging.getLogger(__name__)
 DatasetLike = Union[datasets.Dataset, datasets.DatasetDict, str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 """What a builder accepts as rows: a Dataset, a DatasetDict, a hub name, or local file path(s)."""
 
-FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow"}
+
+SAVED_MARKERS = ("state.json", "dataset_dict.json")
+"""Files ``save_to_disk`` writes at the top of its folder: a ``Dataset``'s, a ``DatasetDict``'s."""
+
+SPLIT_FOLDERS = frozenset({"train", "validation", "valid", "val", "dev", "test"})
+"""Folder names that name a split, not a dataset (a task is then named by the folder above)."""
+
+
+def is_saved_dataset(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a folder written by ``Dataset.save_to_disk`` or ``DatasetDict.save_to_disk``."""
+    return os.path.isdir(path) and any(os.path.isfile(os.path.join(path, m)) for m in SAVED_MARKERS)
+
+
+def dataset_name(path: str | os.PathLike) -> str:
+    """A task's name from its file or ``save_to_disk`` folder: the file name without its
+    extensions, or the folder's name (the one above it where the folder names a split, as in
+    ``ai2_arc/ARC-Easy/validation``)."""
+    p = Path(path)
+    if is_saved_dataset(p):
+        return p.parent.name if p.name.lower() in SPLIT_FOLDERS and p.parent.name else p.name
+    name = p.name
+    for suffix in reversed(p.suffixes):
+        name = name[: -len(suffix)] if name.endswith(suffix) else name
+    return name
 
 
 def _file_format(path: str) -> str | None:
@@ -49,9 +74,12 @@ def read_dataset(
     Args:
         data: a ``Dataset`` (returned as is); a ``DatasetDict`` (``split`` picks one, optional
             when it has a single split); a path or list of paths to local ``.json``, ``.jsonl``,
-            ``.csv`` or ``.parquet`` files (one format); or a hub dataset name.
-        split: the split to use; required for hub names, ignored for local files (their rows form
-            one split).
+            ``.csv``, ``.parquet`` or ``.arrow`` files (one format); a folder written by
+            ``save_to_disk`` (a ``Dataset``'s, or a ``DatasetDict``'s with ``split``); or a hub
+            dataset name.
+        split: the split to use; required for hub names and for a saved ``DatasetDict`` of
+            several splits, checked against a saved ``Dataset``'s own split, ignored for local
+            files (their rows form one split).
         name: the hub dataset's configuration name (``load_dataset(path, name)``).
         data_files: hub datasets only: which of its files to read (``load_dataset(data_files=)``).
         cache_dir: where ``datasets`` caches converted files (defaults to its own cache).
@@ -89,19 +117,59 @@ def read_dataset(
     else:
         raise ValueError(
             f"data of type {type(data).__name__} is not supported: pass a datasets.Dataset, "
-            "a DatasetDict (+ split), a hub dataset name (+ name, split) or local "
-            ".json/.jsonl/.csv/.parquet file path(s)"
+            "a DatasetDict (+ split), a hub dataset name (+ name, split), local "
+            ".json/.jsonl/.csv/.parquet/.arrow file path(s) or a save_to_disk folder"
         )
+    saved = [p for p in paths if is_saved_dataset(p)]
+    if saved:
+        if len(paths) > 1:
+            raise ValueError(
+                f"data {paths} holds save_to_disk folder(s) {saved} among other paths: read one "
+                "saved folder at a time (a YAML folder source makes each one a task of its own)"
+            )
+        return _load_saved(saved[0], split)
     formats = {p: _file_format(p) for p in paths}
     if any(f is not None for f in formats.values()) or len(paths) > 1:
         return _load_files(paths, formats, cache_dir)
     hub_name = paths[0]
     if os.path.exists(hub_name):
         raise ValueError(
-            f"data={hub_name!r} is a local path without a supported extension: use .json, "
-            ".jsonl, .csv or .parquet files (or load it yourself and pass a Dataset)"
+            f"data={hub_name!r} is a local path without a supported extension and not a "
+            "save_to_disk folder (no state.json or dataset_dict.json in it): use .json, .jsonl, "
+            ".csv, .parquet or .arrow files, or a folder written by save_to_disk"
         )
     return _load_hub(hub_name, name=name, split=split, data_files=data_files, cache_dir=cache_dir)
+
+
+def _load_saved(path: str, split: str | None) -> datasets.Dataset:
+    """The rows of a ``save_to_disk`` folder (memory-mapped, not copied), ``split`` picking or
+    checking the split."""
+    try:
+        loaded = datasets.load_from_disk(path)
+    except Exception as err:  # a torn folder raises FileNotFoundError, ArrowInvalid, json errors
+        raise ValueError(
+            f"data={path!r} is a save_to_disk folder that could not be read ({type(err).__name__}: "
+            f"{err}): save it again with save_to_disk, or check that none of its files is missing"
+        ) from err
+    if isinstance(loaded, datasets.DatasetDict):
+        splits = list(loaded)
+        if split is None and len(splits) != 1:
+            raise ValueError(f"data={path!r} is a saved DatasetDict with splits {splits}: set split "
+                             "to one of them")
+        if split is not None and split not in loaded:
+            raise ValueError(f"split={split!r} is not in the saved DatasetDict {path!r}; its splits are "
+                             f"{splits}: set split to one of them")
+        ds = loaded[split if split is not None else splits[0]]
+    else:
+        ds = loaded
+        own = None if ds.split is None else str(ds.split)
+        if split is not None and own is not None and split != own:
+            raise ValueError(f"split={split!r} does not match {path!r}, a saved Dataset of the split "
+                             f"{own!r}: set split to {own!r} (or leave it out)")
+    if len(ds) == 0:
+        raise ValueError(f"data={path!r} holds no rows: add rows, or leave it out")
+    logger.info("loaded %d rows from the save_to_disk folder %s", len(ds), path)
+    return ds
 
 
 def _load_files(
@@ -110,7 +178,7 @@ def _load_files(
     unknown = [p for p, f in formats.items() if f is None]
     if unknown:
         raise ValueError(
-            f"files {unknown} have no supported extension: use .json, .jsonl, .csv or .parquet"
+            f"files {unknown} have no supported extension: use .json, .jsonl, .csv, .parquet or .arrow"
         )
     kinds = sorted({f for f in formats.values() if f is not None})
     if len(kinds) > 1:
