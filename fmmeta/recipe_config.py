@@ -160,6 +160,12 @@ class RecipeConfig:
                 f"methods={list(self.methods)} is invalid: choose one or more of "
                 f"{', '.join(ALGORITHMS)}"
             )
+        if "reptile" in self.methods and self.algorithm.inner_steps == 0:
+            problems.append(
+                "algorithm.inner_steps=0 is invalid with reptile in methods: Reptile moves the "
+                "adapter towards the weights after the inner steps, so with none it learns nothing "
+                "(gradient 0 every meta-step); use inner_steps >= 1 or leave reptile out"
+            )
         if len(set(self.methods)) != len(self.methods):
             problems.append(f"methods={list(self.methods)} is invalid: a method is listed twice")
         unknown = [m for m in self.eval.with_demonstrations if m not in ("base", *self.methods)]

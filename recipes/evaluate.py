@@ -34,6 +34,7 @@ from pathlib import Path
 from fmmeta.startup import ctrl_c_raises  # first: Ctrl-C during the imports below is a message
 
 # isort: split
+from fmmeta.checkpoint.lock import RunLock, RunLockError
 from fmmeta.checkpoint.resume import adapter_problems
 from fmmeta.config import ConfigError, describe_config, load_config
 from fmmeta.engine.build import build_engine, resolve_engine_kind
@@ -48,7 +49,7 @@ from fmmeta.errors import UserInputError
 from fmmeta.evaluation.run import Replicate, evaluate_run
 from fmmeta.library_warnings import show_library_warnings_once
 from fmmeta.models import add_lora, build_model_and_tokenizer, initial_adapter
-from fmmeta.recipe_args import IMPORT_HELP, import_modules
+from fmmeta.recipe_args import IMPORT_HELP, OneConfig, import_modules
 from fmmeta.recipe_config import RecipeConfig
 from fmmeta.shipped import shipped_path, with_shipped_paths
 from fmmeta.tasks.config import build_task_set
@@ -71,7 +72,7 @@ def parse_args(argv: list[str], prog: str | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--run", type=Path, help="a finished run's output_dir (its config.yaml "
                         "and every <method>/adapter in it are used; the report goes inside it)")
-    parser.add_argument("--config", help="YAML config (when not using --run)")
+    parser.add_argument("--config", help="YAML config (when not using --run)", action=OneConfig)
     parser.add_argument("--adapter", action="append", default=[], metavar="NAME=PATH",
                         help="an adapter folder in peft format to evaluate; repeatable")
     parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             replicates = [Replicate(cfg, None)]
         replicates[0].adapters.update(named)
         out = args.run if args.run is not None else Path(cfg.output_dir).expanduser()
-        paths = evaluate(cfg, replicates, out)
+        paths = evaluate(cfg, replicates, out, run=args.run is not None)
     except (ConfigError, UserInputError) as err:  # the input, not a bug
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -205,30 +206,56 @@ def new_report_dir(out: Path) -> Path:
     raise UserInputError(f"{str(out)!r} has 999 reports from this second: remove some")
 
 
-def evaluate(cfg: RecipeConfig, replicates: list[Replicate], out: Path) -> dict[str, Path]:
+def evaluate(cfg: RecipeConfig, replicates: list[Replicate], out: Path, *, run: bool = False) -> dict[str, Path]:
     """Builds the model and tasks, and evaluates the replicates' adapters into a new report
-    folder in ``out``."""
+    folder in ``out`` (``run``: ``out`` is a run folder, held locked meanwhile)."""
     rank = 0
     if resolve_engine_kind(cfg.engine) != "local":
         rank, _, _ = init_distributed(default_backend(), cfg.engine.collective_timeout_s)
     show_library_warnings_once(rank)  # as in training: each library warning once, by rank 0
     # Rank 0 claims the folder before minutes of model loading (only rank 0 writes into it); every
     # rank learns the outcome, so a refusal stops all of them together.
-    claimed = ""
+    claimed, lock = "", None
     if rank == 0:
         try:
+            lock = lock_run(out) if run else None
             claimed = "ok:" + str(new_report_dir(out))
         except UserInputError as err:
             claimed = "error:" + str(err)
-    outcome, _, report = broadcast_from_rank0(claimed).partition(":")
-    if outcome == "error":
-        raise UserInputError(report)
     try:
-        return _evaluate(cfg, replicates, out, Path(report))
-    except BaseException:
-        if rank == 0:  # failed or stopped: leave no empty or half-written report behind
-            shutil.rmtree(report, ignore_errors=True)
-        raise
+        outcome, _, report = broadcast_from_rank0(claimed).partition(":")
+        if outcome == "error":
+            raise UserInputError(report)
+        try:
+            return _evaluate(cfg, replicates, out, Path(report))
+        except BaseException:
+            if rank == 0:  # failed or stopped: leave no empty or half-written report behind
+                shutil.rmtree(report, ignore_errors=True)
+            raise
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def lock_run(run: Path) -> RunLock:
+    """The run folder's lock, so that no training writes into it while it is scored.
+
+    Raises:
+        UserInputError: a run still trains there (its adapters and metrics are not final yet), or
+            the folder cannot be locked (read-only).
+    """
+    try:
+        return RunLock.acquire(run)
+    except RunLockError as err:
+        raise UserInputError(
+            f"--run {str(run)!r} is in use ({err}). Its adapters and metrics are not final while it "
+            "trains: wait for it to finish (or stop it), then evaluate"
+        ) from None
+    except OSError as err:
+        raise UserInputError(
+            f"--run {str(run)!r} cannot be locked ({err.strerror}: {err.filename!r}): the report is "
+            "written inside the run folder, so evaluate a copy of the run in a folder you can write to"
+        ) from None
 
 
 def _evaluate(cfg: RecipeConfig, replicates: list[Replicate], out: Path, report: Path) -> dict[str, Path]:

@@ -42,7 +42,7 @@ from fmmeta.atomic import replace_text
 from fmmeta.config import ConfigError, describe_config, load_config
 from fmmeta.errors import UserInputError
 from fmmeta.progress import Progress
-from fmmeta.recipe_args import IMPORT_HELP, import_modules
+from fmmeta.recipe_args import IMPORT_HELP, OneConfig, import_modules
 from fmmeta.recipe_config import RecipeConfig
 from fmmeta.recipes import train as train_recipe
 from fmmeta.shipped import shipped_path
@@ -79,7 +79,7 @@ def parse_args(argv: list[str], prog: str | None = None) -> argparse.Namespace:
         "then score the choice once on held-out tasks; writes study.md and study.json.",
         epilog="study keys (key=value; defaults shown):\n" + describe_config(StudyConfig()),
     )
-    parser.add_argument("--config", help="the study's YAML (the space, the trials, the scoring)")
+    parser.add_argument("--config", help="the study's YAML (the space, the trials, the scoring)", action=OneConfig)
     parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                         help=IMPORT_HELP)
     parser.add_argument("overrides", nargs="*", help="key=value, e.g. trials=4")

@@ -72,7 +72,7 @@ from fmmeta.models import (
     model_id,
 )
 from fmmeta.progress import Progress
-from fmmeta.recipe_args import IMPORT_HELP, import_modules
+from fmmeta.recipe_args import IMPORT_HELP, OneConfig, import_modules
 from fmmeta.recipe_config import RecipeConfig
 from fmmeta.sampling import CostAwareSampler, Prefetcher, fast_weight_megabytes
 from fmmeta.shipped import shipped_path, with_shipped_paths
@@ -102,7 +102,7 @@ def parse_args(argv: list[str], prog: str | None = None) -> argparse.Namespace:
         epilog="overrides (section.key=value; the defaults a run uses shown):\n"
         + describe_config(RecipeConfig()),
     )
-    parser.add_argument("--config", help="YAML file holding only what differs from the defaults")
+    parser.add_argument("--config", help="YAML file holding only what differs from the defaults", action=OneConfig)
     parser.add_argument("--debug", action="store_true",
                         help="show the traceback of input errors too (they exit with code 2)")
     parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",

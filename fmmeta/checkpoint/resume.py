@@ -106,12 +106,23 @@ def find_resume_checkpoint(train: Any, method_dir: Path) -> Checkpoint | None:
 
 
 def _unusable_problem(cfg: Any, output_dir: Path, method: str) -> list[str]:
-    """A refusal when ``method`` has checkpoint folders of which none verifies: starting it from
-    step 0 would overwrite its adapter, checkpoints and metrics (a half-written manifest after a
-    crash or a full disk must not cost a finished run)."""
+    """A refusal when ``method`` has checkpoint folders of which none verifies, or a finished
+    adapter and no checkpoint at all: starting it from step 0 would overwrite its adapter,
+    checkpoints and metrics (a half-written manifest after a crash or a full disk, or checkpoints
+    deleted to free disk, must not cost a finished run)."""
     method_dir = output_dir / method
     ckpts = CheckpointManager(method_dir / "checkpoints", keep_last=max(2, cfg.train.keep_last))
     found = ckpts.step_folders()
+    adapter = method_dir / "adapter" / "adapter_model.safetensors"
+    if not found and adapter.is_file():
+        # Its checkpoints were deleted (to free disk): step 0 would train over a finished adapter.
+        return [
+            f"{method}: its adapter {str(adapter.parent)!r} is finished but it has no checkpoint to "
+            "resume from (were its checkpoints deleted?), so this run would train it again from "
+            "step 0 over that adapter and its metrics. To keep it, leave it out of methods (or "
+            "copy the run folder first); to train it again, rerun with train.resume=never or "
+            "another output_dir"
+        ]
     if not found:
         return []
     why = "; ".join(f"{p.name}: {(ckpts.verify(p) or ['unreadable'])[0]}" for p in found[:3])

@@ -104,6 +104,60 @@ def test_evaluate_run_refuses_changed_settings_in_the_words_of_training(
     assert f"as trained from {str(run / 'config.yaml')!r}" in err and "lora.r: 4 in the run's config.yaml, 2 now" in err, err
 
 
+@pytest.mark.timeout(300)
+def test_a_finished_method_whose_checkpoints_were_deleted_is_not_trained_over(
+    tmp_path: Path, local_short: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Deleting a finished method's checkpoints to free disk, then extending the run, restarted it
+    from step 0 over its adapter and metrics without a word; now it is refused, byte for byte."""
+    run = tmp_path / "run"
+    shutil.copytree(local_short, run)
+    shutil.rmtree(run / "fomaml" / "checkpoints")
+    before = _snapshot(run)
+    train = _load("train")
+    args = ["--config", str(_recipe.SMOKE), *_recipe.SHORT, f"output_dir={run}"]
+    assert train.main([*args, "train.meta_steps=10"]) == 2
+    err = capsys.readouterr().err
+    assert f"fomaml: its adapter {str(run / 'fomaml' / 'adapter')!r} is finished but it has no checkpoint" in err
+    assert "rerun with train.resume=never or another output_dir" in err and "Traceback" not in err, err
+    assert _snapshot(run) == before
+
+
+@pytest.mark.timeout(300)
+def test_evaluate_run_refuses_a_run_that_is_still_training(
+    tmp_path: Path, local_short: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It scored the previous adapter, with curves from a half-written metrics.jsonl, without a word."""
+    from fmmeta.checkpoint.lock import RunLock
+
+    run = tmp_path / "run"
+    shutil.copytree(local_short, run)
+    before = _snapshot(run)
+    held = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom fmmeta.checkpoint.lock import RunLock\n"
+                             f"RunLock.acquire({str(run)!r}); print('held', flush=True); time.sleep(60)"],
+                            cwd=_recipe.REPO, env=_recipe.environment(), stdout=subprocess.PIPE, text=True)
+    try:
+        assert held.stdout is not None and held.stdout.readline().strip() == "held"
+        assert _load("evaluate").main(["--run", str(run)]) == 2
+    finally:
+        held.kill()
+        held.wait()
+    err = capsys.readouterr().err
+    assert f"--run {str(run)!r} is in use" in err and "wait for it to finish" in err and "Traceback" not in err, err
+    assert {k: v for k, v in _snapshot(run).items() if k != ".fmmeta.lock"} == {
+        k: v for k, v in before.items() if k != ".fmmeta.lock"} and not any(run.glob("eval-*"))
+    RunLock.acquire(run).release()  # the lock is free again once the holder is gone
+
+
+@pytest.mark.parametrize("recipe", ["train", "evaluate", "study"])
+def test_a_second_config_file_is_refused_not_dropped(recipe: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse kept the last of two --config files and dropped the first without a word."""
+    with pytest.raises(SystemExit) as stop:
+        _load(recipe).main(["--config", "a.yaml", "--config", "b.yaml"])
+    assert stop.value.code == 2
+    assert "--config given twice ('a.yaml', then 'b.yaml'): a run reads one config file" in capsys.readouterr().err
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("recipe", ["train", "evaluate"])
 def test_ds_accelerator_cuda_without_a_gpu_is_a_message(recipe: str, tmp_path: Path) -> None:

@@ -107,6 +107,9 @@ CONFIG_CASES = {
                             ["eval.score_steps=[0, 3] is invalid: [3] outside 0..max_steps=2"]),
     "eval_query_below_one": (["eval.query=0"], ["eval.query=0 is invalid: must be >= 1 (query examples per class)"]),
     "negative_seed": (["train.seed=-1"], ["train.seed=-1 is invalid: must be >= 0"]),
+    "reptile_without_inner_steps": (
+        ["methods=[reptile,multitask]", "algorithm.inner_steps=0"],
+        ["algorithm.inner_steps=0 is invalid with reptile in methods", "with none it learns nothing"]),
     "no_replicate_and_negative_split_seed": (
         ["train.replicates=0", "tasks.seed=-2"],
         ["train.replicates=0 is invalid: must be >= 1", "tasks.seed=-2 is invalid: must be >= 0"]),
