@@ -117,3 +117,24 @@ def test_a_yaml_source_with_a_wrong_split_is_one_config_problem(tmp_path: Path) 
     with pytest.raises(ConfigError, match="split='train' does not match"):
         _config(tmp_path, [{"path": sst2, "builder": "classification", "text_column": "sentence",
                             "split": "train", "shots": 2, "query": 2}])
+
+
+def test_number_answers_keep_the_form_the_file_wrote(tmp_path: Path) -> None:
+    """Answers 2.5, 4, 6 in one JSON column were read as float64: every integer became " 4.0",
+    and the model was trained and scored on that text. A column of floats only stays as it is."""
+    import json
+
+    mixed, floats = tmp_path / "mixed.jsonl", tmp_path / "floats.jsonl"
+    mixed.write_text("".join(json.dumps({"input": f"{i} + 1 =", "output": v}) + "\n"
+                             for i, v in enumerate([2.5, 4, 6, 1.5, 3, 7])))
+    floats.write_text("".join(json.dumps({"input": f"{i} / 2 =", "output": v}) + "\n"
+                              for i, v in enumerate([0.5, 1.5, 2.5, 3.5])))
+    assert read_dataset(str(mixed))["output"] == [2.5, 4, 6, 1.5, 3, 7]
+    assert [type(v) for v in read_dataset(str(mixed))["output"]][:2] == [float, int]
+    assert read_dataset(str(floats))["output"] == [0.5, 1.5, 2.5, 3.5]
+    assert read_dataset(str(floats)).features["output"].dtype == "float64"
+    cfg = _config(tmp_path, [{"path": str(mixed), "builder": "dataset", "task_name": "sst2", "shots": 2, "query": 2},
+                             {"path": str(floats), "builder": "dataset", "task_name": "arc_easy", "shots": 1, "query": 1},
+                             {"path": str(floats), "builder": "dataset", "task_name": "halves", "shots": 1, "query": 1}])
+    task = build_task_set(cfg.tasks, TOK).held_out[0]
+    assert [TOK.decode(e.answer_ids) for e in task.examples][:3] == [" 2.5</s>", " 4</s>", " 6</s>"]
