@@ -9,7 +9,6 @@ method, and the meta-training curves from ``metrics.jsonl``. Plots use matplotli
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from pathlib import Path
@@ -20,7 +19,7 @@ from fmmeta.evaluation.intervals import N_BOOTSTRAP, Interval
 from fmmeta.evaluation.methods import IN_CONTEXT, MULTITASK
 from fmmeta.evaluation.replicated import Replicated
 from fmmeta.evaluation.result import CLASSIFICATION, GENERATION, OVERALL, Comparison, EvalResult
-from fmmeta.strict_json import dumps_strict
+from fmmeta.strict_json import dumps_strict, read_json_lines
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -297,26 +296,19 @@ def plot_training_curves(metrics_jsonl: str | Path, path: str | Path) -> Path:
     (a banner, an eval line) are skipped.
 
     Raises:
-        ValueError: if a line is not JSON or no line has any curve key.
+        ValueError: if a line before the last is not JSON or no line has any curve key.
     """
     metrics_jsonl, path = Path(metrics_jsonl), Path(path)
     panels: dict[str, dict[str, tuple[list[float], list[float]]]] = {}
-    with metrics_jsonl.open() as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{metrics_jsonl}:{lineno} is not JSON ({e}): expected one object per line") from None
-            x = next((row[k] for k in STEP_KEYS if k in row), lineno)
-            series = panels.setdefault(str(row.get("method", "")), {})
-            for key in TRAINING_CURVE_KEYS:
-                v = row.get(key)
-                if isinstance(v, (int, float)) and math.isfinite(v):
-                    xs, ys = series.setdefault(key, ([], []))
-                    xs.append(float(x))
-                    ys.append(float(v))
+    for number, row in enumerate(read_json_lines(metrics_jsonl), 1):  # a torn last line is dropped
+        x = next((row[k] for k in STEP_KEYS if k in row), number)
+        series = panels.setdefault(str(row.get("method", "")), {})
+        for key in TRAINING_CURVE_KEYS:
+            v = row.get(key)
+            if isinstance(v, (int, float)) and math.isfinite(v):
+                xs, ys = series.setdefault(key, ([], []))
+                xs.append(float(x))
+                ys.append(float(v))
     panels = {m: series for m, series in panels.items() if series}
     if not panels:
         raise ValueError(
@@ -375,7 +367,12 @@ def write_report(
         ),
     ):
         tmp = out / f".{name}.tmp.png"
-        draw(tmp)
+        try:
+            draw(tmp)
+        except ValueError as err:  # a damaged metrics.jsonl costs its plot, not the evaluation
+            logger.warning("no %s in the report: %s", name, err)
+            tmp.unlink(missing_ok=True)
+            continue
         tmp.replace(out / name)
         paths[name] = out / name
     logger.info("wrote evaluation report to %s", out)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Mapping, Sequence
 
 from fmmeta.atomic import locked, replace_text
-from fmmeta.strict_json import dumps_strict
+from fmmeta.errors import UserInputError
+from fmmeta.strict_json import dumps_strict, read_json_lines
 from fmmeta.tracking.protocol import Tracker
 from fmmeta.tracking.records import step_scalars
 
@@ -33,13 +33,12 @@ class MetricsLog:
         with locked(path):  # methods training side by side share the file
             if not path.exists():
                 return
-            kept = [
-                line for line in path.read_text().splitlines()
-                if line.strip() and (
-                    json.loads(line)["method"] != method or json.loads(line)["step"] <= keep_until
-                )
-            ]
-            replace_text(path, "".join(line + "\n" for line in kept))  # a crash keeps the history
+            try:
+                records = read_json_lines(path)  # a torn last line (killed mid-write) is dropped
+            except ValueError as err:
+                raise UserInputError(f"{err} (the run appends to it and cannot resume over it)") from None
+            kept = [r for r in records if r.get("method") != method or r.get("step", -1) <= keep_until]
+            replace_text(path, "".join(dumps_strict(r) + "\n" for r in kept))  # a crash keeps the history
 
     def write(self, record: Mapping[str, Any]) -> None:
         """Appends ``record`` (one meta-step over all ranks) to the file and logs it to every tracker."""

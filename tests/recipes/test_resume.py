@@ -80,3 +80,18 @@ def test_corrupt_newest_checkpoint_falls_back_to_previous(tmp_path: Path, local_
     # Steps 6 and 7 ran again from step 5's state: the same losses and adapter as the reference.
     _assert_same_run(out, local_dropout)
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step_00000005", "step_00000007"]
+
+
+@pytest.mark.timeout(240)
+def test_a_torn_last_metrics_line_is_dropped_on_resume(tmp_path: Path, local_short: Path) -> None:
+    """A kill (or a full disk) mid-write leaves a torn last line in metrics.jsonl; the resume
+    failed on it with a JSON traceback until the file was fixed by hand. Now that line is dropped
+    with a warning and the run goes on to the uninterrupted run's results."""
+    out = tmp_path / "run"
+    shutil.copytree(local_short, out)
+    shutil.rmtree(out / "fomaml" / "checkpoints" / "step_00000007")  # resume from step 5's
+    with (out / "metrics.jsonl").open("a") as fh:
+        fh.write('{"method": "fomaml", "step": 8, "outer_lo')
+    proc = _recipe.run("python", [*_recipe.SHORT, f"output_dir={out}", "train.resume=auto"], timeout_s=180)
+    assert "dropped its torn last line" in proc.stdout and _resumed_from(proc.stdout) == 5
+    _assert_same_run(out, local_short)
