@@ -1,4 +1,5 @@
-"""Ctrl-C while a recipe starts up: a message and exit code 130, not an import traceback.
+"""Ctrl-C while a recipe starts up: a message and exit code 130, not an import traceback; and
+SIGTERM in a recipe's ``main``, handled as Ctrl-C is (:class:`Terminated`).
 
 The recipes import torch, transformers, peft and DeepSpeed before their ``main`` runs (seconds),
 and a Ctrl-C there would print a traceback from deep inside an import. Importing this module
@@ -12,7 +13,17 @@ import signal
 import sys
 from types import FrameType
 
-__all__ = ["ctrl_c_raises"]
+__all__ = ["Terminated", "ctrl_c_raises"]
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's pre-emption, ``kill``): stops a run as Ctrl-C does, with one message
+    naming the last checkpoint, but exit code 143 (128 + SIGTERM), which schedulers expect."""
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    del signum, frame
+    raise Terminated()
 
 
 def _exit_quietly(signum: int, frame: FrameType | None) -> None:
@@ -22,9 +33,12 @@ def _exit_quietly(signum: int, frame: FrameType | None) -> None:
 
 
 def ctrl_c_raises() -> None:
-    """Ctrl-C raises ``KeyboardInterrupt`` again (the recipes' ``main`` handles it)."""
+    """Ctrl-C raises ``KeyboardInterrupt`` again, and SIGTERM raises :class:`Terminated` (the
+    recipes' ``main`` handles both; SIGTERM is left alone where something else handles it)."""
     if signal.getsignal(signal.SIGINT) is _exit_quietly:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminate)
 
 
 # Only where Ctrl-C would raise: a shell that starts the recipe in the background ignores SIGINT,

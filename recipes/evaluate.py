@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from fmmeta.startup import ctrl_c_raises  # first: Ctrl-C during the imports below is a message
+from fmmeta.startup import Terminated, ctrl_c_raises  # first: Ctrl-C during the imports below is a message
 
 # isort: split
 from fmmeta.checkpoint.lock import RunLock, RunLockError
@@ -85,7 +85,7 @@ def parse_args(argv: list[str], prog: str | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    """Exit codes: 0 done, 2 bad input (arguments, config, run folder, adapters), 130 Ctrl-C."""
+    """Exit codes: 0 done, 2 bad input (arguments, config, run folder, adapters), 130 Ctrl-C, 143 SIGTERM."""
     ctrl_c_raises()
     args = parse_args(sys.argv[1:] if argv is None else argv, prog)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -112,10 +112,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     except (ConfigError, UserInputError) as err:  # the input, not a bug
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # the adapters and the run are only read; an unfinished report is removed
-        print("stopped by Ctrl-C: no report was written and nothing else was changed; rerun the "
-              "same command to evaluate again", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:  # the adapters and the run are only read; an unfinished report is removed
+        print(f"stopped by {'SIGTERM' if isinstance(err, Terminated) else 'Ctrl-C'}: no report was written and "
+              "nothing else was changed; rerun the same command to evaluate again", file=sys.stderr)
+        return 143 if isinstance(err, Terminated) else 130
     print("\n".join(f"{name}: {path}" for name, path in paths.items()))
     return 0
 

@@ -35,7 +35,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fmmeta.startup import ctrl_c_raises  # first: Ctrl-C during the imports below is a message
+from fmmeta.startup import Terminated, ctrl_c_raises  # first: Ctrl-C during the imports below is a message
 
 # isort: split
 from fmmeta.atomic import replace_text
@@ -92,7 +92,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """What every entry point runs: ``python recipes/study.py``, ``python -m fmmeta.recipes.study``
     and ``fmmeta study``.
 
-    Exit codes: 0 done, 2 bad input or a refusal (held-out tasks already scored), 130 stopped.
+    Exit codes: 0 done, 2 bad input or a refusal (held-out tasks already scored), 130 stopped
+    (Ctrl-C), 143 stopped by SIGTERM.
     """
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     ctrl_c_raises()
@@ -105,9 +106,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     except (ConfigError, UserInputError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        logger.warning("stopped; rerun the same command to resume the study")
-        return 130
+    except KeyboardInterrupt as err:
+        logger.warning("stopped%s; rerun the same command to resume the study",
+                       " by SIGTERM" if isinstance(err, Terminated) else "")
+        return 143 if isinstance(err, Terminated) else 130
 
 
 def run(study: StudyConfig) -> int:
@@ -204,8 +206,8 @@ def confirm(study: StudyConfig, choice: dict[str, dict], folder: Path, scorer: S
         argv = [*(["--config", config] if config else []),
                 *trial_overrides(study, method, values, steps, out), f"train.seed={seed + r}"]
         rc = train_recipe.main(argv, prog="fmmeta train")
-        if rc == 130:
-            raise KeyboardInterrupt
+        if rc in (130, 143):
+            raise Terminated if rc == 143 else KeyboardInterrupt
         if rc != 0:  # the choice trained to the end once: a refusal or a divergence now is news
             raise RuntimeError(f"the train recipe failed (exit {rc}) training {method}'s choice under "
                                f"training seed {seed + r} in {str(out)!r}; its message is above")
@@ -252,8 +254,8 @@ def segment(study: StudyConfig, method: str, values: dict[str, float | str], ste
     rc = train_recipe.main(argv, prog="fmmeta train")
     if rc == NONFINITE_EXIT:
         return None
-    if rc == 130:
-        raise KeyboardInterrupt
+    if rc in (130, 143):
+        raise Terminated if rc == 143 else KeyboardInterrupt
     if rc == 2:
         raise UserInputError(f"the train recipe refused trial {str(trial_dir)!r}; its message is above")
     if rc != 0:  # 1: a bug in the run, whose traceback the recipe logged

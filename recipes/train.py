@@ -30,9 +30,9 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
-from fmmeta.startup import ctrl_c_raises  # first: Ctrl-C during the imports below is a message
+from fmmeta.startup import Terminated, ctrl_c_raises  # first: Ctrl-C during the imports below is a message
 
 # isort: split
 import torch
@@ -62,6 +62,7 @@ from fmmeta.engine.protocol import Engine
 from fmmeta.engine.zero import scatter_adapter
 from fmmeta.errors import UserInputError
 from fmmeta.evaluation.run import Replicate, evaluate_run, evaluation_tasks
+from fmmeta.interrupts import Interrupted, interrupt_note
 from fmmeta.library_warnings import show_library_warnings_once
 from fmmeta.models import (
     add_lora,
@@ -215,24 +216,6 @@ def save_checkpoint(ckpts: CheckpointManager, step: int, cfg: RecipeConfig, meth
                                   RESUME_FACTS: resume_facts(cfg, method)})
 
 
-class Interrupted(Exception):
-    """Ctrl-C during meta-training; the message says where the last checkpoint is."""
-
-
-@contextlib.contextmanager
-def interrupt_note(method: str, ckpts: CheckpointManager, step: Callable[[], int]) -> Iterator[None]:
-    """Turns Ctrl-C into :class:`Interrupted` naming the last checkpoint and how to resume."""
-    try:
-        yield
-    except KeyboardInterrupt:
-        last = ckpts.latest(verify=False)
-        raise Interrupted(
-            f"{method} interrupted during meta-step {step()}. Last checkpoint: "
-            + (f"{last.path} (after meta-step {last.step})" if last else "none yet")
-            + ". Rerun the same command to resume from it (train.resume=auto)"
-        ) from None
-
-
 def save_step_sizes(algorithm: MetaAlgorithm, model: torch.nn.Module, adapter_dir: Path) -> None:
     """What the algorithm keeps next to its adapter (metasgd: ``step_sizes.json``); rank 0 calls."""
     algorithm.save_with_adapter(adapter_dir, [n for n, p in model.named_parameters() if p.requires_grad])
@@ -341,7 +324,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     ``accelerate launch -m``) and ``fmmeta train``.
 
     Exit codes: 0 done, 2 bad input (config, data, run folder, resume), 3 non-finite loss
-    (``train.nonfinite=stop``), 130 interrupted, 1 a bug (its traceback logged, naming the rank).
+    (``train.nonfinite=stop``), 130 interrupted (Ctrl-C), 143 stopped by SIGTERM, 1 a bug (its
+    traceback logged, naming the rank).
     """
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     ctrl_c_raises()
@@ -412,11 +396,12 @@ def exit_code(debug: bool) -> Iterator[Outcome]:
         outcome.code = 3
     except Interrupted as err:
         logger.warning("stopped: %s", err)
-        outcome.code = 130
-    except KeyboardInterrupt:  # while loading, or during the final evaluation
-        logger.warning("stopped by Ctrl-C outside meta-training; rerun the same command: every "
-                       "complete checkpoint is resumed (train.resume=auto)")
-        outcome.code = 130
+        outcome.code = err.code
+    except KeyboardInterrupt as err:  # while loading, or during the final evaluation
+        what = "SIGTERM" if isinstance(err, Terminated) else "Ctrl-C"
+        logger.warning("stopped by %s outside meta-training; rerun the same command: every "
+                       "complete checkpoint is resumed (train.resume=auto)", what)
+        outcome.code = 143 if isinstance(err, Terminated) else 130
     except Exception:
         # Under a launcher every rank's traceback lands in one interleaved log: name the rank.
         logger.exception("rank %s failed", os.environ.get("RANK", "0"))

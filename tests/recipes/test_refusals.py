@@ -180,8 +180,8 @@ def _sigint_default() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def _ctrl_c_once(cmd: list[str], log: Path, marker: str) -> tuple[int, str]:
-    """Starts ``cmd``, sends Ctrl-C to its process group once ``marker`` is in its log."""
+def _ctrl_c_once(cmd: list[str], log: Path, marker: str, sig: int = signal.SIGINT) -> tuple[int, str]:
+    """Starts ``cmd``, sends Ctrl-C (or ``sig``) to its process group once ``marker`` is in its log."""
     with log.open("w") as fh:
         proc = subprocess.Popen(cmd, cwd=_recipe.REPO, env=_recipe.environment(), stdout=fh,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True,
@@ -192,7 +192,7 @@ def _ctrl_c_once(cmd: list[str], log: Path, marker: str) -> tuple[int, str]:
             assert proc.poll() is None, f"ended (rc={proc.returncode}) before {marker!r}:\n{log.read_text()[-3000:]}"
             assert time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.05)
-        os.killpg(proc.pid, signal.SIGINT)
+        os.killpg(proc.pid, sig)
         rc = proc.wait(timeout=60)
     finally:
         _recipe.kill_group(proc)
@@ -239,3 +239,18 @@ def test_ctrl_c_while_methods_train_side_by_side_names_each_and_resumes(tmp_path
     steps = sorted((r["method"], r["step"]) for r in _recipe.records(run / "metrics.jsonl"))
     assert steps == sorted((m, s) for m in ("fomaml", "reptile") for s in range(8))
     assert all((run / m / "adapter" / "adapter_model.safetensors").exists() for m in ("fomaml", "reptile"))
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_is_handled_as_ctrl_c_with_exit_143_and_resumes(tmp_path: Path, local_short: Path) -> None:
+    """A scheduler's pre-emption (SIGTERM to the job's processes) exited 143 with no message; now
+    it names each method's interrupted meta-step and last checkpoint, like Ctrl-C, and the same
+    command resumes to the uninterrupted run's losses."""
+    run = tmp_path / "run"
+    args = [*_recipe.SHORT, f"output_dir={run}"]
+    rc, text = _ctrl_c_once(_recipe.command("python", args), tmp_path / "train.log", "meta-step 3 ", signal.SIGTERM)
+    assert rc == 143, text[-3000:]
+    assert "fomaml stopped by SIGTERM during meta-step" in text and "Rerun the same command to resume" in text
+    assert "Traceback" not in text and not (run / ".fmmeta.lock").exists(), text[-3000:]
+    _recipe.run("python", args, timeout_s=180)
+    assert _recipe.losses(run / "metrics.jsonl") == _recipe.losses(local_short / "metrics.jsonl")
