@@ -123,6 +123,18 @@ def eval_methods(
     return rows
 
 
+def report_families(tasks: Sequence[Task], declared: Sequence[str] = ()) -> dict[str, str]:
+    """Task name -> the family the report gives a table of its own.
+
+    A task without a family is its own family (``Task.family`` defaults to the task's name), and
+    a table per such task would only repeat the rows, so those are left out; but a family the
+    config holds out by name (``tasks.split.held_out_families``) keeps its table even when its
+    only task bears its name (a source ``boolq`` with ``family: boolq`` vanished from the report).
+    """
+    named = set(declared)
+    return {t.name: t.family for t in tasks if t.family != t.name or t.family in named}
+
+
 def _with_rows_of(result: EvalResult, first: EvalResult, names: Sequence[str]) -> EvalResult:
     """``result`` with the rows ``names`` taken from ``first``, rows and records in ``first``'s order."""
     methods = [m for m in first.methods if m in result.methods or m in names]
@@ -245,7 +257,7 @@ def evaluate_run(
             cfg.algorithm.inner_loop, cfg.eval.max_steps, tokenizer.pad_token_id, lr_grid=cfg.eval.lr_grid,
             micro_batch_size=cfg.eval.micro_batch_size, min_seeds=min(3, cfg.eval.seeds),
             ranks=engine, workers=workers, icl_max_length=cfg.algorithm.icl_max_length,
-            families={t.name: t.family for t in suite.held_out if t.family != t.name},
+            families=report_families(suite.held_out, cfg.tasks.split.held_out_families),
             score_steps=cfg.eval.score_steps or None, episodes_per_pass=cfg.eval.episodes_per_pass,
         )
         results.append(_with_rows_of(result, results[0], shared) if shared else result)

@@ -35,6 +35,7 @@ from fmmeta.evaluation.run import (
     eval_methods,
     evaluate_run,
     evaluation_tasks,
+    report_families,
 )
 from fmmeta.models import add_lora, build_model_and_tokenizer, initial_adapter
 from fmmeta.recipe_config import RecipeConfig
@@ -112,7 +113,7 @@ class Scorer:
         return evaluate_methods(
             self.model, params, methods, draws, a.inner_loop, e.max_steps, pad,
             inner_lrs=selection.chosen, lr_selection=selection, min_seeds=3,
-            families={t.name: t.family for t in self.suite.validation if t.family != t.name},
+            families=report_families(self.suite.validation),
             score_steps=e.score_steps or None, **common,
         )
 

@@ -35,3 +35,18 @@ def test_episodes_get_the_query_size_and_keep_their_support_size() -> None:
 def test_a_query_size_no_task_can_supply_is_refused_with_the_key() -> None:
     with pytest.raises(UserInputError, match=r"eval.query=500 is too many for task '.+'.*lower eval.query"):
         evaluation_tasks(SUITE.held_out, 500)
+
+
+def test_a_held_out_family_named_like_its_only_task_keeps_its_table() -> None:
+    """``Task.family`` defaults to the task's name, so such families get no table of their own;
+    but a family the config holds out by name did vanish from every per-family table."""
+    from types import SimpleNamespace
+
+    from fmmeta.evaluation.run import report_families
+
+    tasks = [SimpleNamespace(name="boolq", family="boolq"), SimpleNamespace(name="rte", family="entailment"),
+             SimpleNamespace(name="mrpc", family="mrpc")]
+    assert report_families(tasks) == {"rte": "entailment"}  # mrpc, boolq: no family of their own
+    assert report_families(tasks, ["boolq", "entailment"]) == {"boolq": "boolq", "rte": "entailment"}
+    cldr = report_families(SUITE.held_out)
+    assert set(cldr.values()) == {t.family for t in SUITE.held_out}  # the built-in suite: unchanged
