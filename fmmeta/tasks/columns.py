@@ -20,7 +20,7 @@ def template_fields(template: str, *, key: str) -> list[str]:
         parsed = list(string.Formatter().parse(template))
     except ValueError as err:
         raise ValueError(f"{key}={template!r} is not a valid format string: {err}") from err
-    for _, field_name, _, _ in parsed:
+    for _, field_name, format_spec, conversion in parsed:
         if field_name is None:
             continue
         base = field_name.split(".")[0].split("[")[0]
@@ -28,6 +28,14 @@ def template_fields(template: str, *, key: str) -> list[str]:
             raise ValueError(
                 f"{key}={template!r} has a positional field {{{field_name}}}: name the column, "
                 "e.g. '{text}'"
+            )
+        if field_name != base or format_spec or conversion:
+            # A format spec runs on every row before any check ({text:>300000000} padded each row to
+            # 300 MB until the kernel killed the run), and attribute or index access reads past the value.
+            whole = field_name + (f"!{conversion}" if conversion else "") + (f":{format_spec}" if format_spec else "")
+            raise ValueError(
+                f"{key}={template!r} has the field {{{whole}}}: templates take plain column names only "
+                f"(no format spec, conversion, attribute or index): write {{{base}}}"
             )
         if base not in fields:
             fields.append(base)

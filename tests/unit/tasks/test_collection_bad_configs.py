@@ -85,6 +85,15 @@ CASES = {
         ["tasks.collection[2] (path=", "qa.jsonl", "column(s) ['question'] not found",
          "pass the right column name(s)"],
     ),
+    "template field with a format spec": (  # padded every row to 300 MB before any check: OOM
+        lambda p: _with(p, 2, template="Text: {input:>300000000}"),
+        ["tasks.collection[2] (path=", "has the field {input:>300000000}: templates take plain column names "
+         "only (no format spec, conversion, attribute or index): write {input}"],
+    ),
+    "template field with an attribute": (
+        lambda p: _with(p, 2, template="Text: {input.__class__}"),
+        ["has the field {input.__class__}", "write {input}"],
+    ),
     "template that never shows its data": (
         lambda p: _with(p, 2, template="Question: {{input}}"),
         ["tasks.collection[2] (path=", "template='Question: {{input}}' refers to no column",
