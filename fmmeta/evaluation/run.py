@@ -68,6 +68,10 @@ def adapter_tensors(model: torch.nn.Module, folder: Path) -> list[torch.Tensor]:
     """The adapter saved in ``folder`` (peft format) as tensors in the model's parameter order.
 
     The model's adapter tensors must be resident (an engine keeps them so); they are put back.
+
+    Raises:
+        FileNotFoundError: the folder holds no adapter file.
+        UserInputError: the file is cut short or damaged.
     """
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
@@ -78,9 +82,17 @@ def adapter_tensors(model: torch.nn.Module, folder: Path) -> list[torch.Tensor]:
             f"{file} does not exist: pass a folder written by engine.save_adapter / "
             "PeftModel.save_pretrained"
         )
+    try:
+        state = load_file(str(file))
+    except Exception as err:  # safetensors raises its own SafetensorError on a torn or foreign file
+        raise UserInputError(
+            f"{file} cannot be read as an adapter ({type(err).__name__}: {err}): the file is cut short "
+            "or damaged (a full disk, an interrupted copy); copy it again, or retrain that method "
+            "(its last checkpoint holds the adapter too)"
+        ) from None
     params = [p for p in model.parameters() if p.requires_grad]
     initial = [p.detach().clone() for p in params]
-    set_peft_model_state_dict(model, load_file(str(file)))
+    set_peft_model_state_dict(model, state)
     loaded = [p.detach().clone() for p in params]
     with torch.no_grad():
         for p, v in zip(params, initial, strict=True):

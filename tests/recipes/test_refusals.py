@@ -254,3 +254,18 @@ def test_sigterm_is_handled_as_ctrl_c_with_exit_143_and_resumes(tmp_path: Path, 
     assert "Traceback" not in text and not (run / ".fmmeta.lock").exists(), text[-3000:]
     _recipe.run("python", args, timeout_s=180)
     assert _recipe.losses(run / "metrics.jsonl") == _recipe.losses(local_short / "metrics.jsonl")
+
+
+@pytest.mark.timeout(300)
+def test_evaluate_run_with_a_truncated_adapter_is_a_message(
+    tmp_path: Path, local_short: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A final adapter cut short (a full disk, an interrupted copy) was a raw SafetensorError."""
+    run = tmp_path / "run"
+    shutil.copytree(local_short, run)
+    adapter = run / "fomaml" / "adapter" / "adapter_model.safetensors"
+    adapter.write_bytes(adapter.read_bytes()[:100])
+    assert _load("evaluate").main(["--run", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert f"{adapter} cannot be read as an adapter" in err and "the file is cut short or damaged" in err, err
+    assert "Traceback" not in err and not any(run.glob("eval-*"))
