@@ -212,8 +212,17 @@ def save_checkpoint(ckpts: CheckpointManager, step: int, cfg: RecipeConfig, meth
         w.add_files(engine.save_optimizer(w.directory))
         save_rng_state(w)
 
-    ckpts.save(step, write, meta={"model_id": model_id(cfg.model), "lora_shapes": lora_shapes(model),
-                                  RESUME_FACTS: resume_facts(cfg, method)})
+    try:
+        ckpts.save(step, write, meta={"model_id": model_id(cfg.model), "lora_shapes": lora_shapes(model),
+                                      RESUME_FACTS: resume_facts(cfg, method)})
+    except OSError as err:  # a full disk, a quota, a folder made read-only: the complete ones stay
+        last = ckpts.latest(verify=False)
+        raise UserInputError(
+            f"{method}: writing the checkpoint of meta-step {step} into {str(ckpts.root)!r} failed "
+            f"({err.strerror}: {err.filename!r}). Free space (or make the folder writable) and rerun the "
+            "same command: it resumes from the last complete checkpoint, "
+            + (f"{str(last.path)!r} (after meta-step {last.step})" if last else "none yet (from step 0)")
+        ) from None
 
 
 def save_step_sizes(algorithm: MetaAlgorithm, model: torch.nn.Module, adapter_dir: Path) -> None:

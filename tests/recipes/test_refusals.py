@@ -269,3 +269,36 @@ def test_evaluate_run_with_a_truncated_adapter_is_a_message(
     err = capsys.readouterr().err
     assert f"{adapter} cannot be read as an adapter" in err and "the file is cut short or damaged" in err, err
     assert "Traceback" not in err and not any(run.glob("eval-*"))
+
+
+@pytest.mark.timeout(300)
+def test_a_full_disk_while_checkpointing_is_a_message_and_resumes(
+    tmp_path: Path, local_short: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ENOSPC while a checkpoint was written was a raw OSError traceback; the complete checkpoints
+    were already kept, so the message says how to go on, and going on gives the uninterrupted run."""
+    import errno
+
+    from fmmeta.checkpoint import manager
+
+    saves = {"n": 0}
+    real = manager.CheckpointManager.save
+
+    def full_disk(self, step, write, **kwargs):  # noqa: ANN001, ANN202 - the manager's save, failing at step 5
+        saves["n"] += 1
+        if step == 5:
+            raise OSError(errno.ENOSPC, "No space left on device", str(self.root / ".tmp_step_00000005"))
+        return real(self, step, write, **kwargs)
+
+    monkeypatch.setattr(manager.CheckpointManager, "save", full_disk)
+    run = tmp_path / "run"
+    train = _load("train")
+    args = ["--config", str(_recipe.SMOKE), *_recipe.SHORT, f"output_dir={run}"]
+    assert train.main(args) == 2
+    err = capsys.readouterr().err
+    assert "fomaml: writing the checkpoint of meta-step 5 into" in err and "No space left on device" in err, err
+    assert "it resumes from the last complete checkpoint" in err and "(after meta-step 3)" in err, err
+    assert "Traceback" not in err and not (run / ".fmmeta.lock").exists()
+    monkeypatch.setattr(manager.CheckpointManager, "save", real)  # space freed
+    assert train.main(args) == 0
+    assert _recipe.losses(run / "metrics.jsonl") == _recipe.losses(local_short / "metrics.jsonl")
