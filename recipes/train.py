@@ -474,6 +474,10 @@ def build_tasks(cfg: RecipeConfig, tokenizer: Any) -> Any:
             f"pool ({len(suite.meta_train)} tasks), so a meta-batch would hold a task twice: set "
             f"sampler.meta_batch_size to at most {len(suite.meta_train)}, or add tasks"
         )
+    cut = {t.name: t.n_cut for t in [*suite.meta_train, *suite.validation, *suite.held_out] if getattr(t, "n_cut", 0)}
+    if cut:  # each task's count was logged as it was built; the banner says it once more
+        logger.warning("%d prompts in %d tasks cut from the left to fit tasks.max_length=%d (%s)", sum(cut.values()),
+                       len(cut), cfg.tasks.max_length, ", ".join(f"{n}: {k}" for n, k in list(cut.items())[:5]))
     return suite
 
 

@@ -29,6 +29,7 @@ from fmmeta.tasks.tokens import (
     check_texts,
     encode,
     eos_ids,
+    log_cut,
 )
 
 
@@ -67,11 +68,13 @@ class ClassificationTask:
         pool_answers: Sequence[Sequence[int]] = (),
         family: str = "",
         separator_ids: Sequence[int] = (),
+        n_cut: int = 0,
     ) -> None:
         self.name = check_task_name(name)
         self.family = family or name
         self.spec = spec
         self.separator_ids = tuple(int(t) for t in separator_ids)
+        self.n_cut = n_cut  # prompts cut from the left while building, to fit the token budget
         if not prompts:
             raise no_examples_error(name, 0)
         self._labels = _check_labels(name, labels, len(prompts), len(class_answers))
@@ -222,10 +225,12 @@ class ClassificationTask:
         for i, p in enumerate(prompt_ids):
             check_nonempty_ids(where, i, p, prompt_texts[i] if prompt_texts is not None else None)
             kept_p.append(p[-(max_length - longest) :])  # room >= 1 checked above
+        cut = sum(len(k) < len(p) for k, p in zip(kept_p, prompt_ids))
+        log_cut(where, cut, len(prompt_ids), max_length)
         return cls(
             name, prompts=kept_p, labels=list(labels), class_answers=class_answers,
             class_names=list(class_names), pool_answers=pool, spec=spec, family=family,
-            separator_ids=separator_ids,
+            separator_ids=separator_ids, n_cut=cut,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ access
@@ -272,7 +277,7 @@ class ClassificationTask:
             self.name, prompts=[e.prompt_ids for e in self._examples], labels=self._labels.tolist(),
             class_answers=self._class_answers, class_names=self.class_names, spec=spec,
             pool_answers=self._pool_answers if spec.remap_labels else (), family=self.family,
-            separator_ids=self.separator_ids,
+            separator_ids=self.separator_ids, n_cut=self.n_cut,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ sampling

@@ -25,6 +25,7 @@ from fmmeta.tasks.tokens import (
     encode,
     eos_ids,
     fit_prompt,
+    log_cut,
     log_dropped,
     too_long_error,
 )
@@ -65,6 +66,7 @@ class GenerationTask:
         family: the family the task belongs to (for diversity-aware sampling); "" means ``name``.
         separator_ids: tokens between in-context demonstrations.
         n_dropped: examples dropped while building because their answer could not fit.
+        n_cut: prompts cut from the left while building to fit the token budget.
 
     Raises:
         ValueError: if the task has no examples or cannot supply one episode of ``spec``.
@@ -80,12 +82,14 @@ class GenerationTask:
         family: str = "",
         separator_ids: Sequence[int] = (),
         n_dropped: int = 0,
+        n_cut: int = 0,
     ) -> None:
         self.name = check_task_name(name)
         self.family = family or name
         self.spec = spec
         self.separator_ids = tuple(int(t) for t in separator_ids)
         self.n_dropped = n_dropped
+        self.n_cut = n_cut
         if not prompts:
             raise no_examples_error(name, n_dropped)
         if len(answers) != len(prompts):
@@ -210,7 +214,7 @@ class GenerationTask:
             )
         kept_p: list[Sequence[int]] = []
         kept_a: list[Sequence[int]] = []
-        dropped = 0
+        dropped = cut = 0
         for i, (p, a) in enumerate(zip(prompt_ids, answer_ids)):
             check_nonempty_ids(where, i, p, prompt_texts[i] if prompt_texts is not None else None)
             fitted = fit_prompt(p, len(a), max_length)
@@ -221,10 +225,12 @@ class GenerationTask:
                 continue
             kept_p.append(fitted)
             kept_a.append(a)
+            cut += len(fitted) < len(p)
         log_dropped(where, dropped, len(prompt_ids), max_length)
+        log_cut(where, cut, len(prompt_ids), max_length)
         return cls(
             name, prompts=kept_p, answers=kept_a, spec=spec, family=family,
-            separator_ids=separator_ids, n_dropped=dropped,
+            separator_ids=separator_ids, n_dropped=dropped, n_cut=cut,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ access
@@ -260,6 +266,7 @@ class GenerationTask:
         return GenerationTask(
             self.name, prompts=[e.prompt_ids for e in ex], answers=[e.answer_ids for e in ex],
             spec=spec, family=self.family, separator_ids=self.separator_ids, n_dropped=self.n_dropped,
+            n_cut=self.n_cut,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ sampling

@@ -146,6 +146,17 @@ def check_nonempty_ids(where: str, i: int, ids: Sequence[int], text: str | None)
         raise ValueError(f"{where}: prompt[{i}]{shown} tokenizes to no tokens: give it visible text")
 
 
+def log_cut(where: str, cut: int, total: int, max_length: int) -> None:
+    """One warning per task for the prompts cut from the left to fit ``max_length``: their opening
+    tokens (the template's start, often the instruction or the text itself) are gone, which the
+    run must say rather than train on quietly."""
+    if cut:
+        logger.warning(
+            "%s: cut %d of %d prompts from the left to fit max_length=%d (their opening tokens are "
+            "lost): raise tasks.max_length to keep them", where, cut, total, max_length,
+        )
+
+
 def log_dropped(where: str, dropped: int, total: int, max_length: int) -> None:
     """One warning per task for the examples ``on_too_long="drop"`` left out."""
     if dropped:
@@ -167,6 +178,7 @@ __all__ = [
     "ensure_pad_token",
     "eos_ids",
     "fit_prompt",
+    "log_cut",
     "log_dropped",
     "too_long_error",
 ]

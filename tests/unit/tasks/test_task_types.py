@@ -85,3 +85,20 @@ def test_a_collection_source_maps_its_keys_onto_the_options() -> None:
                                   on_too_long="error", family="qa")
     with pytest.raises(ValueError, match="shots must be an int >= 1"):
         CollectionSource(path="x.jsonl", builder="dataset", shots=0).task_options(max_length=64)
+
+
+def test_every_prompt_cut_to_fit_is_counted_and_said(caplog: pytest.LogCaptureFixture) -> None:
+    """Prompts longer than max_length lost their opening tokens with no count and no word."""
+    long = [tuple(range(5, 5 + 20))] * 4 + [(5, 6)] * 4  # 4 of 8 prompts need cutting
+    with caplog.at_level("WARNING", logger="fmmeta.tasks.tokens"):
+        gen = GenerationTask.from_ids("g", long, [(7, 2)] * 8, spec=SPEC, max_length=10)
+        cls = ClassificationTask.from_ids("c", long, [0, 1] * 4, [(40, 2), (41, 2)], class_names=["a", "b"],
+                                          spec=EpisodeSpec(shots=1, query=1), max_length=10)
+    assert gen.n_cut == 4 and cls.n_cut == 4
+    assert gen.with_spec(EpisodeSpec(shots=1, query=1)).n_cut == 4 and cls.with_spec(cls.spec).n_cut == 4
+    assert [len(e.prompt_ids) for e in gen.examples][:5] == [8, 8, 8, 8, 2]
+    said = [r.getMessage() for r in caplog.records]
+    assert "task 'g': cut 4 of 8 prompts from the left to fit max_length=10" in said[0]
+    assert "task 'c': cut 4 of 8 prompts" in said[1] and "raise tasks.max_length" in said[1]
+    fits = GenerationTask.from_ids("ok", [(5, 6)] * 8, [(7, 2)] * 8, spec=SPEC, max_length=10)
+    assert fits.n_cut == 0
