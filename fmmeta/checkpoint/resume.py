@@ -150,6 +150,7 @@ def resume_problems(cfg: Any, output_dir: Path) -> list[str]:
         for key in cfg.train.resume_changes if key not in RESUME_KEYS
     ]
     problems.extend(_layout_problems(cfg, output_dir))
+    problems.extend(_edited_config_problems(cfg, output_dir))
     replicates = cfg.replicate_configs()
     for replicate in replicates:
         folder = output_dir if len(replicates) == 1 else output_dir / Path(replicate.output_dir).name
@@ -177,6 +178,44 @@ def _method_problems(cfg: Any, output_dir: Path) -> list[str]:
                 f"{method} would resume from {str(ckpt.path)!r}", diffs,
                 "start afresh (train.resume=never or another output_dir)"))
     return problems
+
+
+def _edited_config_problems(cfg: Any, output_dir: Path) -> list[str]:
+    """A refusal when the run folder's ``config.yaml`` disagrees with what its checkpoints were
+    made with: it was edited by hand after the run wrote it, and this run would overwrite the
+    edit without a word (and train on with the checkpoints' values)."""
+    path = output_dir / "config.yaml"
+    if cfg.train.resume != "auto" or not path.is_file():
+        return []
+    from fmmeta.config import ConfigError, load_config
+
+    try:
+        saved = load_config(type(cfg), path, [])
+    except ConfigError as err:
+        return [f"{str(path)!r} no longer reads as the run's config ({err.problems[0]}): it was edited after "
+                "the run wrote it; put it back (the checkpoints record what the run used) or give this run "
+                "another output_dir"]
+    if saved.train.replicates != cfg.train.replicates:
+        return []  # said by _layout_problems
+    lines = []
+    for then, now in zip(saved.replicate_configs(), cfg.replicate_configs()):
+        folder = output_dir if saved.train.replicates == 1 else output_dir / Path(then.output_dir).name
+        for method in cfg.methods:
+            try:
+                ckpt = find_resume_checkpoint(now.train, folder / method)
+            except CheckpointError:
+                continue  # said by _method_problems
+            if ckpt is None or RESUME_FACTS not in ckpt.meta or method not in saved.methods:
+                continue
+            # A change the earlier run accepted (train.resume_changes) is in the file before its checkpoint.
+            diffs = resume_differences(ckpt.meta[RESUME_FACTS], resume_facts(then, method),
+                                       allowed=(*saved.train.resume_changes, *cfg.train.resume_changes))
+            lines += [f"{method}: {d.replace(' now', f' in {path.name}')}" for d in diffs]
+    if not lines:
+        return []
+    return [f"{str(path)!r} disagrees with the run's checkpoints, so it was edited after the run wrote it "
+            f"({'; '.join(dict.fromkeys(lines))}). This run would overwrite the edit and train on with the "
+            "checkpoints' values: put the file back, or give the changed run another output_dir"]
 
 
 def _layout_problems(cfg: Any, output_dir: Path) -> list[str]:

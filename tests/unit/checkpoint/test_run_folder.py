@@ -143,3 +143,26 @@ def test_a_claim_writes_nothing_until_accepted_and_removes_the_folders_it_made(t
     claim.release()
     assert sorted(p.name for p in out.iterdir()) == ["config.yaml"]
 
+
+
+def test_a_hand_edited_config_yaml_is_named_not_overwritten(tmp_path: Path) -> None:
+    """A finished run's config.yaml edited (lora.r 8 -> 16), then the same command: the edit was
+    overwritten without a word and the run extended with the old value."""
+    import yaml
+
+    from fmmeta.config import save_resolved
+
+    cfg = _cfg(tmp_path, "methods=[fomaml]")
+    save_resolved(cfg, tmp_path / "config.yaml")  # the run's own config.yaml
+    _fake_checkpoint(tmp_path, cfg, "fomaml")
+    assert resume_problems(cfg, tmp_path) == []
+    saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    saved["lora"]["r"] = 16
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(saved))
+    before = (tmp_path / "config.yaml").read_bytes()
+    [problem] = resume_problems(cfg, tmp_path)
+    assert "config.yaml' disagrees with the run's checkpoints, so it was edited after the run wrote it" in problem
+    assert "fomaml: lora.r: 8 in the checkpoint, 16 in config.yaml" in problem and "put the file back" in problem
+    with pytest.raises(UserInputError, match="edited after the run wrote it"):
+        claim_output_dir(cfg)
+    assert (tmp_path / "config.yaml").read_bytes() == before
