@@ -44,7 +44,7 @@ from fmmeta.algorithms.gather import gather_step
 from fmmeta.algorithms.meta_step import meta_step
 from fmmeta.algorithms.protocol import MetaAlgorithm
 from fmmeta.checkpoint import CheckpointManager, CheckpointMismatchError, load_rng_state, save_rng_state
-from fmmeta.checkpoint.resume import RESUME_FACTS, find_resume_checkpoint, resume_facts
+from fmmeta.checkpoint.resume import RESUME_FACTS, check_task_pool, find_resume_checkpoint, resume_facts
 from fmmeta.checkpoint.run_folder import claim_output_dir
 from fmmeta.checkpoint.shared_folder import SharedFolderError, check_shared_folder
 from fmmeta.config import ConfigError, describe_config, load_config, to_dict
@@ -357,6 +357,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             replicates = [Replicate(c, initial_adapter(model, c.train.seed)) for c in cfg.replicate_configs()]
             units = [(r, m) for r in replicates for m in cfg.methods]  # a method of a replicate
             suite = build_tasks(cfg, tokenizer)
+            check_task_pool(cfg, [t.name for t in suite.meta_train])  # on every rank, before any write
             if claim is not None:
                 claim.accept(cfg)  # every input is accepted: only now is anything written into output_dir
             logger.info("model and %d/%d/%d meta-train/validation/held-out tasks ready in %.1fs",

@@ -19,8 +19,9 @@ from typing import Any, Callable, Iterable, Mapping
 
 from fmmeta.checkpoint.manager import Checkpoint, CheckpointError, CheckpointManager
 from fmmeta.config import to_dict
+from fmmeta.errors import UserInputError
 
-__all__ = ["ADAPTER_KEYS", "RESUME_FACTS", "RESUME_KEYS", "adapter_problems",
+__all__ = ["ADAPTER_KEYS", "RESUME_FACTS", "RESUME_KEYS", "adapter_problems", "check_task_pool",
            "find_resume_checkpoint", "resume_differences", "resume_facts", "resume_problems"]
 
 RESUME_FACTS = "resume_facts"
@@ -178,6 +179,41 @@ def _method_problems(cfg: Any, output_dir: Path) -> list[str]:
                 f"{method} would resume from {str(ckpt.path)!r}", diffs,
                 "start afresh (train.resume=never or another output_dir)"))
     return problems
+
+
+def check_task_pool(cfg: Any, task_names: list[str]) -> None:
+    """Refuses a resume whose checkpoint's sampler was saved over another meta-training pool
+    (a task removed from, or added to, the data between a run and its extension), before the run
+    writes anything; the sampler itself would refuse only once the run folder was rewritten.
+
+    ``task_names``: the meta-training tasks as the run built them, in order. The sampler's state
+    is the recipe's ``state.json`` ``prefetcher.sampler.task_names``. Call it on every rank.
+
+    Raises:
+        UserInputError: naming each method, its checkpoint and the tasks that differ.
+    """
+    problems = []
+    for replicate in cfg.replicate_configs():
+        for method in cfg.methods:
+            try:
+                ckpt = find_resume_checkpoint(replicate.train, Path(replicate.output_dir).expanduser() / method)
+                if ckpt is None:
+                    continue
+                saved: list[str] = list(ckpt.load_json("state.json")["prefetcher"]["sampler"]["task_names"])
+            except (CheckpointError, KeyError, TypeError):
+                continue  # refused as a resume problem, or a state from before this layout
+            if saved == task_names:
+                continue
+            gone, new = sorted(set(saved) - set(task_names)), sorted(set(task_names) - set(saved))
+            what = "; ".join([*([f"gone: {gone}"] if gone else []), *([f"new: {new}"] if new else [])]) or "reordered"
+            problems.append(f"{method} would resume from {str(ckpt.path)!r}, whose sampler was saved over "
+                            f"another meta-training pool ({what})")
+    if problems:
+        raise UserInputError(
+            "the meta-training tasks changed since the checkpoints were written; nothing was written:\n"
+            + "\n".join(f"  - {p}" for p in problems)
+            + "\nPut the data back as it was to resume, or start afresh (train.resume=never or another output_dir)"
+        )
 
 
 def _edited_config_problems(cfg: Any, output_dir: Path) -> list[str]:

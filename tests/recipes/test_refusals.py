@@ -302,3 +302,32 @@ def test_a_full_disk_while_checkpointing_is_a_message_and_resumes(
     monkeypatch.setattr(manager.CheckpointManager, "save", real)  # space freed
     assert train.main(args) == 0
     assert _recipe.losses(run / "metrics.jsonl") == _recipe.losses(local_short / "metrics.jsonl")
+
+
+@pytest.mark.timeout(300)
+def test_a_meta_training_task_removed_before_an_extension_is_refused_before_any_write(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A meta-training task removed from the data between a run and its extension was a raw
+    ValueError from the sampler, after config.yaml had been rewritten."""
+    import json
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("add", "sub", "mul", "neg"):  # two meta-training tasks, one held out, one validation
+        rows = [{"input": f"{a} {name} 2 =", "output": str(a)} for a in range(12)]
+        (data / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = tmp_path / "run"
+    args = ["--config", str(_recipe.SMOKE), "methods=[fomaml]", "train.meta_steps=2", "eval.enabled=false",
+            f"output_dir={run}", f"tasks.collection=[{{path: {data}, builder: dataset, shots: 2, query: 2}}]",
+            "tasks.split.held_out=[mul]", "tasks.split.validation=[neg]", "sampler.meta_batch_size=2"]
+    train = _load("train")
+    assert train.main(args) == 0, capsys.readouterr().err[-3000:]
+    (data / "sub.jsonl").rename(tmp_path / "sub.jsonl")  # gone from the data
+    (data / "div.jsonl").write_text((tmp_path / "sub.jsonl").read_text().replace(" sub ", " div "))
+    before = _snapshot(run)
+    assert train.main([*args, "train.meta_steps=4"]) == 2
+    err = capsys.readouterr().err
+    assert "the meta-training tasks changed since the checkpoints were written; nothing was written" in err, err
+    assert "whose sampler was saved over another meta-training pool (gone: ['sub']; new: ['div'])" in err, err
+    assert "Traceback" not in err and _snapshot(run) == before
