@@ -47,11 +47,12 @@ from fmmeta.checkpoint import CheckpointManager, CheckpointMismatchError, load_r
 from fmmeta.checkpoint.resume import RESUME_FACTS, check_task_pool, find_resume_checkpoint, resume_facts
 from fmmeta.checkpoint.run_folder import claim_output_dir
 from fmmeta.checkpoint.shared_folder import SharedFolderError, check_shared_folder
-from fmmeta.config import ConfigError, describe_config, load_config, to_dict
+from fmmeta.config import ConfigError, describe_config, flat_config, load_config, to_dict
 from fmmeta.engine.build import build_engine, resolve_engine_kind
 from fmmeta.engine.distributed import (
     all_gather_object,
     broadcast_from_rank0,
+    check_same_on_every_rank,
     default_backend,
     init_distributed,
     strip_local_rank,
@@ -429,6 +430,7 @@ def load_run_config(args: argparse.Namespace) -> tuple[RecipeConfig, int, bool]:
     rank = 0
     if distributed:
         rank, _, _ = init_distributed(default_backend(), cfg.engine.collective_timeout_s)
+        check_same_on_every_rank(flat_config(cfg), "the config")  # before any rank builds anything
     setup_logging(rank)
     return cfg.on_this_machine(), rank, distributed
 

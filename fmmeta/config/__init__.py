@@ -39,7 +39,7 @@ Example:
 
 from fmmeta.config.describe import describe_config, field_docs
 from fmmeta.config.errors import ConfigError, raise_if_invalid
-from fmmeta.config.loader import build_config, load_config, save_resolved, to_dict
+from fmmeta.config.loader import build_config, flat_config, load_config, save_resolved, to_dict
 from fmmeta.config.reading import parse_overrides
 from fmmeta.config.sections import (
     EMBEDDED_MODEL,
@@ -59,6 +59,7 @@ __all__ = [
     "ModelConfig",
     "TrainConfig",
     "build_config",
+    "flat_config",
     "describe_config",
     "field_docs",
     "load_config",

@@ -22,7 +22,7 @@ from fmmeta.config.errors import ConfigError
 from fmmeta.config.reading import merge, parse_overrides, read_config_file
 from fmmeta.config.schema import all_keys, default_of, hints, is_union, type_name
 
-__all__ = ["build_config", "load_config", "parse_overrides", "save_resolved", "to_dict"]
+__all__ = ["build_config", "flat_config", "load_config", "parse_overrides", "save_resolved", "to_dict"]
 
 T = TypeVar("T")
 
@@ -336,6 +336,22 @@ def to_dict(cfg: Any) -> dict[str, Any]:
     out = plain(cfg)
     if not isinstance(out, dict):
         raise TypeError(f"to_dict expects a dataclass instance, got {type(cfg).__name__}")
+    return out
+
+
+def flat_config(cfg: Any) -> dict[str, Any]:
+    """:func:`to_dict` flattened to dotted keys (``{"lora.r": 8, ...}``; lists stay values), for
+    comparing two configs key by key."""
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, node: Any) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(f"{prefix}{k}.", v)
+        else:
+            out[prefix[:-1]] = node
+
+    walk("", to_dict(cfg))
     return out
 
 

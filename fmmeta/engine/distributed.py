@@ -258,6 +258,26 @@ def all_gather_object(obj: Any) -> list[Any]:
     return out
 
 
+def check_same_on_every_rank(values: dict[str, Any], what: str) -> None:
+    """Refuses ``values`` (flat ``key -> value``) that differ between ranks, on every rank alike.
+
+    Why: ranks launched with different configs trained to the end and recorded rank 0's values
+    (an ``inner_lr`` of 0.1 on one rank and 0.5 on another), or died in a raw gloo abort on a
+    shape (``lora.r``); the config is agreed before anything is built or written.
+
+    Raises:
+        UserInputError: naming each differing key with every rank's value.
+    """
+    every = all_gather_object(values)
+    keys = sorted({k for v in every for k in v if len({repr(w.get(k)) for w in every}) > 1})
+    if keys:
+        shown = "; ".join(f"{k}: " + ", ".join(f"rank {r} {w.get(k)!r}" for r, w in enumerate(every)) for k in keys[:8])
+        raise UserInputError(
+            f"{what} differs between the {len(every)} ranks ({shown}{'; ...' if len(keys) > 8 else ''}): launch "
+            "every rank with the same --config and overrides (and the same files on every node)"
+        )
+
+
 def _free_port() -> int:
     import socket
 

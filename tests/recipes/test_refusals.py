@@ -331,3 +331,26 @@ def test_a_meta_training_task_removed_before_an_extension_is_refused_before_any_
     assert "the meta-training tasks changed since the checkpoints were written; nothing was written" in err, err
     assert "whose sampler was saved over another meta-training pool (gone: ['sub']; new: ['div'])" in err, err
     assert "Traceback" not in err and _snapshot(run) == before
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("launcher", ["deepspeed", "accelerate"])  # accelerate launches through torchrun
+def test_ranks_launched_with_different_configs_are_refused_on_every_rank(
+    launcher: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 1 with another inner lr trained to the end and recorded rank 0's value; another
+    lora.r died in a raw gloo abort. Now every rank refuses at start, naming the keys and values."""
+    monkeypatch.setenv("RANK1_ARGS", "algorithm.inner_lr=0.5 lora.r=2")
+    run = tmp_path / "run"
+    args = [*_recipe.SHORT, f"output_dir={run}", "engine.collective_timeout_s=30"]
+    start = time.monotonic()
+    proc = _recipe.run(launcher, args, nprocs=2, check=False,
+                       timeout_s=240, script_path=Path(__file__).with_name("rank_config_train.py"))
+    assert proc.returncode != 0 and time.monotonic() - start < 200, proc.stdout[-3000:]
+    said = ("the config differs between the 2 ranks (algorithm.inner_lr: rank 0 0.1, rank 1 0.5; "
+            "lora.r: rank 0 4, rank 1 2): launch every rank with the same --config and overrides")
+    assert proc.stdout.count(said) == 2, proc.stdout[-4000:]  # on each rank
+    # No traceback of ours (accelerate's launcher prints its own when a rank exits non-zero).
+    ours = [t for t in proc.stdout.split("Traceback")[1:] if "fmmeta/" in t.split("\n\n")[0]]
+    assert not ours, ours[0][:2000]
+    assert not (run / "config.yaml").exists()
