@@ -36,10 +36,11 @@ from fmmeta.startup import Terminated, ctrl_c_raises  # first: Ctrl-C during the
 # isort: split
 from fmmeta.checkpoint.lock import RunLock, RunLockError
 from fmmeta.checkpoint.resume import adapter_problems
-from fmmeta.config import ConfigError, describe_config, load_config
+from fmmeta.config import ConfigError, describe_config, flat_config, load_config
 from fmmeta.engine.build import build_engine, resolve_engine_kind
 from fmmeta.engine.distributed import (
     broadcast_from_rank0,
+    check_same_on_every_rank,
     default_backend,
     init_distributed,
     strip_local_rank,
@@ -212,6 +213,7 @@ def evaluate(cfg: RecipeConfig, replicates: list[Replicate], out: Path, *, run: 
     rank = 0
     if resolve_engine_kind(cfg.engine) != "local":
         rank, _, _ = init_distributed(default_backend(), cfg.engine.collective_timeout_s)
+        check_same_on_every_rank(flat_config(cfg), "the config")
     show_library_warnings_once(rank)  # as in training: each library warning once, by rank 0
     # Rank 0 claims the folder before minutes of model loading (only rank 0 writes into it); every
     # rank learns the outcome, so a refusal stops all of them together.
