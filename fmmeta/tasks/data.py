@@ -197,9 +197,13 @@ def _load_files(
         if problem is not None:
             raise ValueError(problem)
     # The "json" builder reads both JSON arrays and JSON lines; every file lands in one split.
+    # datasets keys its cache of local files on their path and modification time, so a file edited
+    # with its time kept (cp -p, rsync -a, tar) came back with its old rows; the content digest as
+    # the config name keys the cache (and the fingerprint every later cache uses) on the bytes.
     try:
         ds = datasets.load_dataset(
             kinds[0],
+            name=f"content-{content_digest(paths)}",
             data_files={"train": paths},
             split="train",
             cache_dir=os.fspath(cache_dir) if cache_dir is not None else None,
@@ -218,6 +222,23 @@ def _load_files(
         ds = restore_mixed_columns(ds, paths)
     logger.info("loaded %d rows from %d %s file(s)", len(ds), len(paths), kinds[0])
     return ds
+
+
+def content_digest(paths: Sequence[str]) -> str:
+    """A 64-bit xxh3 digest of the files' bytes, in order: what their rows are known by.
+
+    xxh3 (a dependency of ``datasets``) hashes several GB/s, so reading a file's bytes once more
+    costs little beside parsing it (docs/guarantees.md gives the figure for 100 MB).
+    """
+    import xxhash
+
+    digest = xxhash.xxh3_64()
+    for path in paths:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+        digest.update(b"\0")  # where one file ends: a byte moved across files changes the digest
+    return digest.hexdigest()
 
 
 def _text_problem(path: str, kind: str) -> str | None:

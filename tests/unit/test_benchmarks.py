@@ -140,3 +140,9 @@ def test_workers_benchmark_runs_small() -> None:
     assert (out["workers"], out["threads"]) == (2, 1)
     assert out["speedup"] > 0 and all(s > 0 for runs in out["seconds"].values() for s in runs)
     assert out["eval_loss_max_rel_diff"] == 0.0  # one thread in both layouts: the same sums
+
+
+@pytest.mark.timeout(120)
+def test_content_digest_benchmark_runs_small() -> None:
+    out = _run("content_digest.py", "--mb", "1", "--reps", "1")
+    assert out["bytes"] > 900_000 and out["digest_s"] > 0 and out["parse_s"] > 0

@@ -138,3 +138,25 @@ def test_number_answers_keep_the_form_the_file_wrote(tmp_path: Path) -> None:
                              {"path": str(floats), "builder": "dataset", "task_name": "halves", "shots": 1, "query": 1}])
     task = build_task_set(cfg.tasks, TOK).held_out[0]
     assert [TOK.decode(e.answer_ids) for e in task.examples][:3] == [" 2.5</s>", " 4</s>", " 6</s>"]
+
+
+def test_a_data_file_edited_with_its_time_kept_is_read_anew(tmp_path: Path) -> None:
+    """datasets (and so the token cache) knew a local file by its path and modification time: a
+    file edited with its time kept (cp -p, rsync -a, tar) was read from the cache with its old rows."""
+    import json
+    import os
+
+    data = tmp_path / "qa.jsonl"
+
+    def write(answer: str) -> None:
+        data.write_text("".join(json.dumps({"input": f"q{i}", "output": f"{answer}{i}"}) + "\n" for i in range(8)))
+
+    write("a")
+    kept = os.stat(data)
+    first = read_dataset(str(data), cache_dir=tmp_path / "cache")
+    write("b")  # same size, same modification time
+    os.utime(data, ns=(kept.st_atime_ns, kept.st_mtime_ns))
+    again = read_dataset(str(data), cache_dir=tmp_path / "cache")
+    assert first["output"][0] == "a0" and again["output"][0] == "b0"
+    assert again._fingerprint != first._fingerprint  # the token cache misses too
+    assert read_dataset(str(data), cache_dir=tmp_path / "cache")._fingerprint == again._fingerprint  # and hits again
