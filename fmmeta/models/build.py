@@ -24,7 +24,7 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Iterator, Literal, Protocol
 
 import torch
 from torch import nn
@@ -182,7 +182,33 @@ def _load_tokenizer(origin: ModelOrigin, cfg: ModelConfig) -> Any:
     kwargs: dict[str, Any] = {"trust_remote_code": cfg.trust_remote_code}
     if origin.gguf_file is not None:
         kwargs["gguf_file"] = origin.gguf_file
-    return AutoTokenizer.from_pretrained(origin.path, **kwargs)
+    with _refusals_named(cfg, "tokenizer"):
+        return AutoTokenizer.from_pretrained(origin.path, **kwargs)
+
+
+@contextlib.contextmanager
+def _refusals_named(cfg: ModelConfig, what: str) -> Iterator[None]:
+    """The libraries' safety refusals in the words of fmmeta's config: transformers names its
+    ``trust_remote_code=True`` keyword, and torch's weights-only load advises
+    ``weights_only=False``, the unsafe way out; the user's keys and the safe fix are these."""
+    try:
+        yield
+    except Exception as err:
+        text = str(err)
+        if "trust_remote_code" in text:
+            raise ModelBuildError(
+                f"model.name_or_path={cfg.name_or_path!r}: its {what} needs code from the model's own "
+                "files, which fmmeta never runs unasked. Use a model transformers supports natively, or, "
+                "if you have read that code and trust it, set model.trust_remote_code=true"
+            ) from None
+        if "weights_only" in text or "Weights only load failed" in text:
+            raise ModelBuildError(
+                f"model.name_or_path={cfg.name_or_path!r}: its weights are a pickle that holds more than "
+                "tensors, and loading it would run code, so it is refused. Convert the weights to "
+                "safetensors where you trust them (model.save_pretrained(folder, safe_serialization=True)), "
+                "or use the model's safetensors files"
+            ) from None
+        raise
 
 
 def _build_tiny(cfg: ModelConfig, tokenizer: Any, partitioned: PartitionedInit | None) -> nn.Module:
@@ -299,7 +325,8 @@ def _load_pretrained(origin: ModelOrigin, cfg: ModelConfig, partitioned: Partiti
     if origin.gguf_file is not None:
         kwargs["gguf_file"] = origin.gguf_file
     logger.info("loading %s (%s)", model_id(cfg), origin.kind)
-    model = AutoModelForCausalLM.from_pretrained(origin.path, **kwargs)
+    with _refusals_named(cfg, "model"):
+        model = AutoModelForCausalLM.from_pretrained(origin.path, **kwargs)
     if partitioned is not None and origin.gguf_file is not None:
         # transformers builds GGUF models whole (it de-quantizes the file into them): cut
         # them into partitions before anything else is allocated.

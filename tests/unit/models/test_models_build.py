@@ -169,6 +169,38 @@ def test_local_folder_from_pretrained_forwards_only_named_kwargs(
     assert model_id(ModelConfig(name_or_path=str(folder))) == str(folder)
 
 
+class _NotATensor:
+    """Pickled into a weight file, it can only be loaded by running code (weights_only=False)."""
+
+
+def test_library_safety_refusals_name_fmmeta_keys_and_the_safe_fix(tmp_path: Path) -> None:
+    """transformers' remote-code refusal named its own keyword (trust_remote_code=True), and torch's
+    refusal of a pickled weight file advised weights_only=False, the unsafe fix."""
+    import json
+
+    model, tok = build_model_and_tokenizer(_tiny(tiny_seed=5))
+    pickled = tmp_path / "pickled"
+    model.save_pretrained(pickled)
+    tok.save_pretrained(pickled)
+    (pickled / "model.safetensors").unlink()
+    torch.save({"model.embed_tokens.weight": _NotATensor()}, pickled / "pytorch_model.bin")
+    with pytest.raises(ModelBuildError, match="its weights are a pickle that holds more than tensors") as err:
+        build_model_and_tokenizer(ModelConfig(name_or_path=str(pickled)))
+    assert "weights_only=False" not in str(err.value) and "safe_serialization=True" in str(err.value)
+
+    remote = tmp_path / "remote"
+    model.save_pretrained(remote)
+    tok.save_pretrained(remote)
+    config = json.loads((remote / "config.json").read_text())
+    config.update(model_type="custom-llm", auto_map={"AutoConfig": "configuration_custom.CustomConfig",
+                                                     "AutoModelForCausalLM": "modeling_custom.CustomModel"})
+    (remote / "config.json").write_text(json.dumps(config))
+    (remote / "configuration_custom.py").write_text("raise SystemExit('this code must never run')\n")
+    with pytest.raises(ModelBuildError, match="set model.trust_remote_code=true") as err:
+        build_model_and_tokenizer(ModelConfig(name_or_path=str(remote)))
+    assert "which fmmeta never runs unasked" in str(err.value)
+
+
 def test_missing_model_path_fails_before_loading(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import transformers
 
