@@ -121,7 +121,14 @@ def claim_output_dir(cfg: Any) -> RunClaim:
             f"output_dir={cfg.output_dir!r} cannot be created ({err.strerror}: {err.filename!r}): "
             "choose a folder you can write to"
         ) from None
-    claim = RunClaim(out, RunLock.acquire(out), created=created)
+    try:
+        lock = RunLock.acquire(out)
+    except OSError as err:  # a read-only (finished, archived) run folder, a file system gone read-only
+        raise UserInputError(
+            f"output_dir={cfg.output_dir!r} cannot be locked for this run ({err.strerror}: {err.filename!r}): "
+            "a run writes into its folder; make it writable, or give this run another output_dir"
+        ) from None
+    claim = RunClaim(out, lock, created=created)
     try:
         problems = resume_problems(cfg, out)
         if problems:

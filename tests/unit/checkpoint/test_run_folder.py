@@ -166,3 +166,16 @@ def test_a_hand_edited_config_yaml_is_named_not_overwritten(tmp_path: Path) -> N
     with pytest.raises(UserInputError, match="edited after the run wrote it"):
         claim_output_dir(cfg)
     assert (tmp_path / "config.yaml").read_bytes() == before
+
+
+def test_a_run_folder_that_cannot_be_locked_is_a_message(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read-only finished run folder was the lock file's raw OSError (simulated: the tests may
+    run as root, for whom a read-only mode does not stop a write)."""
+    cfg = _cfg(tmp_path, "methods=[fomaml]")
+
+    def read_only(folder: Path) -> RunLock:
+        raise PermissionError(13, "Permission denied", str(folder / LOCK_NAME))
+
+    monkeypatch.setattr(RunLock, "acquire", staticmethod(read_only))
+    with pytest.raises(UserInputError, match="cannot be locked for this run \\(Permission denied: .*make it writable"):
+        claim_output_dir(cfg)
