@@ -242,7 +242,10 @@ def let_gloo_threads_finish() -> None:
     the GIL here and finishes. gloo offers no way to wait for its threads, so this narrows the
     window rather than closing it.
     """
-    time.sleep(GLOO_DRAIN_S)
+    try:
+        time.sleep(GLOO_DRAIN_S)
+    except KeyboardInterrupt:  # a launcher's SIGTERM to the ranks left after one failed: already leaving
+        pass
 
 
 def all_gather_object(obj: Any) -> list[Any]:

@@ -354,3 +354,34 @@ def test_ranks_launched_with_different_configs_are_refused_on_every_rank(
     ours = [t for t in proc.stdout.split("Traceback")[1:] if "fmmeta/" in t.split("\n\n")[0]]
     assert not ours, ours[0][:2000]
     assert not (run / "config.yaml").exists()
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_rank_is_one_message_on_the_surviving_rank(tmp_path: Path) -> None:
+    """One rank SIGKILLed: the other exited within seconds, but with gloo's "Connection reset by
+    peer" traceback only; now it says the other rank is gone and where the last checkpoint is."""
+    run = tmp_path / "run"
+    cmd = _recipe.command("deepspeed", [*_recipe.SHORT, f"output_dir={run}", "train.meta_steps=40",
+                                        "engine.collective_timeout_s=30"], nprocs=2)
+    log = tmp_path / "train.log"
+    with log.open("w") as fh:
+        proc = subprocess.Popen(cmd, cwd=_recipe.REPO, env=_recipe.environment(), stdout=fh,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 200
+        while max(_recipe.steps(run / "metrics.jsonl"), default=-1) < 4:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.05)
+        ps = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout
+        [rank1] = [int(line.split()[0]) for line in ps.splitlines()
+                   if "--local_rank=1" in line and str(run) in line and "recipes/train.py" in line]
+        killed = time.monotonic()
+        os.kill(rank1, signal.SIGKILL)
+        proc.wait(timeout=120)
+        assert time.monotonic() - killed < 60  # bounded: well under the collective timeout's double
+    finally:
+        _recipe.kill_group(proc)
+    text = log.read_text()
+    assert "the other rank stopped answering (gloo: Connection reset by peer): it died or was killed" in text, text[-3000:]
+    assert "Last checkpoint: " in text and "Rerun the same command on every rank to resume" in text
+    assert "Exception ignored in atexit" not in text
