@@ -143,9 +143,18 @@ def init_distributed(
         )
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
-    dist.init_process_group(
-        backend=backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout_s)
-    )
+    try:
+        dist.init_process_group(
+            backend=backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout_s)
+        )
+    except (RuntimeError, OSError) as err:  # torch's DistNetworkError is a RuntimeError
+        if "address already in use" not in str(err).lower():
+            raise
+        raise UserInputError(
+            f"MASTER_PORT={os.environ['MASTER_PORT']} on {os.environ['MASTER_ADDR']} is already in use (another "
+            "run or program holds it), so rank 0 cannot open the rendezvous there: launch with another port "
+            "(deepspeed --master_port N, torchrun --master_port N, accelerate launch --main_process_port N)"
+        ) from None
     if backend == "gloo":
         atexit.unregister(let_gloo_threads_finish)  # once per process, however often a group is made
         atexit.register(let_gloo_threads_finish)

@@ -385,3 +385,23 @@ def test_a_killed_rank_is_one_message_on_the_surviving_rank(tmp_path: Path) -> N
     assert "the other rank stopped answering (gloo: Connection reset by peer): it died or was killed" in text, text[-3000:]
     assert "Last checkpoint: " in text and "Rerun the same command on every rank to resume" in text
     assert "Exception ignored in atexit" not in text
+
+
+@pytest.mark.timeout(300)
+def test_a_master_port_in_use_is_a_message(tmp_path: Path) -> None:
+    """Was the TCPStore's raw DistNetworkError traceback ("address already in use") on rank 0."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        cmd = _recipe.command("deepspeed", [*_recipe.SHORT, f"output_dir={tmp_path / 'run'}"], nprocs=2)
+        cmd[cmd.index("--master_port") + 1] = str(port)
+        done = subprocess.run(cmd, cwd=_recipe.REPO, env=_recipe.environment(), capture_output=True, text=True,
+                              timeout=240)
+    text = done.stdout + done.stderr
+    assert done.returncode != 0, text[-3000:]
+    assert f"MASTER_PORT={port} on 127.0.0.1 is already in use" in text and "--master_port N" in text, text[-3000:]
+    ours = [t for t in text.split("Traceback")[1:] if "fmmeta/" in t.split("\n\n")[0]]
+    assert not ours, ours[0][:2000]
