@@ -90,19 +90,24 @@ def _headline(result: EvalResult) -> list[str]:
               + ("" if holds else " none."), *(f"- {_sentence(c)}" for c in holds), ""]
     lines += [
         "| accuracy difference | family | estimate [95%] | replicates for / against | holds | "
-        "resolvable at 80% power | to resolve 0.05 |",
-        "|---|---|---|---|---|---|---|",
+        "SD training / episode | resolvable at 80% power | to resolve 0.05 |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for c in comparisons:
         rep = c.accuracy_replicated
         favour = f"{rep.favour[0]} / {rep.favour[1]}" if r > 1 else "-"
+        training = "-" if rep.between_replicates is None else f"{rep.between_replicates ** 0.5:.3f}"
         lines.append(f"| {c.method} - {c.baseline} | {c.family} | {_interval(c.accuracy, signed=True)} | "
                      f"{favour} | {'yes' if c.accuracy.excludes_zero else 'no'} | "
+                     f"{training} / {rep.between_episodes ** 0.5:.3f} | "
                      f"{rep.resolvable():.3f}{'' if r > 1 else ' (episodes only)'} | {_to_resolve(rep)} |")
-    lines += ["", "Resolvable: the smallest true difference this evaluation detects with 80% power at "
-              "the 5% level; to resolve 0.05: the replicates (at these episodes) or the episodes (at "
-              "these replicates) that would" + (" (with one replicate training variance is unknown: "
-                                                "both are lower bounds)." if r == 1 else "."), ""]
+    lines += ["", "SD training / episode: the standard deviations of a replicate's effect (training: "
+              "initial adapter, episode draws, dropout) and of an episode's effect within its task, "
+              "estimated from the differences themselves. Resolvable: the smallest true difference this "
+              "evaluation detects with 80% power at the 5% level; to resolve 0.05: the replicates (at "
+              "these episodes) or the episodes (at these replicates) that would"
+              + (" (with one replicate training variance is unknown: both are lower bounds)." if r == 1 else "."),
+              ""]
     return lines
 
 

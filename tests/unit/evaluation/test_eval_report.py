@@ -141,3 +141,36 @@ def test_training_curves_draw_one_panel_per_method(tmp_path) -> None:
     w3 = png_width(plot_training_curves(three, tmp_path / "three.png"))
     w1 = png_width(plot_training_curves(one, tmp_path / "one.png"))
     assert w3 == 3 * w1
+
+
+def test_the_report_opens_with_what_holds_over_replicates_or_says_the_adapters_are_fixed() -> None:
+    """Three replicates of a method that beats the baseline by 0.2 on every episode, give or take:
+    the headline counts the replicates for each side and says it holds; one replicate's report
+    says its intervals hold the adapters fixed."""
+    from fmmeta.evaluation.result import merge_replicates
+
+    rng = np.random.default_rng(0)
+    hard = np.random.default_rng(1).normal(0, 0.05, (3, 8))  # an episode's own effect, the same in every replicate
+
+    def one(shift: float) -> EvalResult:
+        recs = [EpisodeRecord(method=m, seed=s, episode=e, task=f"t{e % 4}", kind="classification", step=2,
+                              loss=1.0, n=4,
+                              accuracy=float(np.clip(base + (m == "fomaml") * hard[s, e] + rng.normal(0, 0.02), 0, 1)))
+                for m, base in (("multitask", 0.4), ("fomaml", 0.6 + shift)) for s in range(3) for e in range(8)]
+        return EvalResult(records=recs, methods=["fomaml", "multitask"], max_steps=2, n_seeds=3,
+                          inner_lrs={"fomaml": 0.1, "multitask": 0.1}, inner=InnerLoopConfig())
+
+    three = merge_replicates([one(0.0), one(0.03), one(-0.02)], [0, 1, 2])
+    md = format_markdown(three)
+    assert md.index("## What holds") < md.index("Seeds (episode draws)")
+    assert "3 training replicates (training seeds 0, 1, 2), each scored on the same episodes" in md
+    assert "- fomaml above multitask on classification: +0.2" in md and "3 of 3 replicates agree" in md
+    row = next(line for line in md.splitlines() if line.startswith("| fomaml - multitask | classification"))
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    assert cells[3] == "3 / 0" and cells[4] == "yes"
+    training, episode = (float(x) for x in cells[5].split(" / "))
+    assert 0 < training < 0.1 and 0 < episode < 0.2 and float(cells[6]) > 0
+    single = format_markdown(one(0.0))
+    assert "One training replicate: every interval holds the trained adapters fixed" in single
+    row = next(line for line in single.splitlines() if line.startswith("| fomaml - multitask"))
+    assert "| - |" in row and "(episodes only)" in row
