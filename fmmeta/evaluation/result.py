@@ -279,6 +279,27 @@ class EvalResult:
                 f"(in_context has step 0 only)"
             ) from None
 
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> EvalResult:
+        """The result an ``eval.json`` holds (:meth:`to_dict`), to report it again: its summary,
+        intervals and comparisons are computed anew from the records (a ``null`` validation loss,
+        strict JSON's non-finite, reads back as ``inf``)."""
+        sel = raw.get("lr_selection")
+        selection = None if sel is None else LrSelection(
+            chosen={m: float(v) for m, v in sel["chosen"].items()},
+            val_loss={m: {float(lr): (float("inf") if v is None else float(v)) for lr, v in table.items()}
+                      for m, table in sel["val_loss"].items()},
+            steps=int(sel["steps"]), tasks=tuple(sel["tasks"]),
+        )
+        inner: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in raw["inner"].items()}
+        return cls(
+            records=[EpisodeRecord.from_dict(r) for r in raw["records"]], methods=list(raw["methods"]),
+            max_steps=int(raw["max_steps"]), n_seeds=int(raw["n_seeds"]), inner_lrs=dict(raw["inner_lrs"]),
+            inner=InnerLoopConfig(**inner),
+            lr_selection=selection, notes=list(raw.get("notes", [])), step_sizes=dict(raw.get("step_sizes", {})),
+            train_seeds=list(raw.get("train_seeds", [])), replicate_lrs=list(raw.get("replicate_lrs", [])),
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (what ``eval.json`` holds)."""
         summary = {

@@ -174,3 +174,11 @@ def test_the_report_opens_with_what_holds_over_replicates_or_says_the_adapters_a
     assert "One training replicate: every interval holds the trained adapters fixed" in single
     row = next(line for line in single.splitlines() if line.startswith("| fomaml - multitask"))
     assert "| - |" in row and "(episodes only)" in row
+
+
+def test_an_eval_json_reads_back_to_the_same_report(tmp_path: Path) -> None:
+    res = _result()
+    paths = write_report(res, tmp_path)
+    again = EvalResult.from_dict(json.loads(paths["eval.json"].read_text()))
+    assert format_markdown(again) == format_markdown(res)
+    assert again.lr_selection is not None and again.lr_selection.val_loss["fomaml"][0.1] == math.inf
