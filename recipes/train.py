@@ -44,7 +44,13 @@ from fmmeta.algorithms.gather import gather_step
 from fmmeta.algorithms.meta_step import meta_step
 from fmmeta.algorithms.protocol import MetaAlgorithm
 from fmmeta.checkpoint import CheckpointManager, CheckpointMismatchError, load_rng_state, save_rng_state
-from fmmeta.checkpoint.resume import RESUME_FACTS, check_task_pool, find_resume_checkpoint, resume_facts
+from fmmeta.checkpoint.resume import (
+    DATA_FINGERPRINT,
+    RESUME_FACTS,
+    check_task_pool,
+    find_resume_checkpoint,
+    resume_facts,
+)
 from fmmeta.checkpoint.run_folder import claim_output_dir
 from fmmeta.checkpoint.shared_folder import SharedFolderError, check_shared_folder
 from fmmeta.config import ConfigError, describe_config, flat_config, load_config, to_dict
@@ -80,6 +86,7 @@ from fmmeta.sampling import CostAwareSampler, Prefetcher, fast_weight_megabytes
 from fmmeta.shipped import shipped_path, with_shipped_paths
 from fmmeta.tasks.config import build_task_set
 from fmmeta.tasks.in_context import InContextTask
+from fmmeta.tasks.task import tasks_fingerprint
 from fmmeta.telemetry import RankWatch, save_telemetry
 from fmmeta.tracking import MetricsLog, open_trackers, report_evaluation
 from fmmeta.workers import Workers, in_worker
@@ -195,9 +202,10 @@ def restore(method_dir: Path, cfg: RecipeConfig, engine: Engine, prefetcher: Pre
 
 def save_checkpoint(ckpts: CheckpointManager, step: int, cfg: RecipeConfig, method: str,
                     engine: Engine, prefetcher: Prefetcher, model: torch.nn.Module,
-                    algorithm: MetaAlgorithm) -> None:
+                    algorithm: MetaAlgorithm, data: str) -> None:
     """Adapter, optimizer (every rank's share), sampler state, RNG and step, written atomically,
-    and whatever the algorithm learned besides the adapter (metasgd: its step sizes)."""
+    and whatever the algorithm learned besides the adapter (metasgd: its step sizes); ``data``:
+    the meta-training data's fingerprint, so a resume over changed data is named."""
     state: dict[str, Any] = {"step": step, "prefetcher": prefetcher.state_dict()}
     learned = algorithm.state_dict()
     if set(learned) & RECIPE_STATE:
@@ -213,17 +221,9 @@ def save_checkpoint(ckpts: CheckpointManager, step: int, cfg: RecipeConfig, meth
         w.add_files(engine.save_optimizer(w.directory))
         save_rng_state(w)
 
-    try:
-        ckpts.save(step, write, meta={"model_id": model_id(cfg.model), "lora_shapes": lora_shapes(model),
-                                      RESUME_FACTS: resume_facts(cfg, method)})
-    except OSError as err:  # a full disk, a quota, a folder made read-only: the complete ones stay
-        last = ckpts.latest(verify=False)
-        raise UserInputError(
-            f"{method}: writing the checkpoint of meta-step {step} into {str(ckpts.root)!r} failed "
-            f"({err.strerror}: {err.filename!r}). Free space (or make the folder writable) and rerun the "
-            "same command: it resumes from the last complete checkpoint, "
-            + (f"{str(last.path)!r} (after meta-step {last.step})" if last else "none yet (from step 0)")
-        ) from None
+    # A full disk is a CheckpointWriteError naming the last complete checkpoint (exit code 2).
+    ckpts.save(step, write, meta={"model_id": model_id(cfg.model), "lora_shapes": lora_shapes(model),
+                                  RESUME_FACTS: resume_facts(cfg, method), DATA_FINGERPRINT: data})
 
 
 def save_step_sizes(algorithm: MetaAlgorithm, model: torch.nn.Module, adapter_dir: Path) -> None:
@@ -273,7 +273,7 @@ def _train(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.Modul
     banner(cfg, method, engine, model, fast_weight_numel)
     if cfg.algorithm.padding_free:
         check_lines(engine.model)
-    tasks = suite.meta_train
+    tasks, data = suite.meta_train, tasks_fingerprint(suite.meta_train)
     if adapts_in_context(method, cfg.algorithm):  # the inner loop adapts on in-context rows
         tasks = [InContextTask(t, cfg.algorithm.icl_max_length) for t in tasks]
     sampler = CostAwareSampler(
@@ -318,7 +318,7 @@ def _train(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.Modul
             if engine.rank == 0 and (step % cfg.train.log_every == 0 or step + 1 == cfg.train.meta_steps):
                 bar.write(step_line(method, record, cfg.train.meta_steps))
             if (every and (step + 1) % every == 0) or step + 1 == cfg.train.meta_steps:
-                save_checkpoint(ckpts, step, cfg, method, engine, prefetcher, model, algorithm)
+                save_checkpoint(ckpts, step, cfg, method, engine, prefetcher, model, algorithm, data)
     bar.close()
     adapter_dir = method_dir / "adapter"
     engine.save_adapter(adapter_dir)
@@ -358,7 +358,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             replicates = [Replicate(c, initial_adapter(model, c.train.seed)) for c in cfg.replicate_configs()]
             units = [(r, m) for r in replicates for m in cfg.methods]  # a method of a replicate
             suite = build_tasks(cfg, tokenizer)
-            check_task_pool(cfg, [t.name for t in suite.meta_train])  # on every rank, before any write
+            check_task_pool(cfg, [t.name for t in suite.meta_train], tasks_fingerprint(suite.meta_train))
             if claim is not None:
                 claim.accept(cfg)  # every input is accepted: only now is anything written into output_dir
             logger.info("model and %d/%d/%d meta-train/validation/held-out tasks ready in %.1fs",

@@ -47,6 +47,7 @@ from fmmeta.checkpoint.format import (
     write_durably,
 )
 from fmmeta.checkpoint.writer import CheckpointWriter
+from fmmeta.errors import UserInputError
 
 __all__ = [
     "MANIFEST",
@@ -64,6 +65,11 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _STEP_RE = re.compile(r"^step_(\d{8,})$")
+
+
+class CheckpointWriteError(UserInputError):
+    """A checkpoint could not be written (no space, no permission): the user's machine to fix,
+    and the complete checkpoints before it stay; the recipes exit with code 2 and this message."""
 
 
 class CheckpointManager:
@@ -122,6 +128,30 @@ class CheckpointManager:
         meta: Mapping[str, Any] | None = None,
     ) -> Checkpoint:
         """Writes checkpoint ``step`` atomically; every rank must call it.
+
+        Raises:
+            CheckpointWriteError: the file system refused a write (a full disk, a quota, a folder
+                made read-only); the message names the last complete checkpoint, which stays.
+        """
+        try:
+            return self._save(step, write, meta=meta)
+        except OSError as err:
+            last = self.latest(verify=False)
+            raise CheckpointWriteError(
+                f"writing checkpoint {step_dirname(step)} into {str(self.root)!r} failed ({err.strerror}: "
+                f"{err.filename!r}). Free space (or make the folder writable) and rerun the same command: it "
+                "resumes from the last complete checkpoint, "
+                + (f"{str(last.path)!r} (after meta-step {last.step})" if last else "none yet (from step 0)")
+            ) from None
+
+    def _save(
+        self,
+        step: int,
+        write: Callable[[CheckpointWriter], None],
+        *,
+        meta: Mapping[str, Any] | None = None,
+    ) -> Checkpoint:
+        """:meth:`save`, its errors as they come.
 
         Args:
             step: the meta-step just completed (names the folder).

@@ -21,7 +21,7 @@ from fmmeta.checkpoint.manager import Checkpoint, CheckpointError, CheckpointMan
 from fmmeta.config import to_dict
 from fmmeta.errors import UserInputError
 
-__all__ = ["ADAPTER_KEYS", "RESUME_FACTS", "RESUME_KEYS", "adapter_problems", "check_task_pool",
+__all__ = ["ADAPTER_KEYS", "DATA_FINGERPRINT", "RESUME_FACTS", "RESUME_KEYS", "adapter_problems", "check_task_pool",
            "find_resume_checkpoint", "resume_differences", "resume_facts", "resume_problems"]
 
 RESUME_FACTS = "resume_facts"
@@ -181,16 +181,23 @@ def _method_problems(cfg: Any, output_dir: Path) -> list[str]:
     return problems
 
 
-def check_task_pool(cfg: Any, task_names: list[str]) -> None:
-    """Refuses a resume whose checkpoint's sampler was saved over another meta-training pool
-    (a task removed from, or added to, the data between a run and its extension), before the run
-    writes anything; the sampler itself would refuse only once the run folder was rewritten.
+DATA_FINGERPRINT = "data_fingerprint"
+"""The manifest ``meta`` entry that holds the meta-training data's fingerprint
+(:func:`fmmeta.tasks.task.tasks_fingerprint`)."""
 
-    ``task_names``: the meta-training tasks as the run built them, in order. The sampler's state
-    is the recipe's ``state.json`` ``prefetcher.sampler.task_names``. Call it on every rank.
+
+def check_task_pool(cfg: Any, task_names: list[str], fingerprint: str) -> None:
+    """Refuses a resume whose checkpoint was trained on other meta-training data: a task removed
+    from, or added to, the data between a run and its extension (the sampler would refuse only
+    once the run folder was rewritten), or the same tasks with other examples (nothing refused
+    that: the run trained on), before the run writes anything.
+
+    ``task_names``: the meta-training tasks as the run built them, in order; ``fingerprint``:
+    theirs (:data:`DATA_FINGERPRINT`). The sampler's state is the recipe's ``state.json``
+    ``prefetcher.sampler.task_names``. Call it on every rank.
 
     Raises:
-        UserInputError: naming each method, its checkpoint and the tasks that differ.
+        UserInputError: naming each method, its checkpoint and what differs.
     """
     problems = []
     for replicate in cfg.replicate_configs():
@@ -203,6 +210,11 @@ def check_task_pool(cfg: Any, task_names: list[str]) -> None:
             except (CheckpointError, KeyError, TypeError):
                 continue  # refused as a resume problem, or a state from before this layout
             if saved == task_names:
+                then = ckpt.meta.get(DATA_FINGERPRINT, fingerprint)  # absent: written before it was recorded
+                if then != fingerprint:
+                    problems.append(f"{method} would resume from {str(ckpt.path)!r}, trained on the same tasks "
+                                    "with other examples (their tokens differ: data edited, or another "
+                                    "tokenizer or tasks.max_length)")
                 continue
             gone, new = sorted(set(saved) - set(task_names)), sorted(set(task_names) - set(saved))
             what = "; ".join([*([f"gone: {gone}"] if gone else []), *([f"new: {new}"] if new else [])]) or "reordered"
@@ -210,7 +222,7 @@ def check_task_pool(cfg: Any, task_names: list[str]) -> None:
                             f"another meta-training pool ({what})")
     if problems:
         raise UserInputError(
-            "the meta-training tasks changed since the checkpoints were written; nothing was written:\n"
+            "the meta-training data changed since the checkpoints were written; nothing was written:\n"
             + "\n".join(f"  - {p}" for p in problems)
             + "\nPut the data back as it was to resume, or start afresh (train.resume=never or another output_dir)"
         )

@@ -30,6 +30,22 @@ Task = Union[GenerationTask, ClassificationTask]
 """Either task type: what task lists, splits and the samplers hold (``isinstance`` works on it)."""
 
 
+def tasks_fingerprint(tasks: Iterable[Any]) -> str:
+    """An xxh3 digest of every task's name and examples' token ids, in order: the meta-training
+    data as the model sees it, so a checkpoint can record what it was trained on and a resume
+    over changed data is named (tasks without ``examples``, e.g. a suite's own type, count by
+    name only)."""
+    import xxhash
+
+    digest = xxhash.xxh3_64()
+    for task in tasks:
+        digest.update(task.name.encode("utf-8") + b"\0")
+        for example in getattr(task, "examples", ()):
+            digest.update(np.asarray(example.prompt_ids, dtype=np.int64).tobytes() + b"|")
+            digest.update(np.asarray(example.answer_ids, dtype=np.int64).tobytes() + b";")
+    return digest.hexdigest()
+
+
 def check_unique_names(tasks: Iterable[Task], *, where: str = "task list") -> None:
     """Raises if two tasks share a name (names key samplers, logs and splits).
 
@@ -193,4 +209,5 @@ __all__ = [
     "ensure_pad_token",
     "eos_ids",
     "split_tasks",
+    "tasks_fingerprint",
 ]

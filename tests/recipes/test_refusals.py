@@ -281,33 +281,30 @@ def test_a_full_disk_while_checkpointing_is_a_message_and_resumes(
 
     from fmmeta.checkpoint import manager
 
-    saves = {"n": 0}
-    real = manager.CheckpointManager.save
+    real = manager.CheckpointManager._save
 
-    def full_disk(self, step, write, **kwargs):  # noqa: ANN001, ANN202 - the manager's save, failing at step 5
-        saves["n"] += 1
+    def full_disk(self, step, write, **kwargs):  # noqa: ANN001, ANN202 - the manager's writes, failing at step 5
         if step == 5:
             raise OSError(errno.ENOSPC, "No space left on device", str(self.root / ".tmp_step_00000005"))
         return real(self, step, write, **kwargs)
 
-    monkeypatch.setattr(manager.CheckpointManager, "save", full_disk)
+    monkeypatch.setattr(manager.CheckpointManager, "_save", full_disk)
     run = tmp_path / "run"
     train = _load("train")
     args = ["--config", str(_recipe.SMOKE), *_recipe.SHORT, f"output_dir={run}"]
     assert train.main(args) == 2
     err = capsys.readouterr().err
-    assert "fomaml: writing the checkpoint of meta-step 5 into" in err and "No space left on device" in err, err
+    assert "writing checkpoint step_00000005 into" in err and "fomaml/checkpoints" in err, err
+    assert "No space left on device" in err, err
     assert "it resumes from the last complete checkpoint" in err and "(after meta-step 3)" in err, err
     assert "Traceback" not in err and not (run / ".fmmeta.lock").exists()
-    monkeypatch.setattr(manager.CheckpointManager, "save", real)  # space freed
+    monkeypatch.setattr(manager.CheckpointManager, "_save", real)  # space freed
     assert train.main(args) == 0
     assert _recipe.losses(run / "metrics.jsonl") == _recipe.losses(local_short / "metrics.jsonl")
 
 
 @pytest.mark.timeout(300)
-def test_a_meta_training_task_removed_before_an_extension_is_refused_before_any_write(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_a_meta_training_task_removed_before_an_extension_is_refused_before_any_write(tmp_path: Path) -> None:
     """A meta-training task removed from the data between a run and its extension was a raw
     ValueError from the sampler, after config.yaml had been rewritten."""
     import json
@@ -318,19 +315,23 @@ def test_a_meta_training_task_removed_before_an_extension_is_refused_before_any_
         rows = [{"input": f"{a} {name} 2 =", "output": str(a)} for a in range(12)]
         (data / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     run = tmp_path / "run"
-    args = ["--config", str(_recipe.SMOKE), "methods=[fomaml]", "train.meta_steps=2", "eval.enabled=false",
-            f"output_dir={run}", f"tasks.collection=[{{path: {data}, builder: dataset, shots: 2, query: 2}}]",
-            "tasks.split.held_out=[mul]", "tasks.split.validation=[neg]", "sampler.meta_batch_size=2"]
-    train = _load("train")
-    assert train.main(args) == 0, capsys.readouterr().err[-3000:]
+    args = _data_run_args(data, run)
+    _recipe.run("python", args, timeout_s=180)
     (data / "sub.jsonl").rename(tmp_path / "sub.jsonl")  # gone from the data
     (data / "div.jsonl").write_text((tmp_path / "sub.jsonl").read_text().replace(" sub ", " div "))
     before = _snapshot(run)
-    assert train.main([*args, "train.meta_steps=4"]) == 2
-    err = capsys.readouterr().err
-    assert "the meta-training tasks changed since the checkpoints were written; nothing was written" in err, err
-    assert "whose sampler was saved over another meta-training pool (gone: ['sub']; new: ['div'])" in err, err
-    assert "Traceback" not in err and _snapshot(run) == before
+    err = _recipe.run("python", [*args, "train.meta_steps=4"], check=False, timeout_s=180)
+    assert err.returncode == 2, err.stdout[-3000:]
+    assert "the meta-training data changed since the checkpoints were written; nothing was written" in err.stdout
+    assert "whose sampler was saved over another meta-training pool (gone: ['sub']; new: ['div'])" in err.stdout
+    assert "Traceback" not in err.stdout and _snapshot(run) == before
+
+
+def _data_run_args(data: Path, run: Path) -> list[str]:
+    """A short run on a collection of four files: two meta-training tasks, one validation, one held out."""
+    return ["methods=[fomaml]", "train.meta_steps=2", "eval.enabled=false", f"output_dir={run}",
+            f"tasks.collection=[{{path: {data}, builder: dataset, shots: 2, query: 2}}]",
+            "tasks.split.held_out=[mul]", "tasks.split.validation=[neg]", "sampler.meta_batch_size=2"]
 
 
 @pytest.mark.timeout(300)
@@ -405,3 +406,31 @@ def test_a_master_port_in_use_is_a_message(tmp_path: Path) -> None:
     assert f"MASTER_PORT={port} on 127.0.0.1 is already in use" in text and "--master_port N" in text, text[-3000:]
     ours = [t for t in text.split("Traceback")[1:] if "fmmeta/" in t.split("\n\n")[0]]
     assert not ours, ours[0][:2000]
+
+
+@pytest.mark.timeout(300)
+def test_an_extension_over_edited_data_is_refused_before_any_write(tmp_path: Path) -> None:
+    """The same tasks with other examples (a data file edited between a run and its extension)
+    trained on without a word: the checkpoint records the data's fingerprint."""
+    import json
+
+    data = tmp_path / "data"
+    data.mkdir()
+
+    def write(offset: int) -> None:
+        for name in ("add", "sub", "mul", "neg"):
+            rows = [{"input": f"{a} {name} 2 =", "output": str(a + offset)} for a in range(12)]
+            (data / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    write(0)
+    run = tmp_path / "run"
+    args = _data_run_args(data, run)
+    _recipe.run("python", args, timeout_s=180)
+    write(100)  # every answer changed, the tasks the same
+    before = _snapshot(run)
+    err = _recipe.run("python", [*args, "train.meta_steps=4"], check=False, timeout_s=180)
+    assert err.returncode == 2, err.stdout[-3000:]
+    assert "trained on the same tasks with other examples (their tokens differ" in err.stdout
+    assert "Traceback" not in err.stdout and _snapshot(run) == before
+    write(0)  # put back: the extension goes on
+    _recipe.run("python", [*args, "train.meta_steps=4"], timeout_s=180)
