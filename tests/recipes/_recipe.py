@@ -47,9 +47,11 @@ def _free_port() -> int:
 
 def command(launcher: str, args: list[str], *, nprocs: int = 1, script_path: Path = TRAIN) -> list[str]:
     """The command line a user types, with a free port for the multi-process launchers
-    (``script_path``: the recipe, or a test's wrapper around it)."""
+    (``script_path``: the recipe, or a test's wrapper around it); ``--config`` is the smoke config
+    unless ``args`` give one."""
     bindir = Path(sys.executable).parent
-    script = [str(script_path), "--config", str(SMOKE), *args]
+    # The smoke config unless the test names its own (a run reads one config file).
+    script = [str(script_path), *([] if "--config" in args else ["--config", str(SMOKE)]), *args]
     if launcher == "python":
         return [sys.executable, *script]
     port = str(_free_port())
