@@ -197,17 +197,12 @@ def confirm(study: StudyConfig, choice: dict[str, dict], folder: Path, scorer: S
     jobs = [(m, r) for r in range(1, study.replicates) for m in choice]
     progress = Progress("confirmed", len(jobs), "trainings", every_s=0)
 
-    def train(job: tuple[str, int]) -> Path:
+    def confirmed(job: tuple[str, int]) -> Path:
         method, r = job
         values = choice[method]["params"]
         out = folder / method / "replicates" / f"replicate_{r}"
         steps = int(float(values.get("train.meta_steps", study.meta_steps)))
-        config = _config(study)
-        argv = [*(["--config", config] if config else []),
-                *trial_overrides(study, method, values, steps, out), f"train.seed={seed + r}"]
-        rc = train_recipe.main(argv, prog="fmmeta train")
-        if rc in (130, 143):
-            raise Terminated if rc == 143 else KeyboardInterrupt
+        rc = train(study, method, values, steps, out, f"train.seed={seed + r}")
         if rc != 0:  # the choice trained to the end once: a refusal or a divergence now is news
             raise RuntimeError(f"the train recipe failed (exit {rc}) training {method}'s choice under "
                                f"training seed {seed + r} in {str(out)!r}; its message is above")
@@ -216,7 +211,7 @@ def confirm(study: StudyConfig, choice: dict[str, dict], folder: Path, scorer: S
     if jobs:
         logger.info("confirming the choice under %d more training seed(s): %d trainings", study.replicates - 1,
                     len(jobs))
-    trained = dict(zip(jobs, scorer.workers.map(train, jobs, on_result=lambda _: progress.advance())))
+    trained = dict(zip(jobs, scorer.workers.map(confirmed, jobs, on_result=lambda _: progress.advance())))
     first = {m: folder / m / c["folder"] / m / "adapter" for m, c in choice.items()}
     return [first, *({m: trained[(m, r)] for m in choice} for r in range(1, study.replicates))]
 
@@ -241,6 +236,18 @@ def run_trial(study: StudyConfig, method: str, values: dict[str, float | str], t
     return "complete", score
 
 
+def train(study: StudyConfig, method: str, values: dict[str, float | str], steps: int, out: Path,
+          *extra: str) -> int:
+    """One run of the train recipe for ``method`` with a trial's ``values`` into ``out`` (``extra``:
+    more overrides); its exit code, a stop by Ctrl-C or SIGTERM raised again here."""
+    config = _config(study)
+    argv = [*(["--config", config] if config else []), *trial_overrides(study, method, values, steps, out), *extra]
+    rc = train_recipe.main(argv, prog="fmmeta train")
+    if rc in (130, 143):
+        raise Terminated if rc == 143 else KeyboardInterrupt
+    return rc
+
+
 def segment(study: StudyConfig, method: str, values: dict[str, float | str], steps: int, trial_dir: Path,
             scorer: Scorer) -> float | None:
     """The trial trained to ``steps`` meta-steps (resuming its last checkpoint) and scored on
@@ -248,14 +255,9 @@ def segment(study: StudyConfig, method: str, values: dict[str, float | str], ste
     scored = trial_dir / "validation" / f"step_{steps:06d}.json"
     if scored.is_file():
         return float(json.loads(scored.read_text(encoding="utf-8"))["score"])
-    config = _config(study)
-    argv = [*(["--config", config] if config else []),
-            *trial_overrides(study, method, values, steps, trial_dir)]
-    rc = train_recipe.main(argv, prog="fmmeta train")
+    rc = train(study, method, values, steps, trial_dir)
     if rc == NONFINITE_EXIT:
         return None
-    if rc in (130, 143):
-        raise Terminated if rc == 143 else KeyboardInterrupt
     if rc == 2:
         raise UserInputError(f"the train recipe refused trial {str(trial_dir)!r}; its message is above")
     if rc != 0:  # 1: a bug in the run, whose traceback the recipe logged

@@ -221,7 +221,6 @@ def save_checkpoint(ckpts: CheckpointManager, step: int, cfg: RecipeConfig, meth
         w.add_files(engine.save_optimizer(w.directory))
         save_rng_state(w)
 
-    # A full disk is a CheckpointWriteError naming the last complete checkpoint (exit code 2).
     ckpts.save(step, write, meta={"model_id": model_id(cfg.model), "lora_shapes": lora_shapes(model),
                                   RESUME_FACTS: resume_facts(cfg, method), DATA_FINGERPRINT: data})
 
@@ -242,7 +241,7 @@ def fresh_engine(cfg: RecipeConfig, model: torch.nn.Module, initial: list[torch.
 
 
 def train_method(cfg: RecipeConfig, method: str, model: torch.nn.Module, initial: list[torch.Tensor],
-                 pad_id: int, suite: Any, out: Path, hosts: list[str]) -> Path:
+                 pad_id: int, suite: Any, out: Path, hosts: list[str], data: str) -> Path:
     """Meta-trains one adapter of one replicate (``cfg``: that replicate's config, ``out``: its
     folder) from the replicate's initial adapter; returns its peft folder.
 
@@ -257,7 +256,7 @@ def train_method(cfg: RecipeConfig, method: str, model: torch.nn.Module, initial
     watch = RankWatch(method, hosts, window=cfg.train.slow_rank_window,
                       margin=cfg.train.slow_rank_margin, rank=engine.rank)
     try:
-        adapter_dir = _train(cfg, method, engine, model, pad_id, suite, out, method_dir, watch)
+        adapter_dir = _train(cfg, method, engine, model, pad_id, suite, out, method_dir, watch, data)
     finally:
         engine.close()
     watch.log_summary()
@@ -267,13 +266,13 @@ def train_method(cfg: RecipeConfig, method: str, model: torch.nn.Module, initial
 
 
 def _train(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.Module, pad_id: int,
-           suite: Any, out: Path, method_dir: Path, watch: RankWatch) -> Path:
+           suite: Any, out: Path, method_dir: Path, watch: RankWatch, data: str) -> Path:
     algorithm = build_algorithm(method, cfg.algorithm, pad_id)
     fast_weight_numel = count_parameters(model)[0] if algorithm.fast_weights else 0
     banner(cfg, method, engine, model, fast_weight_numel)
     if cfg.algorithm.padding_free:
         check_lines(engine.model)
-    tasks, data = suite.meta_train, tasks_fingerprint(suite.meta_train)
+    tasks = suite.meta_train
     if adapts_in_context(method, cfg.algorithm):  # the inner loop adapts on in-context rows
         tasks = [InContextTask(t, cfg.algorithm.icl_max_length) for t in tasks]
     sampler = CostAwareSampler(
@@ -358,7 +357,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             replicates = [Replicate(c, initial_adapter(model, c.train.seed)) for c in cfg.replicate_configs()]
             units = [(r, m) for r in replicates for m in cfg.methods]  # a method of a replicate
             suite = build_tasks(cfg, tokenizer)
-            check_task_pool(cfg, [t.name for t in suite.meta_train], tasks_fingerprint(suite.meta_train))
+            data = tasks_fingerprint(suite.meta_train)  # what every checkpoint records it was trained on
+            check_task_pool(cfg, [t.name for t in suite.meta_train], data)
             if claim is not None:
                 claim.accept(cfg)  # every input is accepted: only now is anything written into output_dir
             logger.info("model and %d/%d/%d meta-train/validation/held-out tasks ready in %.1fs",
@@ -370,7 +370,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                             "methods train side by side, " if len(units) > 1 else "")
             progress = Progress("trained", len(units) if len(units) > 1 else 0, "methods", every_s=0)
             trained = workers.map(lambda u: train_method(u[0].cfg, u[1], model, u[0].initial, tokenizer.pad_token_id,
-                                                         suite, Path(u[0].cfg.output_dir), hosts),
+                                                         suite, Path(u[0].cfg.output_dir), hosts, data),
                                   units, on_result=lambda _: progress.advance())
             for (replicate, method), adapter in zip(units, trained):
                 replicate.adapters[method] = adapter

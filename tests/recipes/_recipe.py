@@ -168,6 +168,17 @@ LOSS_KEYS = ("step", "outer_loss", "query_loss_before", "query_loss_after", "gra
 """The deterministic part of a metrics line (timings differ from run to run)."""
 
 
+TIMING_KEYS = frozenset({"step_s", "tokens_per_s", "data_wait_s", "data_wait_fraction", "rank_compute_s",
+                         "rank_collective_s", "rank_data_wait_s", "rank_peak_memory_mb"})
+"""The timing part of a metrics line: what differs between two runs that compute the same."""
+
+
+def deterministic_records(run: Path) -> list[dict]:
+    """Every line of a run's ``metrics.jsonl`` without its timings, by method and step."""
+    return sorted(({k: v for k, v in r.items() if k not in TIMING_KEYS} for r in records(run / "metrics.jsonl")),
+                  key=lambda r: (r["method"], r["step"]))
+
+
 def losses(metrics: Path) -> list[tuple]:
     """Per-step deterministic values, in file order."""
     return [tuple(r[k] for k in LOSS_KEYS) for r in records(metrics)]

@@ -23,10 +23,6 @@ ARGS = ["methods=[fomaml,multitask]", "train.meta_steps=4", "train.checkpoint_ev
         "eval.max_steps=1", "eval.lr_grid=[0.1]"]
 """Two methods, 4 meta-steps (checkpoints after steps 1 and 3), dropout on, a short evaluation."""
 
-TIMING = {"step_s", "tokens_per_s", "data_wait_s", "data_wait_fraction", "rank_compute_s",
-          "rank_collective_s", "rank_data_wait_s", "rank_peak_memory_mb"}
-
-
 @pytest.fixture(scope="module")
 def side_by_side(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     """Three replicates, two worker processes: replicates and methods train side by side."""
@@ -44,11 +40,6 @@ def seed_one(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _steps(run: Path) -> list[dict]:
-    return sorted(({k: v for k, v in r.items() if k not in TIMING} for r in _recipe.records(run / "metrics.jsonl")),
-                  key=lambda r: (r["method"], r["step"]))
-
-
 def _records(run: Path, replicate: int) -> list[dict]:
     """One replicate's held-out records, without the replicate index (a one-replicate run's is 0)."""
     data = json.loads((run / "eval" / "eval.json").read_text())
@@ -57,7 +48,7 @@ def _records(run: Path, replicate: int) -> list[dict]:
 
 def _assert_same_replicate(got: Path, want: Path) -> None:
     """Metrics lines (timings aside) and adapters of one replicate's folder, bitwise."""
-    assert _steps(got) == _steps(want) and len(_steps(got)) == 2 * 4
+    assert _recipe.deterministic_records(got) == _recipe.deterministic_records(want) and len(_recipe.deterministic_records(got)) == 2 * 4
     for method in ("fomaml", "multitask"):
         a, b = _recipe.adapter(got / method / "adapter"), _recipe.adapter(want / method / "adapter")
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in b), method
@@ -70,7 +61,7 @@ def test_a_replicate_is_the_one_replicate_run_of_its_training_seed(side_by_side,
     _assert_same_replicate(three / "replicate_1", seed_one)
     assert _records(three, 1) == _records(seed_one, 0) and _records(three, 1)
     # The replicates differ (other seeds), and were all scored on the same episodes.
-    assert _steps(three / "replicate_0") != _steps(three / "replicate_1")
+    assert _recipe.deterministic_records(three / "replicate_0") != _recipe.deterministic_records(three / "replicate_1")
     episodes = [{(r["seed"], r["episode"], r["task"]) for r in _records(three, i)} for i in range(3)]
     assert episodes[0] == episodes[1] == episodes[2]
     report = json.loads((three / "eval" / "eval.json").read_text())

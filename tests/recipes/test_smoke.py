@@ -210,13 +210,7 @@ def test_methods_side_by_side_in_workers_equal_one_after_the_other(smoke, tmp_pa
     out = tmp_path / "workers"
     log = _recipe.run("python", ["engine.workers=2", f"output_dir={out}"], timeout_s=180)
     assert "2 worker processes of 1 thread(s)" in log.stdout
-    timing = {"step_s", "tokens_per_s", "data_wait_s", "data_wait_fraction", "rank_compute_s",
-              "rank_collective_s", "rank_data_wait_s", "rank_peak_memory_mb"}
-
-    def steps(run: Path) -> list[dict]:
-        return sorted(({k: v for k, v in r.items() if k not in timing} for r in _recipe.records(run / "metrics.jsonl")),
-                      key=lambda r: (r["method"], r["step"]))
-
+    steps = _recipe.deterministic_records
     assert steps(out) == steps(one) and len(steps(out)) == len(METHODS) * STEPS
     for method in METHODS:
         got, want = _recipe.adapter(out / method / "adapter"), _recipe.adapter(one / method / "adapter")
