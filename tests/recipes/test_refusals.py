@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -383,7 +384,9 @@ def test_a_killed_rank_is_one_message_on_the_surviving_rank(tmp_path: Path) -> N
     finally:
         _recipe.kill_group(proc)
     text = log.read_text()
-    assert "the other rank stopped answering (gloo: Connection reset by peer): it died or was killed" in text, text[-3000:]
+    # gloo says "reset" or "closed" by peer, as the timing of the kill falls
+    assert re.search(r"the other rank stopped answering \(gloo: Connection (reset|closed) by peer\): it died or "
+                     "was killed", text), text[-3000:]
     assert "Last checkpoint: " in text and "Rerun the same command on every rank to resume" in text
     assert "Exception ignored in atexit" not in text
 
