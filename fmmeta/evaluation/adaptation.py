@@ -29,8 +29,9 @@ from fmmeta.tasks.episode import Episode
 
 _T = TypeVar("_T")
 
-Scored = list[tuple[int, float, float, int]]
-"""``(step, loss, accuracy, n)`` per scored adaptation step of one episode."""
+Scored = list[tuple[int, float, float, int, float | None]]
+"""``(step, loss, accuracy, n, accuracy_per_token)`` per scored adaptation step of one episode
+(the last is ``None`` for generation, see :class:`~fmmeta.evaluation.scoring.QueryScore`)."""
 
 
 SUPPORT_PASS_TOKENS = 2048
@@ -144,7 +145,7 @@ def _route(lora: TaskLoRA) -> Callable[[torch.Tensor], None]:
 def _score(
     model: nn.Module, lora: TaskLoRA, episodes: Sequence[Episode], micro_batch_size: int,
     lockstep: Lockstep, icl_max_length: int | None,
-) -> list[tuple[float, float, int]]:
+) -> list[tuple[float, float, int, float | None]]:
     """Scores the episodes' queries as they are now, episode ``g`` through fast weights ``g``:
     plain, or with the support in context when ``icl_max_length`` is given (no episodes: a rank
     with nothing left runs dummy passes)."""
@@ -158,7 +159,7 @@ def _score(
             lora.rows = None  # the lockstep's dummy passes that may follow are one row of task 0
 
     s = lockstep.score(score_passes(sets, micro_batch_size=micro_batch_size), score if sets else None)
-    return [(q.loss, q.accuracy, q.n) for q in s or []]
+    return [(q.loss, q.accuracy, q.n, q.accuracy_per_token) for q in s or []]
 
 
 def adapt_and_score(
@@ -180,7 +181,7 @@ def adapt_and_score(
     task_lrs: Sequence[float] | None = None,
 ) -> list[Scored]:
     """Adapts the episodes together, step by step from ``start``; returns per episode
-    ``(step, loss, accuracy, n)`` per scored step.
+    ``(step, loss, accuracy, n, accuracy_per_token)`` per scored step.
 
     One inner optimizer carries the trajectories across the steps (:func:`adapting`), so stepping
     and scoring in between gives exactly the weights of ``steps`` steps in a row. No episodes

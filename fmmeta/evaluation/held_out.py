@@ -119,9 +119,10 @@ def _records(method: str, flat: list[tuple[int, int, Episode]], order: list[int]
         EpisodeRecord(
             method=method, seed=seed, episode=i, task=ep.task, kind=kind_of(ep),
             family=families.get(ep.task, ""), step=step, loss=loss, accuracy=acc, n=n,
+            accuracy_per_token=acc_tok,
         )
         for (seed, i, ep), sc in zip(flat, scored)
-        for step, loss, acc, n in sc
+        for step, loss, acc, n, acc_tok in sc
     ]
 
 

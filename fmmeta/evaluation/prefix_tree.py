@@ -14,7 +14,7 @@ An episode's 6 queries x 3 label words become one row of about 100 tokens instea
 (216 tokens before padding); with the support set in context the demonstrations are encoded once,
 not 18 times. The attention mask is materialised (``[B, 1, T, T]``), so a row is kept to the
 sequences of one micro-batch of queries, and a pass holds one such row per episode scored
-together (see :mod:`fmmeta.evaluation.scoring`).
+together, up to a bound on the pass's padded tokens (see :mod:`fmmeta.evaluation.scoring`).
 """
 
 from __future__ import annotations
@@ -106,6 +106,22 @@ def build_tree(sequences: Sequence[tuple[Sequence[int], Sequence[int]]]) -> Pref
     )
 
 
+def count_nodes(sequences: Sequence[tuple[Sequence[int], Sequence[int]]]) -> int:
+    """The nodes :func:`build_tree` lays out for ``sequences`` (a pass's width), counted without
+    building the ancestor matrix, so passes can be planned before any is run."""
+    root: dict[int, dict] = {}
+    n = 0
+    for prompt, answer in sequences:
+        node = root
+        for tok in (*prompt, *answer):
+            nxt = node.get(tok)
+            if nxt is None:
+                nxt = node[tok] = {}
+                n += 1
+            node = nxt
+    return n
+
+
 def tree_inputs(trees: Sequence[PrefixTree], dtype: torch.dtype, device: torch.device | str
                 ) -> dict[str, torch.Tensor]:
     """The model inputs of a pass with one tree per row: ``input_ids`` and ``position_ids``
@@ -131,4 +147,4 @@ def tree_inputs(trees: Sequence[PrefixTree], dtype: torch.dtype, device: torch.d
     }
 
 
-__all__ = ["PrefixTree", "build_tree", "tree_inputs"]
+__all__ = ["PrefixTree", "build_tree", "count_nodes", "tree_inputs"]

@@ -18,7 +18,7 @@ from fmmeta.atomic import replace_text
 from fmmeta.evaluation.intervals import N_BOOTSTRAP, Interval
 from fmmeta.evaluation.methods import IN_CONTEXT, MULTITASK
 from fmmeta.evaluation.replicated import Replicated
-from fmmeta.evaluation.result import CLASSIFICATION, GENERATION, OVERALL, Comparison, EvalResult
+from fmmeta.evaluation.result import KINDS, MULTIPLE_CHOICE, OVERALL, Comparison, EvalResult
 from fmmeta.strict_json import dumps_strict, read_json_lines
 
 if TYPE_CHECKING:
@@ -60,7 +60,8 @@ def format_markdown(result: EvalResult) -> str:
     with in-context demonstrations on the same episodes; bold marks intervals that exclude 0.
     """
     return "\n".join(["# Held-out evaluation", "", *_headline(result), *_settings(result),
-                      *_differences(result), *_score_tables(result), *_lr_selection(result)])
+                      *_differences(result), *_score_tables(result), *_per_token(result),
+                      *_lr_selection(result)])
 
 
 def _headline(result: EvalResult) -> list[str]:
@@ -68,7 +69,7 @@ def _headline(result: EvalResult) -> list[str]:
     comparisons hold (the 95% interval excludes 0) and which do not, and at what power."""
     # Per kind of task (overall is in the tables below), each contender against each baseline,
     # in_context - multitask left out as the mirror of multitask - in_context.
-    families = [f for f in (CLASSIFICATION, GENERATION) if f in result.families()] or [OVERALL]
+    families = [f for f in KINDS if f in result.families()] or [OVERALL]
     comparisons = [c for c in result.comparisons() if c.family in families and c.method != "base"
                    and (c.method, c.baseline) != (IN_CONTEXT, MULTITASK)]
     comparisons.sort(key=lambda c: families.index(c.family))
@@ -214,6 +215,27 @@ def _score_tables(result: EvalResult) -> list[str]:
                 lines.append(f"| {m} | " + " | ".join(cells) + " |")
             lines.append("")
     return lines
+
+
+def _per_token(result: EvalResult) -> list[str]:
+    """Multiple choice's second accuracy: options ranked by mean log-probability per token
+    (lm-eval-harness's length-normalised variant), method x step, mean over episodes."""
+    records = [r for r in result.records if r.kind == MULTIPLE_CHOICE and r.accuracy_per_token is not None]
+    if not records:
+        return []
+    steps = result.scored_steps()
+    cells: dict[tuple[str, int], list[float]] = {}
+    for r in records:
+        cells.setdefault((r.method, r.step), []).append(float(r.accuracy_per_token or 0.0))
+    lines = [f"## {MULTIPLE_CHOICE}: accuracy with options ranked per token", "",
+             "The tables above rank a question's options by their summed log-probability (the "
+             "headline); here by the mean per option token. Mean over episodes.", "",
+             "| method | " + " | ".join(f"{s} step{'' if s == 1 else 's'}" for s in steps) + " |",
+             "|---|" + "---|" * len(steps)]
+    for m in result.methods:
+        values = [cells.get((m, s)) for s in steps]
+        lines.append(f"| {m} | " + " | ".join("-" if v is None else _fmt(sum(v) / len(v)) for v in values) + " |")
+    return [*lines, ""]
 
 
 def _lr_selection(result: EvalResult) -> list[str]:

@@ -25,13 +25,20 @@ from fmmeta.evaluation.replicated import Replicated, replicated_interval
 from fmmeta.tasks.episode import Episode
 
 CLASSIFICATION = "classification"
+MULTIPLE_CHOICE = "multiple_choice"
 GENERATION = "generation"
 OVERALL = "overall"
-FAMILIES: tuple[str, ...] = (CLASSIFICATION, GENERATION, OVERALL)
+KINDS: tuple[str, ...] = (CLASSIFICATION, MULTIPLE_CHOICE, GENERATION)
+"""The task kinds, in the order reports list them."""
+FAMILIES: tuple[str, ...] = (*KINDS, OVERALL)
+
 
 def kind_of(episode: Episode) -> str:
-    """``"classification"`` when the episode has answer ``choices``, else ``"generation"``."""
-    return CLASSIFICATION if episode.choices is not None else GENERATION
+    """``"classification"`` when the episode has answer ``choices``, ``"multiple_choice"`` when
+    its questions bring their own options, else ``"generation"``."""
+    if episode.choices is not None:
+        return CLASSIFICATION
+    return MULTIPLE_CHOICE if episode.query[0].options is not None else GENERATION
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,6 +57,8 @@ class EpisodeRecord:
         accuracy: query accuracy in [0, 1].
         n: number of queries.
         replicate: the training replicate the scored adapter belongs to (0 with one replicate).
+        accuracy_per_token: accuracy with candidates ranked by mean log-probability per token
+            (classification, multiple choice); ``None`` for generation.
     """
 
     method: str
@@ -63,6 +72,7 @@ class EpisodeRecord:
     n: int
     family: str = ""
     replicate: int = 0
+    accuracy_per_token: float | None = None
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> EpisodeRecord:
@@ -210,7 +220,7 @@ class EvalResult:
         families when records name them), then ``"overall"``."""
         present = {r.kind for r in self.records}
         families = sorted({r.family for r in self.records if r.family})
-        return [f for f in (CLASSIFICATION, GENERATION) if f in present] + families + [OVERALL]
+        return [f for f in KINDS if f in present] + families + [OVERALL]
 
     def summary(self) -> dict[str, dict[str, dict[int, MetricSummary]]]:
         """``summary()[method][family][step]``: mean, worst case over seeds, and intervals."""

@@ -6,7 +6,13 @@ Accuracy depends on the task family:
   scored by the sum of its tokens' log-probabilities given the prompt; a query is correct when the
   gold candidate's score is strictly the highest (a tie counts as wrong, so a model that cannot tell
   the candidates apart never scores above zero by luck of the tie-break).
-* **generation** (no ``choices``): exact match under teacher forcing. A query is correct when every
+* **multiple choice** (each query carries its own ``Example.options``): the same ranking over
+  the query's own options. Options differ in length, so accuracy is also reported by the mean
+  log-probability per option token (``accuracy_per_token``, lm-eval-harness's length-normalised
+  variant, by tokens rather than bytes); the summed log-probability stays the headline
+  (``accuracy``), as for classification, since the options end with EOS and per-token means favour
+  long options the model merely continues well.
+* **generation** (no ``choices``, no options): exact match under teacher forcing. A query is correct when every
   answer token is the argmax of the model's next-token distribution given the prompt and the gold
   answer tokens before it. By induction this is the same event as greedy decoding producing exactly
   the answer: the first answer token is the greedy choice after the prompt; if the first ``i`` greedy
@@ -41,7 +47,7 @@ from torch import nn
 
 # One unwrapping rule (engine/peft wrappers) for both loss paths.
 from fmmeta.algorithms.answer_loss import logits_at
-from fmmeta.evaluation.prefix_tree import build_tree, tree_inputs
+from fmmeta.evaluation.prefix_tree import build_tree, count_nodes, tree_inputs
 from fmmeta.tasks.episode import Episode, Example
 
 logger = logging.getLogger(__name__)
@@ -57,12 +63,16 @@ class QueryScore:
             classification, exact match for generation).
         n: number of queries scored.
         n_answer_tokens: number of gold answer tokens the loss is averaged over.
+        accuracy_per_token: for ranked candidates (classification, multiple choice), the accuracy
+            when each candidate is ranked by its mean log-probability per token; ``None`` for
+            generation.
     """
 
     loss: float
     accuracy: float
     n: int
     n_answer_tokens: int = 0
+    accuracy_per_token: float | None = None
 
 
 @dataclass(frozen=True)
@@ -130,16 +140,47 @@ def _score_trees(model: nn.Module, rows: Sequence[Sequence[_Sequence]], tasks: S
     return out
 
 
-def _score_sets(model: nn.Module, per_set: Sequence[Sequence[Sequence[_Sequence]]],
-                micro_batch_size: int, route: Route | None) -> list[list[_SequenceScores]]:
-    """Scores every query's sequences of every set; pass ``k`` holds the ``k``-th chunk of
-    ``micro_batch_size`` queries of every set that has one, a row each. Returns, per set and per
-    query, that query's sequences' scores."""
-    chunks = [[qs[i : i + micro_batch_size] for i in range(0, len(qs), micro_batch_size)]
-              for qs in per_set]
-    out: list[list[_SequenceScores]] = [[] for _ in per_set]
+SCORE_PASS_TOKENS = 4096
+"""Padded tokens (rows x widest row) per scoring pass, or one row if it is wider. A pass's
+attention is dense over its row (``rows x heads x width^2`` scores), so rows of demonstrations
+and long passages grouped 16 episodes to a pass held gigabytes; with this bound a pass of short
+rows still holds every episode of its group, and long rows go a few to a pass."""
+
+
+def _chunks(per_set: Sequence[Sequence[Sequence[_Sequence]]], micro_batch_size: int
+            ) -> list[list[Sequence[Sequence[_Sequence]]]]:
+    """Per set, its queries in consecutive chunks of ``micro_batch_size`` (one row each)."""
+    return [[qs[i : i + micro_batch_size] for i in range(0, len(qs), micro_batch_size)] for qs in per_set]
+
+
+def _passes(chunks: Sequence[Sequence[Sequence[Sequence[_Sequence]]]], max_tokens: int
+            ) -> list[tuple[int, list[int]]]:
+    """``(k, sets)`` per pass: chunk ``k`` of every set that has one, cut into passes of at most
+    ``max_tokens`` padded tokens (one row at least). A pure function of the sequences, so every
+    rank plans the same passes."""
+    out: list[tuple[int, list[int]]] = []
     for k in range(max(len(c) for c in chunks)):
-        tasks = [j for j, c in enumerate(chunks) if k < len(c)]
+        current: list[int] = []
+        width = 0
+        for j in (j for j, c in enumerate(chunks) if k < len(c)):
+            w = count_nodes([seq for q in chunks[j][k] for seq in q])
+            if current and (len(current) + 1) * max(width, w) > max_tokens:
+                out.append((k, current))
+                current, width = [], 0
+            current.append(j)
+            width = max(width, w)
+        out.append((k, current))
+    return out
+
+
+def _score_sets(model: nn.Module, per_set: Sequence[Sequence[Sequence[_Sequence]]],
+                micro_batch_size: int, route: Route | None, max_tokens: int) -> list[list[_SequenceScores]]:
+    """Scores every query's sequences of every set; a pass holds the ``k``-th chunk of
+    ``micro_batch_size`` queries of several sets, a row each (:func:`_passes`). Returns, per set
+    and per query, that query's sequences' scores."""
+    chunks = _chunks(per_set, micro_batch_size)
+    out: list[list[_SequenceScores]] = [[] for _ in per_set]
+    for k, tasks in _passes(chunks, max_tokens):
         rows = [[seq for q in chunks[j][k] for seq in q] for j in tasks]
         for j, s in zip(tasks, _score_trees(model, rows, tasks, route)):
             bounds = np.cumsum([0, *(len(q) for q in chunks[j][k])])
@@ -196,41 +237,64 @@ class QuerySet:
                     "tokens: scoring needs >= 1 of each (the first answer token is predicted from "
                     "the prompt)"
                 )
+        with_options = [ex.options is not None for ex in self.examples]
+        if any(with_options) and (not all(with_options) or self.choices is not None):
+            raise ValueError(
+                "a query set mixes multiple-choice questions (their own options) with "
+                + ("a task's choices" if self.choices is not None else "queries without options")
+                + ": score each kind of task in its own query set"
+            )
         if self.choices is not None:
             _check_classification(self.examples, self.choices)
 
+    def _candidates(self, ex: Example) -> list[tuple[int, ...]] | None:
+        """The answers ``ex`` is ranked among: the task's choices, its own options, or None."""
+        if self.choices is not None:
+            return [tuple(c) for c in self.choices]
+        return None if ex.options is None else [tuple(o) for o in ex.options]
+
     def sequences(self) -> list[list[_Sequence]]:
         """Per query, the sequences its score needs: the gold answer (generation); every
-        candidate, then the gold answer where it is none of them (classification)."""
-        if self.choices is None:
-            return [[(tuple(ex.prompt_ids), tuple(ex.answer_ids))] for ex in self.examples]
-        cands = [tuple(c) for c in self.choices]
-        return [[(tuple(ex.prompt_ids), c) for c in cands]
-                + ([] if tuple(ex.answer_ids) in cands else [(tuple(ex.prompt_ids), tuple(ex.answer_ids))])
-                for ex in self.examples]
+        candidate, then the gold answer where it is none of them (classification, multiple
+        choice)."""
+        out: list[list[_Sequence]] = []
+        for ex in self.examples:
+            prompt, gold, cands = tuple(ex.prompt_ids), tuple(ex.answer_ids), self._candidates(ex)
+            if cands is None:
+                out.append([(prompt, gold)])
+            else:
+                out.append([(prompt, c) for c in cands] + ([] if gold in cands else [(prompt, gold)]))
+        return out
 
     def summarise(self, per_query: Sequence[_SequenceScores]) -> QueryScore:
         """The set's score from its queries' sequence scores (in :meth:`sequences` order)."""
-        if self.choices is None:
+        if self._candidates(self.examples[0]) is None:
             n_tok = int(sum(int(q.n_tokens.sum()) for q in per_query))
             return QueryScore(
                 loss=float(-sum(float(q.logprob.sum()) for q in per_query) / n_tok),
                 accuracy=float(np.mean([bool(q.all_argmax.all()) for q in per_query])),
                 n=len(self.examples), n_answer_tokens=n_tok,
             )
-        cands = [tuple(c) for c in self.choices]
-        correct, gold_logprob, n_tok = 0, 0.0, 0
+        correct, per_token, gold_logprob, n_tok = 0, 0, 0.0, 0
         for ex, q in zip(self.examples, per_query):
-            assert ex.label is not None  # checked by _check_classification
+            cands = self._candidates(ex)
+            assert ex.label is not None and cands is not None  # checked by check()
             scores = q.logprob[: len(cands)]
-            others = torch.cat([scores[: ex.label], scores[ex.label + 1 :]])
-            correct += int(bool(scores[ex.label] > others.max()))
+            correct += _ranked_first(scores, ex.label)
+            per_token += _ranked_first(scores / q.n_tokens[: len(cands)], ex.label)
             gold = tuple(ex.answer_ids)
             g = cands.index(gold) if gold in cands else len(cands)
             gold_logprob += float(q.logprob[g])
             n_tok += int(q.n_tokens[g])
-        return QueryScore(loss=-gold_logprob / n_tok, accuracy=correct / len(self.examples),
-                          n=len(self.examples), n_answer_tokens=n_tok)
+        n = len(self.examples)
+        return QueryScore(loss=-gold_logprob / n_tok, accuracy=correct / n, n=n,
+                          n_answer_tokens=n_tok, accuracy_per_token=per_token / n)
+
+
+def _ranked_first(scores: torch.Tensor, label: int) -> int:
+    """1 when candidate ``label`` scores strictly above every other (a tie counts as wrong)."""
+    others = torch.cat([scores[:label], scores[label + 1 :]])
+    return int(bool(scores[label] > others.max()))
 
 
 def _check_micro_batch(micro_batch_size: int) -> None:
@@ -246,11 +310,13 @@ def score_query_sets(
     *,
     micro_batch_size: int = 8,
     route: Route | None = None,
+    max_tokens: int = SCORE_PASS_TOKENS,
 ) -> list[QueryScore]:
-    """Scores several query sets together: pass ``k`` holds chunk ``k`` (``micro_batch_size``
-    queries) of every set, one row per set, and ``route`` (if given) is told each row's set
-    before the pass. Each result equals :func:`score_query` of that set alone, up to float
-    rounding; several episodes' adapted fast weights are scored this way in one pass."""
+    """Scores several query sets together: a pass holds chunk ``k`` (``micro_batch_size``
+    queries) of every set, one row per set, as many rows as fit ``max_tokens`` padded tokens,
+    and ``route`` (if given) is told each row's set before the pass. Each result equals
+    :func:`score_query` of that set alone, up to float rounding; several episodes' adapted fast
+    weights are scored this way in one pass."""
     _check_micro_batch(micro_batch_size)
     if not sets:
         raise ValueError("score_query_sets() got no query sets")
@@ -260,7 +326,7 @@ def score_query_sets(
     model.eval()
     try:
         with torch.no_grad():
-            scored = _score_sets(model, [qs.sequences() for qs in sets], micro_batch_size, route)
+            scored = _score_sets(model, [qs.sequences() for qs in sets], micro_batch_size, route, max_tokens)
     finally:
         model.train(was_training)
     return [qs.summarise(per_query) for qs, per_query in zip(sets, scored)]
@@ -304,11 +370,14 @@ def score_query(
                             micro_batch_size=micro_batch_size)[0]
 
 
-def score_passes(sets: Sequence[QuerySet], *, micro_batch_size: int = 8) -> int:
-    """The number of forward passes :func:`score_query_sets` runs with the same arguments (the
-    largest set's number of chunks; :func:`score_query` is one set).
+def score_passes(sets: Sequence[QuerySet], *, micro_batch_size: int = 8,
+                 max_tokens: int = SCORE_PASS_TOKENS) -> int:
+    """The number of forward passes :func:`score_query_sets` runs with the same arguments (at
+    least the largest set's number of chunks; more where long rows do not fit one pass).
 
     Known before scoring, so ranks of a ZeRO-3 run can agree on how many passes to run (the one
     with fewer pads with dummy passes) before any of them starts.
     """
-    return max((-(-len(qs.examples) // micro_batch_size) for qs in sets), default=0)
+    if not sets:
+        return 0
+    return len(_passes(_chunks([qs.sequences() for qs in sets], micro_batch_size), max_tokens))

@@ -1,7 +1,7 @@
 """The task layer: datasets -> tokenized tasks -> few-shot episodes.
 
-A task is a :class:`GenerationTask` or a :class:`ClassificationTask` (``Task`` names either);
-both are what the sampler calls an episode source (``name``, ``family``, ``sample_episode``).
+A task is a :class:`GenerationTask`, a :class:`ClassificationTask` or a
+:class:`MultipleChoiceTask` (``Task`` names any); all are what the sampler calls an episode source (``name``, ``family``, ``sample_episode``).
 Import from the submodules (``fmmeta.tasks.task``, ``fmmeta.tasks.builders`` with its
 :class:`TaskOptions`, ``fmmeta.tasks.suites``; ``fmmeta.tasks.config`` for the recipe's ``tasks``
 section, with collections declared in YAML in ``fmmeta.tasks.collection`` and their tokenization
@@ -14,6 +14,7 @@ from fmmeta.tasks.task import (
     ClassificationTask,
     EpisodeSpec,
     GenerationTask,
+    MultipleChoiceTask,
     Task,
     TaskSet,
     ensure_pad_token,
@@ -28,6 +29,7 @@ __all__ = [
     "EpisodeSpec",
     "Example",
     "GenerationTask",
+    "MultipleChoiceTask",
     "Task",
     "TaskOptions",
     "TaskSet",

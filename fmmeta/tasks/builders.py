@@ -1,8 +1,9 @@
 """Builders: rows from anywhere -> lists of tokenized tasks.
 
-Four ways to describe a task collection, all ending in the same cached, seeded episode machinery:
+Five ways to describe a task collection, all ending in the same cached, seeded episode machinery:
 
 * :func:`classification_tasks`: N-way K-shot episodes from one labeled dataset;
+* :func:`multiple_choice_tasks`: questions with their own options from one dataset (ARC, MMLU...);
 * :func:`tasks_from_column`: one dataset whose rows carry a task name (an instruction mixture);
 * :func:`tasks_from_datasets`: several datasets, one task each (MetaICL / CrossFit style);
 * :func:`tasks_from_examples`: Python lists or a generator function (custom LLM task sets).
@@ -20,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fmmeta.tasks.choice_rows import AnswerFormat, multiple_choice_rows
 from fmmeta.tasks.classification import ClassificationTask
 from fmmeta.tasks.data import DatasetLike, read_dataset
 from fmmeta.tasks.generation import GenerationTask
@@ -88,6 +90,57 @@ def classification_tasks(
         text_column=text_column, label_column=label_column, template=template,
         answer_template=answer_template, verbalizer=verbalizer,
         drop_small_classes=drop_small_classes, family=options.family,
+    )  # fmt: skip
+    return _tokenize([rows], tokenizer, options)
+
+
+def multiple_choice_tasks(
+    data: DatasetLike,
+    tokenizer: Any,
+    options: TaskOptions,
+    *,
+    name: str = "multiple_choice",
+    template: str,
+    options_column: str | None = None,
+    option_columns: Sequence[str] | None = None,
+    label_column: str = "label",
+    answer_format: AnswerFormat = "auto",
+    answer_template: str = " {answer}",
+    split: str | None = None,
+    config_name: str | None = None,
+) -> list[Task]:
+    """Multiple choice from one dataset: every question brings its own options.
+
+    An episode's support is ``shots`` solved questions (trained on their gold option) and its
+    query ``query`` questions, each scored by ranking its own options
+    (:mod:`fmmeta.tasks.choice_rows` lists the layouts and answer encodings it reads).
+
+    Args:
+        data: anything :func:`~fmmeta.tasks.data.read_dataset` accepts.
+        tokenizer: a Hugging Face tokenizer.
+        options: episode shape (``shots``, ``query``), token budget, overflow rule, separator
+            and family.
+        name: the task's name.
+        template: prompt format over column names; ``{options}`` shows the options as lettered
+            lines.
+        options_column: a column holding each row's options (a list, or ARC's ``{text, label}``).
+        option_columns: instead, the columns that hold one option each (PIQA's sol1, sol2).
+        label_column: the column naming the gold option.
+        answer_format: how ``label_column`` names it: auto, index, number, letter, key or text.
+        answer_template: an option's answer text; ``{answer}`` is the option, ``{letter}`` its letter.
+        split: split of a DatasetDict or hub dataset.
+        config_name: hub dataset configuration.
+
+    Example:
+        >>> arc = multiple_choice_tasks("arc_easy/", tok, TaskOptions(spec=EpisodeSpec(shots=4, query=4)),
+        ...     template="Question: {question}\nAnswer:", options_column="choices",
+        ...     label_column="answerKey")  # doctest: +SKIP
+    """
+    rows = multiple_choice_rows(
+        read_dataset(data, split=split, name=config_name), name=name, spec=options.spec,
+        template=template, options_column=options_column, option_columns=option_columns,
+        label_column=label_column, answer_format=answer_format, answer_template=answer_template,
+        family=options.family,
     )  # fmt: skip
     return _tokenize([rows], tokenizer, options)
 
@@ -337,6 +390,7 @@ def _tokenize(rows: Sequence[TaskRows], tokenizer: Any, options: TaskOptions) ->
 __all__ = [
     "DatasetSpec",
     "classification_tasks",
+    "multiple_choice_tasks",
     "tasks_from_column",
     "tasks_from_datasets",
     "tasks_from_examples",

@@ -24,8 +24,10 @@ from typing import Any
 
 import datasets
 
+from fmmeta.tasks.choice_rows import MultipleChoiceRows
 from fmmeta.tasks.classification import ClassificationTask, answer_word_ids
 from fmmeta.tasks.generation import GenerationTask
+from fmmeta.tasks.multiple_choice import MultipleChoiceTask
 from fmmeta.tasks.rows import ClassificationRows, GenerationRows, TaskRows, tasks_from_rows
 from fmmeta.tasks.spec import EpisodeSpec
 from fmmeta.tasks.task import Task
@@ -33,7 +35,7 @@ from fmmeta.tasks.tokens import OnTooLong, check_texts, encode, eos_ids
 
 logger = logging.getLogger(__name__)
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 """Bumped whenever the cached layout or the tokenization changes, so old caches miss."""
 
 PARALLEL_ROWS = 200_000
@@ -47,6 +49,7 @@ _FEATURES = datasets.Features({
     "prompt_ids": datasets.List(datasets.Value("int32")),
     "answer_ids": datasets.List(datasets.Value("int32")),
     "label": datasets.Value("int32"),
+    "option_ids": datasets.List(datasets.List(datasets.Value("int32"))),
 })  # fmt: skip
 
 
@@ -76,25 +79,27 @@ def cache_key(*parts: Any) -> str:
 
 def _encode_batch(batch: dict[str, list[Any]], tokenizer: Any) -> dict[str, list[Any]]:
     # Answers repeat (labels, short outputs): each distinct one is tokenized once.
-    distinct = list(dict.fromkeys(batch["answer"]))
+    distinct = list(dict.fromkeys([*batch["answer"], *(o for opts in batch["options"] for o in opts)]))
     ids = dict(zip(distinct, encode(tokenizer, distinct)))
     return {
         "prompt_ids": encode(tokenizer, batch["prompt"]),
         "answer_ids": [ids[a] for a in batch["answer"]],
         "label": batch["label"],
+        "option_ids": [[ids[o] for o in opts] for opts in batch["options"]],
     }
 
 
 def _task_meta(r: TaskRows, start: int, end: int) -> dict[str, Any]:
-    """A task's entry in ``meta.json``: its rows' range and what is not token ids (a generation
-    task's ``words``, ``class_names`` and ``pool`` are null, which is how reading tells the kinds
-    apart)."""
+    """A task's entry in ``meta.json``: its rows' range, its kind, and what is not token ids
+    (only a classification task has ``words``, ``class_names`` and ``pool``)."""
     s = r.spec
     meta: dict[str, Any] = {
         "name": r.name, "family": r.family, "start": start, "end": end,
         "spec": {"shots": s.shots, "query": s.query, "ways": s.ways,
                  "remap_labels": s.remap_labels, "label_pool": list(s.label_pool or ()) or None},
         "words": None, "class_names": None, "pool": None,
+        "kind": "multiple_choice" if isinstance(r, MultipleChoiceRows) else
+                "classification" if isinstance(r, ClassificationRows) else "generation",
     }  # fmt: skip
     if isinstance(r, ClassificationRows):
         meta.update(words=r.words, class_names=r.class_names, pool=r.pool or None)
@@ -106,6 +111,7 @@ def _write(folder: Path, rows: Sequence[TaskRows], tokenizer: Any, key: str) -> 
     prompts: list[str] = []
     answers: list[str] = []
     labels: list[int] = []
+    options: list[list[str]] = []
     meta: list[dict[str, Any]] = []
     for r in rows:
         check_texts(r.prompts, key="prompt", where=f"task {r.name!r}")
@@ -118,13 +124,18 @@ def _write(folder: Path, rows: Sequence[TaskRows], tokenizer: Any, key: str) -> 
         else:
             answers.extend([""] * len(r.prompts))
             labels.extend(r.labels)
+        options.extend(r.options if isinstance(r, MultipleChoiceRows) else [[] for _ in r.prompts])
         meta.append(_task_meta(r, start, len(prompts)))
-    texts = datasets.Dataset.from_dict({"prompt": prompts, "answer": answers, "label": labels})
+    texts = datasets.Dataset.from_dict({"prompt": prompts, "answer": answers, "label": labels, "options": options},
+                                       features=datasets.Features({
+                                           "prompt": datasets.Value("string"), "answer": datasets.Value("string"),
+                                           "label": datasets.Value("int32"),
+                                           "options": datasets.List(datasets.Value("string"))}))
     cpus = os.cpu_count() or 1
     parallel = len(texts) >= PARALLEL_ROWS and cpus >= PARALLEL_CPUS
     ids = texts.map(
         _encode_batch, batched=True, batch_size=2000, fn_kwargs={"tokenizer": tokenizer},
-        remove_columns=["prompt", "answer"], features=_FEATURES, new_fingerprint=key,
+        remove_columns=["prompt", "answer", "options"], features=_FEATURES, new_fingerprint=key,
         num_proc=min(cpus // 2, 8) if parallel else None,
         desc=f"tokenizing {len(texts)} examples",
     )  # fmt: skip
@@ -162,6 +173,7 @@ def _assemble(
     prompt_ids = ds.data.column("prompt_ids").to_pylist()
     answer_ids = ds.data.column("answer_ids").to_pylist()
     labels = ds.data.column("label").to_pylist()
+    option_ids = ds.data.column("option_ids").to_pylist()
     eos = list(eos_ids(tokenizer))
     separator_ids = encode(tokenizer, [separator])[0] if separator else []
     tasks: list[Task] = []
@@ -171,7 +183,13 @@ def _assemble(
         # folder) is the same, so they are read as they are rather than rebuilt.
         family = m["family"] if "family" in m else m["domain"]
         spec = EpisodeSpec(**{**m["spec"], "label_pool": tuple(m["spec"]["label_pool"] or ()) or None})
-        if m["words"] is not None:
+        if m.get("kind") == "multiple_choice":
+            tasks.append(MultipleChoiceTask.from_ids(
+                m["name"], prompt_ids[a:b], [[o + eos for o in opts] for opts in option_ids[a:b]],
+                labels[a:b], spec=spec, family=family, max_length=max_length,
+                on_too_long=on_too_long, separator_ids=separator_ids,
+            ))  # fmt: skip
+        elif m["words"] is not None:
             words = answer_word_ids(tokenizer, [*m["words"], *(m["pool"] or ())])
             tasks.append(ClassificationTask.from_ids(
                 m["name"], prompt_ids[a:b], labels[a:b], words[: len(m["words"])],

@@ -21,6 +21,7 @@ from typing import Any
 import datasets
 import numpy as np
 
+from fmmeta.tasks.choice_rows import multiple_choice_rows
 from fmmeta.tasks.collection_config import PRESETS, CollectionSource, CollectionSplit, read_task_list
 from fmmeta.tasks.collection_split import SPLITS, assign_splits
 from fmmeta.tasks.data import FORMATS, SAVED_MARKERS, dataset_name, is_saved_dataset, read_dataset
@@ -110,7 +111,7 @@ def read_source(
     args = src.resolved()
     builder = args["builder"]
     files = source_files(src)
-    if builder == "dataset" and files is not None and len(files) > 1:
+    if builder in ("dataset", "multiple_choice") and files is not None and len(files) > 1:
         if src.task_name is not None:
             raise ValueError(
                 f"task_name={src.task_name!r} names one task but path={src.path!r} holds "
@@ -128,6 +129,13 @@ def read_source(
                 ds, name=task_name, text_column=args["text_column"],
                 label_column=args["label_column"], verbalizer=src.verbalizer,
                 drop_small_classes=src.drop_small, spec=spec, template=template,
+                answer_template=src.answer_template, family=family,
+            ))  # fmt: skip
+        elif builder == "multiple_choice":
+            rows.append(multiple_choice_rows(
+                ds, name=task_name, spec=spec, template=template,
+                options_column=args.get("options_column"), option_columns=args.get("option_columns"),
+                label_column=args["label_column"], answer_format=args.get("answer_format") or "auto",
                 answer_template=src.answer_template, family=family,
             ))  # fmt: skip
         elif builder == "task_column":
@@ -219,7 +227,7 @@ def datasets_cache(cache_dir: str | None) -> str | None:
 def source_fingerprint(src: CollectionSource, *, cache_dir: str | None = None) -> str:
     """The fingerprint ``datasets`` gives the rows ``src`` reads (cheap: Arrow-cached)."""
     files = source_files(src)
-    if src.resolved()["builder"] == "dataset" and files is not None and len(files) > 1:
+    if src.resolved()["builder"] in ("dataset", "multiple_choice") and files is not None and len(files) > 1:
         return "|".join(_load(src, [f], cache_dir)._fingerprint for f in files)
     return _load(src, files, cache_dir)._fingerprint
 

@@ -19,7 +19,7 @@ from fmmeta.tasks.data import FORMATS
 from fmmeta.tasks.options import TaskOptions
 from fmmeta.tasks.spec import EpisodeSpec
 
-Builder = Literal["classification", "task_column", "dataset"]
+Builder = Literal["classification", "task_column", "dataset", "multiple_choice"]
 Preset = Literal["metaicl", "natural_instructions"]
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -42,14 +42,16 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 _ONLY_FOR: dict[str, tuple[str, ...]] = {
     "text_column": ("classification",),
-    "label_column": ("classification",),
+    "label_column": ("classification", "multiple_choice"),
     "verbalizer": ("classification",),
     "task_column": ("task_column",),
-    "options_column": ("task_column",),
+    "options_column": ("task_column", "multiple_choice"),
+    "option_columns": ("multiple_choice",),
+    "answer_format": ("multiple_choice",),
     "name_prefix": ("task_column",),
     "input_column": ("task_column", "dataset"),
     "output_column": ("task_column", "dataset"),
-    "task_name": ("classification", "dataset"),
+    "task_name": ("classification", "dataset", "multiple_choice"),
 }
 """Source keys that only one or two builders take (setting one for another builder is an error)."""
 
@@ -67,8 +69,9 @@ class CollectionSource:
     """Hub dataset id, local .jsonl/.json/.csv/.parquet/.arrow file, a save_to_disk folder, a folder of
     those (one task each with builder: dataset), or a glob."""
     builder: Builder | None = None
-    """"classification" (one N-way task), "task_column" (a task per value of a column) or
-    "dataset" (one task per file); null = the preset's."""
+    """"classification" (one N-way task), "task_column" (a task per value of a column),
+    "dataset" (one task per file) or "multiple_choice" (questions with their own options, one task
+    per file); null = the preset's."""
     preset: Preset | None = None
     """Known layout: "metaicl" (task, input, output, options) or "natural_instructions"
     (task_name, definition, inputs, targets)."""
@@ -88,15 +91,23 @@ class CollectionSource:
     output_column: str | None = None
     """task_column / dataset: the answer column (default "output")."""
     options_column: str | None = None
-    """task_column: answer options per row; a task with one fixed option list becomes classification."""
+    """task_column: answer options per row; a task with one fixed option list becomes classification.
+    multiple_choice: the column of each question's options (a list, or {text, label} like ARC's)."""
+    option_columns: list[str] | None = None
+    """multiple_choice: instead of options_column, the columns holding one option each (e.g. [sol1, sol2])."""
+    answer_format: Literal["auto", "index", "number", "letter", "key", "text"] | None = None
+    """multiple_choice: how label_column names the gold option: a 0-based index, a 1-based number, a
+    letter, a key of the options' label list, the option's text; null = auto (refuses digit strings)."""
     text_column: str | None = None
     """classification: the text column used by the default template (default "text")."""
     label_column: str | None = None
-    """classification: the label column (default "label"); at least 2 classes."""
+    """classification: the label column (default "label"); at least 2 classes. multiple_choice: the
+    column naming the gold option (default "label")."""
     template: str | None = None
-    """Prompt format over column names, e.g. "Review: {text}\\nSentiment:"; null = the input column."""
+    """Prompt format over column names, e.g. "Review: {text}\\nSentiment:"; null = the input column
+    (multiple_choice: required; {options} shows the options as lettered lines)."""
     answer_template: str = " {answer}"
-    """Answer format; {answer} is the output value or the label word."""
+    """Answer format; {answer} is the output value, the label word or the option ({letter}: its letter)."""
     verbalizer: list[str] | dict[int | str, str] | None = None
     """classification: words per class, a list by integer label or a {label: word} mapping."""
     name_prefix: str = ""
@@ -162,7 +173,8 @@ class CollectionSource:
         builder = args.get("builder")
         if builder is None:
             problems.append(
-                "builder is missing: set builder to classification, task_column or dataset, or "
+                "builder is missing: set builder to classification, task_column, dataset or "
+                "multiple_choice, or "
                 "preset to metaicl or natural_instructions"
             )
         for key, builders in _ONLY_FOR.items():
@@ -171,6 +183,8 @@ class CollectionSource:
                     f"{key}={getattr(self, key)!r} does not apply to builder={builder!r} (only to "
                     f"{' / '.join(builders)}): remove it or change the builder"
                 )
+        if builder == "multiple_choice":
+            problems.extend(self._multiple_choice_problems())
         try:
             self.spec()
         except ValueError as err:
@@ -187,6 +201,21 @@ class CollectionSource:
                 f"data_files is set but path={self.path!r} is local: data_files picks files of a "
                 "hub dataset; point path at the files instead"
             )
+        return problems
+
+
+    def _multiple_choice_problems(self) -> list[str]:
+        """A multiple-choice source's own keys: a template, and one way of naming the options."""
+        problems = []
+        if self.template is None:
+            problems.append("template is missing: builder multiple_choice needs a prompt template, "
+                            "e.g. 'Question: {question}\\nAnswer:' ({options} shows the options)")
+        if (self.options_column is None) == (not self.option_columns):
+            problems.append("give exactly one of options_column (a list or {text, label} column) and "
+                            "option_columns (one column per option) for builder multiple_choice")
+        if self.ways is not None or self.remap_labels:
+            problems.append("ways and remap_labels do not apply to builder multiple_choice (each "
+                            "question brings its own options): remove them")
         return problems
 
 

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import datasets
+import numpy as np
 
 
 def template_fields(template: str, *, key: str) -> list[str]:
@@ -94,9 +95,16 @@ def check_present(values: Sequence[Any], *, key: str, where: str) -> None:
             )
 
 
+def draw_rows(n: int, max_examples: int | None, rng: np.random.Generator) -> list[int] | None:
+    """Sorted indices of ``max_examples`` of ``n`` rows drawn by ``rng``; None keeps them all."""
+    if max_examples is None or n <= max_examples:
+        return None
+    return np.sort(rng.choice(n, size=max_examples, replace=False)).tolist()
+
+
 def resolve_template(template: str | None, input_column: str) -> str:
     """``template``, or the bare input column when none is given."""
     return template if template is not None else "{" + input_column + "}"
 
 
-__all__ = ["check_present", "column", "render", "require_columns", "resolve_template", "template_fields"]
+__all__ = ["check_present", "column", "draw_rows", "render", "require_columns", "resolve_template", "template_fields"]

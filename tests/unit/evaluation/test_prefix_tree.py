@@ -8,8 +8,8 @@ import torch
 from eval_helpers import PAD, lora_params, random_episode, random_state, tiny_lora_llama
 
 from fmmeta.evaluation.prefix_tree import build_tree
-from fmmeta.evaluation.scoring import QuerySet, score_passes, score_query
-from fmmeta.tasks.episode import Example
+from fmmeta.evaluation.scoring import QuerySet, score_passes, score_query, score_query_sets
+from fmmeta.tasks.episode import Episode, Example
 
 torch.set_num_threads(1)
 
@@ -105,3 +105,67 @@ def test_bf16_tree_scores_stay_close_to_fp32() -> None:
     fp32 = score_query(model, query, PAD, choices=ep.choices)
     bf16 = score_query(model.to(torch.bfloat16), query, PAD, choices=ep.choices)
     assert bf16.loss == pytest.approx(fp32.loss, rel=2e-2)
+
+
+def _mc_reference(model: torch.nn.Module, query: tuple[Example, ...]) -> tuple[float, float, float]:
+    """(loss, accuracy by summed log-probability, accuracy by mean per token), each option alone."""
+    correct = per_token = 0
+    gold, n = 0.0, 0
+    for q in query:
+        assert q.options is not None and q.label is not None
+        scores, _ = _one_by_one(model, [(q.prompt_ids, o) for o in q.options])
+        means = [s / len(o) for s, o in zip(scores, q.options)]
+        correct += int(scores[q.label] > max(s for i, s in enumerate(scores) if i != q.label))
+        per_token += int(means[q.label] > max(s for i, s in enumerate(means) if i != q.label))
+        gold, n = gold + scores[q.label], n + len(q.options[q.label])
+    return -gold / n, correct / len(query), per_token / len(query)
+
+
+@pytest.mark.parametrize("demonstrations", [False, True])
+def test_multiple_choice_options_as_branches_equal_each_option_alone(demonstrations: bool) -> None:
+    """Per-question options that share prefixes and differ in length, ranked two ways."""
+    model = tiny_lora_llama(seed=10)
+    params = lora_params(model)
+    with torch.no_grad():
+        for p, v in zip(params, random_state(params, 11, scale=0.3)):
+            p.copy_(v)
+    model.eval()
+    opts = [((20, 21, 2), (20, 22, 23, 2), (24, 2)), ((30, 2), (30, 31, 2)),
+            ((40, 41, 42, 43, 2), (40, 41, 2), (44, 2), (45, 46, 2)), ((20, 21, 2), (24, 2))]
+    questions = tuple(Example((5 + i, 6, 7 + i), o[i % len(o)], i % len(o), o) for i, o in enumerate(opts))
+    ep = Episode("quiz", support=questions[:2], query=questions[2:] + questions[:1], shots=2)
+    query = ep.in_context_query() if demonstrations else ep.query
+    want_loss, want_acc, want_per_token = _mc_reference(model, query)
+    for mbs in (1, 3):
+        s = score_query(model, query, PAD, micro_batch_size=mbs)
+        assert s.loss == pytest.approx(want_loss, rel=1e-5)
+        assert (s.accuracy, s.accuracy_per_token) == (want_acc, want_per_token)
+
+
+def test_a_query_set_mixing_questions_with_options_and_without_is_refused() -> None:
+    q = (Example((5,), (20, 2), 0, ((20, 2), (21, 2))), Example((6,), (22, 2)))
+    with pytest.raises(ValueError, match="mixes multiple-choice questions"):
+        QuerySet(q).check()
+    with pytest.raises(ValueError, match="a task's choices"):
+        QuerySet(q[:1], ((20, 2), (21, 2))).check()
+
+
+def test_passes_bounded_by_tokens_score_the_same_and_are_counted_before_they_run() -> None:
+    """Long rows go a few to a pass (dense attention over a row is what held memory); the scores
+    do not change, and score_passes announces exactly the passes that run (ZeRO-3 lockstep)."""
+    model = tiny_lora_llama(seed=12)
+    model.eval()
+    g = torch.Generator().manual_seed(13)
+    sets = [QuerySet(ep.in_context_query(), ep.choices)
+            for ep in (random_episode(g, f"t{i}", classification=i % 2 == 0, shots=3, n_query=5) for i in range(6))]
+    widths: list[int] = []
+    model.register_forward_pre_hook(lambda m, a, kw: widths.append(kw["input_ids"].numel()), with_kwargs=True)
+    whole = score_query_sets(model, sets, micro_batch_size=2, max_tokens=10**9)
+    assert len(widths) == score_passes(sets, micro_batch_size=2, max_tokens=10**9) == 3
+    widest = max(widths) // len(sets)
+    widths.clear()
+    bounded = score_query_sets(model, sets, micro_batch_size=2, max_tokens=2 * widest)
+    assert len(widths) == score_passes(sets, micro_batch_size=2, max_tokens=2 * widest) > 3
+    assert max(widths) <= 2 * widest
+    for a, b in zip(whole, bounded):
+        assert b.loss == pytest.approx(a.loss, rel=1e-5) and (b.accuracy, b.n) == (a.accuracy, a.n)

@@ -1,0 +1,206 @@
+"""Multiple-choice rows: questions, their own options and the gold option, read from any layout.
+
+Public multiple-choice datasets store the same thing in many shapes, and this module reads them
+all without a preprocessing script:
+
+* options in one **list** column (HellaSwag's ``endings``, MMLU's ``choices``), in one **dict**
+  column of ``text`` and ``label`` lists (ARC, OpenBookQA, CommonsenseQA), or in **several
+  columns** (PIQA's ``sol1``/``sol2``, WinoGrande's ``option1``/``option2``, SciQ's
+  ``correct_answer`` and ``distractor1..3``);
+* the answer as a 0-based **index** (``0`` or ``"0"``), a 1-based **number** (``"1"``), a
+  **letter** (``"B"``), a **key** of the dict column's ``label`` list (ARC's ``answerKey``, which
+  is a letter on some rows and a digit on others), or the option's **text** (SciQ).
+
+``answer_format: auto`` reads what is unambiguous (a dict column's key, an int index, an option's
+text, a capital letter) and refuses a digit string, which datasets use both 0-based (HellaSwag)
+and 1-based (WinoGrande, Social IQa): the user says which. The prompt is a template over the
+row's columns plus ``{options}``, the options as lettered lines, for prompts that show them
+(lm-eval-harness scores MMLU both ways); an option's answer text is ``answer_template`` with
+``{answer}`` (the option's text) and ``{letter}`` (its letter).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import string
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import datasets
+import numpy as np
+
+from fmmeta.tasks.columns import column, draw_rows, render, require_columns, template_fields
+from fmmeta.tasks.spec import EpisodeSpec
+
+AnswerFormat = Literal["auto", "index", "number", "letter", "key", "text"]
+ANSWER_FORMATS: tuple[str, ...] = ("auto", "index", "number", "letter", "key", "text")
+LETTERS = string.ascii_uppercase
+OPTIONS_FIELD = "options"
+"""The template field that shows a question's options as lettered lines ("A. ...")."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MultipleChoiceRows:
+    """One multiple-choice task's checked texts: everything a
+    :class:`~fmmeta.tasks.multiple_choice.MultipleChoiceTask` needs but the tokenizer.
+
+    Attributes:
+        name: the task's unique name.
+        family: task family; "" means ``name``.
+        spec: episode shape (shots, query).
+        prompts: rendered prompt of each question.
+        options: each question's option answers (answer template applied).
+        labels: each question's gold option index.
+    """
+
+    name: str
+    family: str
+    spec: EpisodeSpec
+    prompts: list[str]
+    options: list[list[str]]
+    labels: list[int]
+
+    def subsample(self, max_examples: int | None, rng: np.random.Generator) -> MultipleChoiceRows:
+        """At most ``max_examples`` questions, drawn by ``rng`` in their original order."""
+        keep = draw_rows(len(self.prompts), max_examples, rng)
+        if keep is None:
+            return self
+        return dataclasses.replace(
+            self, prompts=[self.prompts[i] for i in keep], options=[self.options[i] for i in keep],
+            labels=[self.labels[i] for i in keep],
+        )  # fmt: skip
+
+
+def multiple_choice_rows(
+    ds: datasets.Dataset,
+    *,
+    name: str,
+    spec: EpisodeSpec,
+    template: str | None,
+    options_column: str | None = None,
+    option_columns: Sequence[str] | None = None,
+    label_column: str = "label",
+    answer_format: AnswerFormat = "auto",
+    answer_template: str = " {answer}",
+    family: str = "",
+    where: str | None = None,
+) -> MultipleChoiceRows:
+    """Reads one multiple-choice task from ``ds`` (see the module docstring for the layouts).
+
+    Raises:
+        ValueError: naming the key or the row: no template, neither or both option keys, a missing
+            column, a row with fewer than 2 options or an empty one, an answer that is not among
+            its row's options, or a digit-string answer under ``answer_format: auto``.
+    """
+    where = where or f"multiple_choice task {name!r}"
+    if template is None:
+        raise ValueError(
+            f"{where}: template is missing: a multiple-choice task needs a prompt template over its "
+            "columns, e.g. 'Question: {question}\\nAnswer:' (add {options} to show the options)"
+        )
+    if (options_column is None) == (not option_columns):
+        raise ValueError(
+            f"{where}: give exactly one of options_column (one list or {{text, label}} column) and "
+            "option_columns (a list of columns, one option each)"
+        )
+    if answer_format not in ANSWER_FORMATS:
+        raise ValueError(f"{where}: answer_format={answer_format!r} is invalid: choose one of {list(ANSWER_FORMATS)}")
+    fields = [f for f in template_fields(template, key="template") if f != OPTIONS_FIELD]
+    option_cols = [options_column] if options_column is not None else list(option_columns or ())
+    require_columns(ds, [*fields, *option_cols, label_column], where=where)
+    if len(ds) == 0:
+        raise ValueError(f"{where}: the dataset has no rows, so the task has no questions")
+    texts, keys = _row_options(ds, options_column, option_cols, where=where)
+    answers = column(ds, label_column)
+    labels = [_gold(answers[i], texts[i], keys[i], answer_format, where=f"{where}: row {i} ({label_column})")
+              for i in range(len(ds))]
+    shown = {OPTIONS_FIELD: [_lettered(t) for t in texts]} if OPTIONS_FIELD in template_fields(template, key="template") else {}
+    prompts = render(template, {**{f: column(ds, f) for f in fields}, **shown}, len(ds), where=where)
+    options = [[answer_template.format(answer=t, letter=LETTERS[j]) for j, t in enumerate(row)] for row in texts]
+    return MultipleChoiceRows(name=name, family=family, spec=spec, prompts=prompts, options=options, labels=labels)
+
+
+def _row_options(ds: datasets.Dataset, options_column: str | None, option_cols: list[str], *, where: str
+                 ) -> tuple[list[list[str]], list[list[str] | None]]:
+    """(option texts, keys of a dict column or None) of every row, checked."""
+    if options_column is None:
+        cols = [column(ds, c) for c in option_cols]
+        raw: list[Any] = [[col[i] for col in cols] for i in range(len(ds))]
+    else:
+        raw = column(ds, options_column)
+    texts: list[list[str]] = []
+    keys: list[list[str] | None] = []
+    for i, value in enumerate(raw):
+        key_list: list[str] | None = None
+        if isinstance(value, dict):
+            if "text" not in value:
+                raise ValueError(f"{where}: {options_column}[{i}] is a dict without 'text' (keys {sorted(value)}): "
+                                 "point options_column at a list, or a {text, label} column like ARC's")
+            key_list = [str(k) for k in value.get("label") or []] or None
+            value = value["text"]
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{where}: {options_column}[{i}]={value!r} is not a list of options")
+        row = [o if isinstance(o, str) else ("" if o is None else str(o)) for o in value]
+        if not 2 <= len(row) <= len(LETTERS) or any(not o.strip() for o in row):
+            raise ValueError(
+                f"{where}: row {i} has options {row!r}: a question needs 2 to 26 non-empty options; "
+                "filter such rows first"
+            )
+        if key_list is not None and len(key_list) != len(row):
+            raise ValueError(f"{where}: row {i} has {len(row)} options but {len(key_list)} labels {key_list}")
+        texts.append(row)
+        keys.append(key_list)
+    return texts, keys
+
+
+def _gold(value: Any, texts: list[str], keys: list[str] | None, fmt: str, *, where: str) -> int:
+    """The index of the gold option that ``value`` names under ``fmt``."""
+    if fmt == "auto":
+        fmt = _auto_format(value, texts, keys, where=where)
+    index: int | None = None
+    if fmt == "index" or fmt == "number":
+        whole = value if isinstance(value, int) and not isinstance(value, bool) else (
+            int(value.strip()) if isinstance(value, str) and value.strip().isdigit() else None)
+        index = None if whole is None else whole - (fmt == "number")
+    elif fmt == "letter" and isinstance(value, str) and len(value.strip()) == 1:
+        index = LETTERS.find(value.strip().upper())
+    elif fmt == "key" and keys is not None:
+        index = keys.index(str(value)) if str(value) in keys else None
+    elif fmt == "text":
+        stripped = [t.strip() for t in texts]
+        index = stripped.index(str(value).strip()) if str(value).strip() in stripped else None
+    if index is None or not 0 <= index < len(texts):
+        shown = texts if len(texts) <= 6 else [*texts[:6], "..."]
+        raise ValueError(
+            f"{where}: the answer {value!r} is not one of the row's {len(texts)} options {shown}"
+            f" read as answer_format={fmt!r}" + (f" (keys {keys})" if keys else "")
+            + ": fix the row, or set answer_format to index, number, letter, key or text"
+        )
+    return index
+
+
+def _auto_format(value: Any, texts: list[str], keys: list[str] | None, *, where: str) -> str:
+    """What ``answer_format: auto`` reads ``value`` as; a digit string is ambiguous and refused."""
+    if keys is not None:
+        return "key"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return "index"
+    if isinstance(value, str) and value.strip() in [t.strip() for t in texts]:
+        return "text"
+    if isinstance(value, str) and value.strip().isdigit():
+        raise ValueError(
+            f"{where}: the answer {value!r} is a digit string, which datasets write 0-based (HellaSwag) "
+            "and 1-based (WinoGrande, Social IQa): set answer_format to index (0-based) or number (1-based)"
+        )
+    if isinstance(value, str) and len(value.strip()) == 1 and value.strip() in LETTERS:
+        return "letter"
+    return "text"  # not among the options: _gold names the row
+
+
+def _lettered(texts: Sequence[str]) -> str:
+    """A question's options as lines ``A. first``, ``B. second``... for prompts that show them."""
+    return "\n".join(f"{LETTERS[j]}. {t}" for j, t in enumerate(texts))
+
+
+__all__ = ["ANSWER_FORMATS", "AnswerFormat", "MultipleChoiceRows", "multiple_choice_rows"]
