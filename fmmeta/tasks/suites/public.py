@@ -91,7 +91,7 @@ _CLASSIFICATION: tuple[tuple[str, str, dict[str, Any]], ...] = (
       "verbalizer": ["True", "False"]}),
     ("cb", "super_glue/cb/validation",
      {"family": "entailment", "template": "{premise}\nQuestion: {hypothesis} True, False or Neither?\nAnswer:",
-      "verbalizer": ["True", "False", "Neither"], "shots": 1, "query": 2}),
+      "verbalizer": ["True", "False", "Neither"], "shots": 1, "query": 2, "max_examples": None}),
     ("mrpc", "glue/mrpc/validation",
      {"family": "paraphrase", "verbalizer": ["no", "yes"],
       "template": "Sentence 1: {sentence1}\nSentence 2: {sentence2}\nQuestion: Do both sentences mean the same "
@@ -132,7 +132,7 @@ def mmlu_family(subject: str) -> str:
 def public_sources(root: Path, *, shots: int = 4, query: int = 4, max_examples: int | None = 200,
                    mmlu: bool = True) -> list[CollectionSource]:
     """The suite's sources over the data under ``root``, one task each."""
-    shape = {"shots": shots, "query": query, "max_examples": max_examples}
+    shape: dict[str, Any] = {"shots": shots, "query": query, "max_examples": max_examples}
     sources = [CollectionSource(path=str(root / folder), builder="multiple_choice", task_name=name,
                                 **{**shape, **keys})
                for name, folder, keys in _MULTIPLE_CHOICE]
@@ -170,7 +170,8 @@ def build_public_suite(
         shots: support examples per episode (per class for the held-out classification tasks).
         query: query examples per episode (per class likewise); CB keeps 1 + 2 per class, as its
             rarest class has 5 rows.
-        max_examples: rows kept per task (a seeded draw; null = all, HellaSwag has 10,042).
+        max_examples: rows kept per task (a seeded draw; null = all, HellaSwag has 10,042); CB
+            keeps all 56.
         mmlu: include the 57 MMLU subjects as meta-training tasks.
         cache_dir: the tokenization cache (null = the datasets cache).
 

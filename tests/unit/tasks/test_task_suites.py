@@ -111,7 +111,7 @@ def test_build_suite_registry() -> None:
     for ex in ep.support:
         a, k = TOK.decode(ex.prompt_ids).rstrip("=").split("+")
         assert TOK.decode(ex.answer_ids) == f" {int(a) + int(k)}</s>"
-    with pytest.raises(ValueError, match=r"unknown task suite 'cldrr': choose one of \['cldr', 'synthetic'\]. Did you mean 'cldr'\?"):
+    with pytest.raises(ValueError, match=r"unknown task suite 'cldrr': choose one of \['cldr', 'public', 'synthetic'\]. Did you mean 'cldr'\?"):
         build_suite("cldrr", TOK)
 
 
