@@ -46,7 +46,7 @@ from fmmeta.algorithms.task_lora import TaskLoRA
 from fmmeta.evaluation.adaptation import Scored, adapt_and_score, by_length, groups_of
 from fmmeta.evaluation.lockstep import Lockstep, OneRank, Ranks, per_method
 from fmmeta.evaluation.methods import MethodSpec, needs_lr, prepare_methods
-from fmmeta.evaluation.result import EpisodeRecord, EvalResult, LrSelection, kind_of
+from fmmeta.evaluation.result import EpisodeRecord, EvalResult, LrSelection, chance_of, kind_of
 from fmmeta.progress import Progress
 from fmmeta.tasks.episode import Episode
 from fmmeta.workers import Workers
@@ -119,7 +119,7 @@ def _records(method: str, flat: list[tuple[int, int, Episode]], order: list[int]
         EpisodeRecord(
             method=method, seed=seed, episode=i, task=ep.task, kind=kind_of(ep),
             family=families.get(ep.task, ""), step=step, loss=loss, accuracy=acc, n=n,
-            accuracy_per_token=acc_tok,
+            accuracy_per_token=acc_tok, chance=chance_of(ep),
         )
         for (seed, i, ep), sc in zip(flat, scored)
         for step, loss, acc, n, acc_tok in sc

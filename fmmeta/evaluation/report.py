@@ -67,6 +67,12 @@ def format_markdown(result: EvalResult) -> str:
 def _headline(result: EvalResult) -> list[str]:
     """What a person reads first: whether the intervals count training variance, which accuracy
     comparisons hold (the 95% interval excludes 0) and which do not, and at what power."""
+    # Tasks on which no method leaves chance would only add noise to every comparison: they are
+    # named and kept out of this section (the tables below still hold them).
+    chance = result.at_chance()
+    full = result
+    if chance and len(chance) < len({r.task for r in result.records}):
+        result = result.without_tasks(list(chance))
     # Per kind of task (overall is in the tables below), each contender against each baseline,
     # in_context - multitask left out as the mirror of multitask - in_context.
     families = [f for f in KINDS if f in result.families()] or [OVERALL]
@@ -84,6 +90,11 @@ def _headline(result: EvalResult) -> list[str]:
                  "out training variance, which can be as large as the differences (train.replicates=3 "
                  "counts it).")
     lines = ["## What holds", "", scope, ""]
+    if chance:
+        named = ", ".join(f"{t} (chance {c:.2f})" for t, c in sorted(chance.items()))
+        kept = "kept out of this section" if result is not full else "every task is at chance: nothing below tells methods apart"
+        lines += [f"At chance, {kept}: {named}. On these tasks no method's 95% accuracy interval "
+                  "leaves the chance rate (a uniform guess among the candidates).", ""]
     if not comparisons:
         return lines
     holds = [c for c in comparisons if c.accuracy.excludes_zero]

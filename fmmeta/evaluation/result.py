@@ -41,6 +41,16 @@ def kind_of(episode: Episode) -> str:
     return MULTIPLE_CHOICE if episode.query[0].options is not None else GENERATION
 
 
+def chance_of(episode: Episode) -> float | None:
+    """The accuracy of a uniform guess among an episode's candidates (its ways, or the mean over
+    its questions of one over their options); ``None`` for generation, which has no candidates."""
+    if episode.choices is not None:
+        return 1.0 / len(episode.choices)
+    if episode.query[0].options is None:
+        return None
+    return float(np.mean([1.0 / len(ex.options or ()) for ex in episode.query]))
+
+
 @dataclass(frozen=True, kw_only=True)
 class EpisodeRecord:
     """One method's score on one held-out episode after ``step`` adaptation steps.
@@ -59,6 +69,8 @@ class EpisodeRecord:
         replicate: the training replicate the scored adapter belongs to (0 with one replicate).
         accuracy_per_token: accuracy with candidates ranked by mean log-probability per token
             (classification, multiple choice); ``None`` for generation.
+        chance: a uniform guess's accuracy on the episode (:func:`chance_of`); ``None`` for
+            generation.
     """
 
     method: str
@@ -73,6 +85,7 @@ class EpisodeRecord:
     family: str = ""
     replicate: int = 0
     accuracy_per_token: float | None = None
+    chance: float | None = None
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> EpisodeRecord:
@@ -276,6 +289,37 @@ class EvalResult:
                         out.append(c)
         self._comparisons[key] = out
         return out
+
+    def at_chance(self) -> dict[str, float]:
+        """Tasks where no method's accuracy leaves chance: ``task -> chance rate`` for every task
+        with candidates on which, for every method at its headline step, the 95% accuracy interval
+        over the task's episodes (and replicates) holds the chance rate. On such a task the model
+        tells no candidate apart, so differences between methods there are noise the report keeps
+        out of its headline."""
+        chance: dict[str, list[float]] = {}
+        for r in self.records:
+            if r.chance is not None:
+                chance.setdefault(r.task, []).append(r.chance)
+        out: dict[str, float] = {}
+        for task, rates in chance.items():
+            rate = float(np.mean(rates))
+            leaves = False
+            for m in self.methods:
+                steps = self.steps_of(m)
+                step = steps[-1] if steps else 0
+                cells = {_key(r): (r.accuracy, r.task) for r in self.records
+                         if r.method == m and r.step == step and r.task == task}
+                if cells:
+                    i = replicated_interval(*_matrix(cells)).interval
+                    leaves = leaves or i.low > rate or i.high < rate
+            if not leaves:
+                out[task] = rate
+        return out
+
+    def without_tasks(self, tasks: Sequence[str]) -> EvalResult:
+        """The same result with ``tasks``' records left out (summaries computed anew)."""
+        keep = [r for r in self.records if r.task not in set(tasks)]
+        return dataclasses.replace(self, records=keep, _summary=None, _comparisons={})
 
     def get(self, method: str, step: int, family: str = OVERALL) -> MetricSummary:
         """One cell of :meth:`summary`, with an error that lists what exists."""

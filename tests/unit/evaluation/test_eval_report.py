@@ -182,3 +182,27 @@ def test_an_eval_json_reads_back_to_the_same_report(tmp_path: Path) -> None:
     again = EvalResult.from_dict(json.loads(paths["eval.json"].read_text()))
     assert format_markdown(again) == format_markdown(res)
     assert again.lr_selection is not None and again.lr_selection.val_loss["fomaml"][0.1] == math.inf
+
+
+def test_tasks_where_no_method_leaves_chance_are_named_and_kept_out_of_the_headline() -> None:
+    """Two-way tasks: on 'coin' every method sits near 0.5, on 'easy' fomaml is far above it and
+    multitask near it; the headline's comparison is made on 'easy' alone."""
+    rng = np.random.default_rng(0)
+    recs = []
+    for method, easy in (("fomaml", 0.9), ("multitask", 0.55)):
+        for task, mean in (("coin", 0.5), ("easy", easy)):
+            for seed in range(3):
+                for episode in range(8):
+                    acc = float(np.clip(mean + rng.normal(0, 0.1), 0, 1))
+                    recs.append(EpisodeRecord(method=method, seed=seed, episode=episode, task=task,
+                                              kind="classification", step=1, loss=1.0, accuracy=acc, n=8,
+                                              chance=0.5))
+    result = EvalResult(records=recs, methods=["fomaml", "multitask"], max_steps=1, n_seeds=3,
+                        inner_lrs={}, inner=InnerLoopConfig())
+    assert result.at_chance() == {"coin": 0.5}
+    headline = format_markdown(result).split("## What holds", 1)[1].split("\n## ", 1)[0]
+    assert "At chance, kept out of this section: coin (chance 0.50)" in headline
+    (c,) = [c for c in result.without_tasks(["coin"]).comparisons() if c.family == "classification"]
+    assert f"{c.accuracy.estimate:+.3f}" in headline  # the comparison on 'easy' alone
+    everything = [c for c in result.comparisons() if c.family == "classification"][0]
+    assert f"{everything.accuracy.estimate:+.3f}" not in headline
