@@ -28,7 +28,7 @@ from fmmeta.tasks.choice_rows import MultipleChoiceRows
 from fmmeta.tasks.classification import ClassificationTask, answer_word_ids
 from fmmeta.tasks.generation import GenerationTask
 from fmmeta.tasks.multiple_choice import MultipleChoiceTask
-from fmmeta.tasks.rows import ClassificationRows, GenerationRows, TaskRows, tasks_from_rows
+from fmmeta.tasks.rows import ClassificationRows, GenerationRows, TaskRows, tail_tokens, tasks_from_rows
 from fmmeta.tasks.spec import EpisodeSpec
 from fmmeta.tasks.task import Task
 from fmmeta.tasks.tokens import OnTooLong, check_texts, encode, eos_ids
@@ -97,7 +97,7 @@ def _task_meta(r: TaskRows, start: int, end: int) -> dict[str, Any]:
         "name": r.name, "family": r.family, "start": start, "end": end,
         "spec": {"shots": s.shots, "query": s.query, "ways": s.ways,
                  "remap_labels": s.remap_labels, "label_pool": list(s.label_pool or ()) or None},
-        "words": None, "class_names": None, "pool": None,
+        "words": None, "class_names": None, "pool": None, "template_tail": r.template_tail,
         "kind": "multiple_choice" if isinstance(r, MultipleChoiceRows) else
                 "classification" if isinstance(r, ClassificationRows) else "generation",
     }  # fmt: skip
@@ -179,6 +179,7 @@ def _assemble(
     tasks: list[Task] = []
     for m in meta:
         a, b = m["start"], m["end"]
+        tail = tail_tokens(tokenizer, m.get("template_tail", ""))
         # Caches written before the rename to "family" call it "domain"; the key (and so the
         # folder) is the same, so they are read as they are rather than rebuilt.
         family = m["family"] if "family" in m else m["domain"]
@@ -187,20 +188,20 @@ def _assemble(
             tasks.append(MultipleChoiceTask.from_ids(
                 m["name"], prompt_ids[a:b], [[o + eos for o in opts] for opts in option_ids[a:b]],
                 labels[a:b], spec=spec, family=family, max_length=max_length,
-                on_too_long=on_too_long, separator_ids=separator_ids,
+                on_too_long=on_too_long, separator_ids=separator_ids, tail_tokens=tail,
             ))  # fmt: skip
         elif m["words"] is not None:
             words = answer_word_ids(tokenizer, [*m["words"], *(m["pool"] or ())])
             tasks.append(ClassificationTask.from_ids(
                 m["name"], prompt_ids[a:b], labels[a:b], words[: len(m["words"])],
                 class_names=m["class_names"], spec=spec, pool_answers=words[len(m["words"]):],
-                family=family, max_length=max_length, separator_ids=separator_ids,
+                family=family, max_length=max_length, separator_ids=separator_ids, tail_tokens=tail,
             ))  # fmt: skip
         else:
             tasks.append(GenerationTask.from_ids(
                 m["name"], prompt_ids[a:b], [x + eos for x in answer_ids[a:b]], spec=spec,
                 family=family, max_length=max_length, on_too_long=on_too_long,
-                separator_ids=separator_ids,
+                separator_ids=separator_ids, tail_tokens=tail,
             ))  # fmt: skip
     return tasks
 

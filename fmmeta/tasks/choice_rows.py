@@ -30,7 +30,7 @@ from typing import Any, Literal
 import datasets
 import numpy as np
 
-from fmmeta.tasks.columns import column, draw_rows, render, require_columns, template_fields
+from fmmeta.tasks.columns import column, draw_rows, render, require_columns, template_fields, template_tail
 from fmmeta.tasks.spec import EpisodeSpec
 
 AnswerFormat = Literal["auto", "index", "number", "letter", "key", "text"]
@@ -52,6 +52,7 @@ class MultipleChoiceRows:
         prompts: rendered prompt of each question.
         options: each question's option answers (answer template applied).
         labels: each question's gold option index.
+        template_tail: the prompt template's fixed ending (a cut may not keep only that).
     """
 
     name: str
@@ -60,6 +61,7 @@ class MultipleChoiceRows:
     prompts: list[str]
     options: list[list[str]]
     labels: list[int]
+    template_tail: str = ""
 
     def subsample(self, max_examples: int | None, rng: np.random.Generator) -> MultipleChoiceRows:
         """At most ``max_examples`` questions, drawn by ``rng`` in their original order."""
@@ -118,7 +120,8 @@ def multiple_choice_rows(
     shown = {OPTIONS_FIELD: [_lettered(t) for t in texts]} if OPTIONS_FIELD in template_fields(template, key="template") else {}
     prompts = render(template, {**{f: column(ds, f) for f in fields}, **shown}, len(ds), where=where)
     options = [[answer_template.format(answer=t, letter=LETTERS[j]) for j, t in enumerate(row)] for row in texts]
-    return MultipleChoiceRows(name=name, family=family, spec=spec, prompts=prompts, options=options, labels=labels)
+    return MultipleChoiceRows(name=name, family=family, spec=spec, prompts=prompts, options=options, labels=labels,
+                              template_tail=template_tail(template))
 
 
 def _row_options(ds: datasets.Dataset, options_column: str | None, option_cols: list[str], *, where: str

@@ -180,6 +180,7 @@ class ClassificationTask:
         max_length: int = 256,
         separator_ids: Sequence[int] = (),
         prompt_texts: Sequence[str] | None = None,
+        tail_tokens: int = 0,
     ) -> ClassificationTask:
         """A classification task from token ids already computed (e.g. read from a disk cache).
 
@@ -199,6 +200,7 @@ class ClassificationTask:
             max_length: token budget of one example.
             separator_ids: tokens between in-context demonstrations.
             prompt_texts: the prompts as text, only to quote in error messages.
+            tail_tokens: tokens of the template's fixed ending; a cut that keeps no more is refused.
         """
         where = f"task {name!r}"
         check_budget(max_length, "drop")
@@ -226,7 +228,7 @@ class ClassificationTask:
             check_nonempty_ids(where, i, p, prompt_texts[i] if prompt_texts is not None else None)
             kept_p.append(p[-(max_length - longest) :])  # room >= 1 checked above
         cut = sum(len(k) < len(p) for k, p in zip(kept_p, prompt_ids))
-        log_cut(where, cut, len(prompt_ids), max_length)
+        log_cut(where, cut, len(prompt_ids), max_length, shortest=max_length - longest, tail_tokens=tail_tokens)
         return cls(
             name, prompts=kept_p, labels=list(labels), class_answers=class_answers,
             class_names=list(class_names), pool_answers=pool, spec=spec, family=family,

@@ -49,6 +49,13 @@ def template_fields(template: str, *, key: str) -> list[str]:
     return fields
 
 
+def template_tail(template: str) -> str:
+    """The fixed text after a template's last field (``"\nSentiment:"`` of
+    ``"Review: {text}\nSentiment:"``): what a prompt cut from the left keeps longest."""
+    parsed = list(string.Formatter().parse(template))
+    return parsed[-1][0] if parsed and parsed[-1][1] is None else ""
+
+
 def column(ds: datasets.Dataset, name: str) -> list[Any]:
     """A whole column as a list, read in one slice (iterating a column formats row by row, about
     100x slower on a million rows)."""
@@ -107,4 +114,4 @@ def resolve_template(template: str | None, input_column: str) -> str:
     return template if template is not None else "{" + input_column + "}"
 
 
-__all__ = ["check_present", "column", "draw_rows", "render", "require_columns", "resolve_template", "template_fields"]
+__all__ = ["check_present", "column", "draw_rows", "render", "template_tail", "require_columns", "resolve_template", "template_fields"]

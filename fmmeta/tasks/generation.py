@@ -189,6 +189,7 @@ class GenerationTask:
         on_too_long: OnTooLong = "drop",
         separator_ids: Sequence[int] = (),
         prompt_texts: Sequence[str] | None = None,
+        tail_tokens: int = 0,
     ) -> GenerationTask:
         """A generation task from token ids already computed (e.g. read from a disk cache).
 
@@ -205,6 +206,7 @@ class GenerationTask:
             on_too_long: ``"drop"`` (count and log) or ``"error"`` for an answer that cannot fit.
             separator_ids: tokens between in-context demonstrations.
             prompt_texts: the prompts as text, only to quote in error messages.
+            tail_tokens: tokens of the template's fixed ending; a cut that keeps no more is refused.
         """
         where = f"task {name!r}"
         check_budget(max_length, on_too_long)
@@ -215,6 +217,7 @@ class GenerationTask:
         kept_p: list[Sequence[int]] = []
         kept_a: list[Sequence[int]] = []
         dropped = cut = 0
+        shortest = max_length
         for i, (p, a) in enumerate(zip(prompt_ids, answer_ids)):
             check_nonempty_ids(where, i, p, prompt_texts[i] if prompt_texts is not None else None)
             fitted = fit_prompt(p, len(a), max_length)
@@ -225,9 +228,10 @@ class GenerationTask:
                 continue
             kept_p.append(fitted)
             kept_a.append(a)
-            cut += len(fitted) < len(p)
+            if len(fitted) < len(p):
+                cut, shortest = cut + 1, min(shortest, len(fitted))
         log_dropped(where, dropped, len(prompt_ids), max_length)
-        log_cut(where, cut, len(prompt_ids), max_length)
+        log_cut(where, cut, len(prompt_ids), max_length, shortest=shortest, tail_tokens=tail_tokens)
         return cls(
             name, prompts=kept_p, answers=kept_a, spec=spec, family=family,
             separator_ids=separator_ids, n_dropped=dropped, n_cut=cut,

@@ -116,11 +116,13 @@ class MultipleChoiceTask:
         on_too_long: OnTooLong = "drop",
         separator_ids: Sequence[int] = (),
         prompt_texts: Sequence[str] | None = None,
+        tail_tokens: int = 0,
     ) -> MultipleChoiceTask:
         """A multiple-choice task from token ids (options with EOS), fitted to ``max_length``.
 
         A prompt is cut from the left so that it fits with the question's *longest* option (every
-        option is scored after the same prompt); a question whose longest option cannot fit is
+        option is scored after the same prompt; a cut that keeps no more than the template's
+        ending, ``tail_tokens``, is refused); a question whose longest option cannot fit is
         dropped (counted and logged) or, with ``on_too_long="error"``, refused. A question with
         two options of the same tokens is dropped with a warning: public data has a few (SciQ's
         distractors repeat its answer), and a tie counts as wrong, so it could never be answered.
@@ -129,6 +131,7 @@ class MultipleChoiceTask:
         check_budget(max_length, on_too_long)
         kept: list[tuple[Sequence[int], Sequence[Sequence[int]], int]] = []
         dropped = cut = repeated = 0
+        shortest = max_length
         for i, (p, opts, label) in enumerate(zip(prompt_ids, option_ids, labels)):
             check_nonempty_ids(where, i, p, prompt_texts[i] if prompt_texts is not None else None)
             if len({tuple(o) for o in opts}) < len(opts):
@@ -142,12 +145,13 @@ class MultipleChoiceTask:
                 dropped += 1
                 continue
             kept.append((fitted, opts, label))
-            cut += len(fitted) < len(p)
+            if len(fitted) < len(p):
+                cut, shortest = cut + 1, min(shortest, len(fitted))
         if repeated:
             logger.warning("%s: %d of %d questions dropped: two of their options have the same tokens, "
                            "so no model could rank the gold one first", where, repeated, len(prompt_ids))
         log_dropped(where, dropped, len(prompt_ids), max_length)
-        log_cut(where, cut, len(prompt_ids), max_length)
+        log_cut(where, cut, len(prompt_ids), max_length, shortest=shortest, tail_tokens=tail_tokens)
         return cls(
             name, prompts=[k[0] for k in kept], options=[k[1] for k in kept],
             labels=[k[2] for k in kept], spec=spec, family=family, separator_ids=separator_ids,

@@ -28,6 +28,7 @@ from fmmeta.tasks.columns import (
     require_columns,
     resolve_template,
     template_fields,
+    template_tail,
 )
 from fmmeta.tasks.generation import GenerationTask
 from fmmeta.tasks.labels import check_class_sizes, labels_to_classes
@@ -49,6 +50,7 @@ class GenerationRows:
         spec: episode shape.
         prompts: rendered prompt of each example.
         answers: rendered answer of each example (answer template applied).
+        template_tail: the prompt template's fixed ending (a cut may not keep only that).
     """
 
     name: str
@@ -56,6 +58,7 @@ class GenerationRows:
     spec: EpisodeSpec
     prompts: list[str]
     answers: list[str]
+    template_tail: str = ""
 
     def subsample(self, max_examples: int | None, rng: np.random.Generator) -> GenerationRows:
         """At most ``max_examples`` rows, drawn by ``rng`` in their original order (None = all)."""
@@ -81,6 +84,7 @@ class ClassificationRows:
         words: answer text of each class (answer template applied).
         class_names: display name of each class.
         pool: answer text of each ``spec.label_pool`` word with ``spec.remap_labels``, else empty.
+        template_tail: the prompt template's fixed ending (a cut may not keep only that).
     """
 
     name: str
@@ -91,6 +95,7 @@ class ClassificationRows:
     words: list[str]
     class_names: list[str]
     pool: list[str] = field(default_factory=list)
+    template_tail: str = ""
 
     def subsample(self, max_examples: int | None, rng: np.random.Generator) -> ClassificationRows:
         """At most ``max_examples`` rows, drawn by ``rng`` in their original order (None = all)."""
@@ -119,6 +124,7 @@ def _classification_rows(
     drop_small_classes: bool,
     label_key: str,
     where: str,
+    template_tail: str = "",
 ) -> ClassificationRows:
     """Checked class rows of one task from its prompts and raw label values."""
     classes, words, names = labels_to_classes(
@@ -144,6 +150,7 @@ def _classification_rows(
         words=[answer_template.format(answer=words[c]) for c in sorted(keep)],
         class_names=[names[c] for c in sorted(keep)],
         pool=[answer_template.format(answer=w) for w in spec.label_pool or ()] if spec.remap_labels else [],
+        template_tail=template_tail,
     )
 
 
@@ -178,6 +185,7 @@ def classification_rows(
         name=name, family=family, spec=spec, prompts=prompts, raw_labels=column(ds, label_column),
         verbalizer=verbalizer, feature_names=feature_names, answer_template=answer_template,
         drop_small_classes=drop_small_classes, label_key=label_column, where=where,
+        template_tail=template_tail(resolve_template(template, text_column)),
     )  # fmt: skip
 
 
@@ -234,7 +242,7 @@ def column_rows(
                 raw_labels=[outputs[i] for i in rows], verbalizer={w: w for w in fixed},
                 feature_names=None, answer_template=answer_template,
                 drop_small_classes=drop_small_tasks, label_key=output_column,
-                where=f"{where} task {names[value]!r}",
+                where=f"{where} task {names[value]!r}", template_tail=template_tail(template),
             ))  # fmt: skip
             continue
         if not _large_enough(names[value], len(rows), spec, drop_small_tasks, where=where):
@@ -243,6 +251,7 @@ def column_rows(
             name=names[value], family=family, spec=generation_spec if options else spec,
             prompts=[prompts[i] for i in rows],
             answers=[answer_template.format(answer=outputs[i]) for i in rows],
+            template_tail=template_tail(template),
         ))  # fmt: skip
     if not out:
         raise ValueError(
@@ -318,7 +327,7 @@ def dataset_rows(
     check_present(outputs, key=output_column, where=where)
     return GenerationRows(
         name=name, family=family, spec=spec, prompts=prompts,
-        answers=[answer_template.format(answer=o) for o in outputs],
+        answers=[answer_template.format(answer=o) for o in outputs], template_tail=template_tail(template),
     )  # fmt: skip
 
 
@@ -338,11 +347,12 @@ def tasks_from_rows(
         where = f"task {r.name!r}"
         check_texts(r.prompts, key="prompt", where=where)
         prompt_ids = encode(tokenizer, r.prompts)
+        tail = tail_tokens(tokenizer, r.template_tail)
         if isinstance(r, MultipleChoiceRows):
             tasks.append(MultipleChoiceTask.from_ids(
                 r.name, prompt_ids, _option_ids(tokenizer, r.options), r.labels, spec=r.spec,
                 family=r.family, max_length=max_length, on_too_long=on_too_long,
-                separator_ids=separator_ids, prompt_texts=r.prompts,
+                separator_ids=separator_ids, prompt_texts=r.prompts, tail_tokens=tail,
             ))  # fmt: skip
         elif isinstance(r, ClassificationRows):
             answers = answer_word_ids(tokenizer, [*r.words, *r.pool])
@@ -350,17 +360,23 @@ def tasks_from_rows(
                 r.name, prompt_ids, r.labels, answers[: len(r.words)],
                 class_names=r.class_names, spec=r.spec, pool_answers=answers[len(r.words):],
                 family=r.family, max_length=max_length, separator_ids=separator_ids,
-                prompt_texts=r.prompts,
+                prompt_texts=r.prompts, tail_tokens=tail,
             ))  # fmt: skip
         else:
             check_texts(r.answers, key="answer", where=where)
             tasks.append(GenerationTask.from_ids(
                 r.name, prompt_ids, [a + eos for a in encode(tokenizer, r.answers)], spec=r.spec,
                 family=r.family, max_length=max_length, on_too_long=on_too_long,
-                separator_ids=separator_ids, prompt_texts=r.prompts,
+                separator_ids=separator_ids, prompt_texts=r.prompts, tail_tokens=tail,
             ))  # fmt: skip
     check_unique_names(tasks, where="task list")
     return tasks
+
+
+def tail_tokens(tokenizer: Any, tail: str) -> int:
+    """Tokens of a template's fixed ending (0 for none, or one of only spaces and newlines, which a
+    cut keeping a word of the row's text cannot be mistaken for)."""
+    return len(encode(tokenizer, [tail])[0]) if tail.strip() else 0
 
 
 def _option_ids(tokenizer: Any, options: Sequence[Sequence[str]]) -> list[list[list[int]]]:

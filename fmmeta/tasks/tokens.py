@@ -146,10 +146,25 @@ def check_nonempty_ids(where: str, i: int, ids: Sequence[int], text: str | None)
         raise ValueError(f"{where}: prompt[{i}]{shown} tokenizes to no tokens: give it visible text")
 
 
-def log_cut(where: str, cut: int, total: int, max_length: int) -> None:
+def log_cut(where: str, cut: int, total: int, max_length: int, *, shortest: int = 0, tail_tokens: int = 0) -> None:
     """One warning per task for the prompts cut from the left to fit ``max_length``: their opening
     tokens (the template's start, often the instruction or the text itself) are gone, which the
-    run must say rather than train on quietly."""
+    run must say rather than train on quietly.
+
+    A cut prompt keeps its last ``shortest`` tokens or more; where that is no more than the
+    template's fixed ending (``tail_tokens``, e.g. ``"\nSentiment:"``), none of the row's own
+    text is left and every such row reads the same: that is refused, not warned.
+
+    Raises:
+        ValueError: naming the task, the lengths and the fix.
+    """
+    if cut and tail_tokens and shortest <= tail_tokens:
+        raise ValueError(
+            f"{where}: {cut} of {total} prompts are cut to {shortest} tokens to fit max_length={max_length}, "
+            f"which is no more than the template's fixed ending ({tail_tokens} tokens): none of those rows' "
+            f"own text is left. Raise max_length well above {max_length - shortest + tail_tokens}, or "
+            "shorten the template's ending or the answers"
+        )
     if cut:
         logger.warning(
             "%s: cut %d of %d prompts from the left to fit max_length=%d (their opening tokens are "

@@ -14,6 +14,7 @@ import pytest
 from fmmeta.tasks.builders import (
     DatasetSpec,
     classification_tasks,
+    multiple_choice_tasks,
     tasks_from_column,
     tasks_from_datasets,
     tasks_from_examples,
@@ -336,3 +337,29 @@ def test_error_hub_dataset_unreachable(monkeypatch: pytest.MonkeyPatch) -> None:
         read_dataset("no-such-user/no-such-dataset", name="cfg", split="train")
     with pytest.raises(ValueError, match="is a hub dataset name, so split is required"):
         read_dataset("no-such-user/no-such-dataset")
+
+
+@pytest.mark.parametrize("builder", ["classification", "dataset", "multiple_choice"])
+def test_a_cut_that_keeps_only_the_templates_ending_is_refused(builder: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Long rows cut from the left: with room for some of the row's text the cut is counted and
+    warned; with room for the template's ending alone every such prompt reads the same, refused."""
+    ending = "\nSo the answer is:"  # 18 bytes: 18 tokens of the byte tokenizer
+    ds = datasets.Dataset.from_dict({"text": [f"row {i} " + "x" * 60 for i in range(8)], "label": ["a", "b"] * 4,
+                                     "opts": [["a", "b"]] * 8})
+    options = TaskOptions(spec=EpisodeSpec(shots=1, query=1))
+
+    def build(max_length: int) -> None:
+        o = TaskOptions(spec=options.spec, max_length=max_length)
+        if builder == "classification":
+            classification_tasks(ds, TOK, o, template="Text: {text}" + ending)
+        elif builder == "dataset":
+            tasks_from_datasets([DatasetSpec(name="d", data=ds, input_column="text", output_column="label",
+                                             template="Text: {text}" + ending)], TOK, o)
+        else:
+            multiple_choice_tasks(ds, TOK, o, template="Text: {text}" + ending, options_column="opts")
+
+    with caplog.at_level(logging.WARNING):
+        build(48)  # room for ~26 bytes of the row's text
+    assert "cut 8 of 8 prompts from the left" in caplog.text
+    with pytest.raises(ValueError, match="is no more than the template's fixed ending .18 tokens.: none of those rows' own text is left"):
+        build(20)
