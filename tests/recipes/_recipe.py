@@ -57,11 +57,13 @@ def command(launcher: str, args: list[str], *, nprocs: int = 1, script_path: Pat
     port = str(_free_port())
     if launcher == "deepspeed":
         return [str(bindir / "deepspeed"), "--num_gpus", str(nprocs), "--master_port", port, *script]
+    if launcher == "torchrun":
+        return [str(bindir / "torchrun"), "--nproc_per_node", str(nprocs), "--master_port", port, *script]
     if launcher == "accelerate":
         return [str(bindir / "accelerate"), "launch", "--config_file",
                 str(REPO / "recipes" / "accelerate_zero3.yaml"), "--num_processes", str(nprocs),
                 "--main_process_port", port, *script]
-    raise ValueError(f"launcher={launcher!r} is invalid: python, deepspeed or accelerate")
+    raise ValueError(f"launcher={launcher!r} is invalid: python, deepspeed, torchrun or accelerate")
 
 
 def environment() -> dict[str, str]:

@@ -358,13 +358,33 @@ def test_ranks_launched_with_different_configs_are_refused_on_every_rank(
     assert not (run / "config.yaml").exists()
 
 
+def _rank_pid(run: Path, rank: int) -> int:
+    """The process of ``rank`` of the run writing to ``run`` (deepspeed passes --local_rank; torchrun
+    sets LOCAL_RANK in the worker's environment)."""
+    ps = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    workers = [(int(line.split()[0]), line) for line in ps.splitlines()
+               if str(run) in line and "recipes/train.py" in line and "torchrun" not in line.split()[1]]
+    for pid, line in workers:
+        if f"--local_rank={rank}" in line:
+            return pid
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"LOCAL_RANK={rank}".encode() in env and "--local_rank=" not in line:
+            return pid
+    raise AssertionError(f"no rank {rank} among {workers}")
+
+
 @pytest.mark.timeout(300)
-def test_a_killed_rank_is_one_message_on_the_surviving_rank(tmp_path: Path) -> None:
+@pytest.mark.parametrize("launcher", ["deepspeed", "torchrun"])
+def test_a_killed_rank_is_one_message_on_the_surviving_rank(tmp_path: Path, launcher: str) -> None:
     """One rank SIGKILLed: the other exited within seconds, but with gloo's "Connection reset by
-    peer" traceback only; now it says the other rank is gone and where the last checkpoint is."""
+    peer" traceback only; now it says the other rank is gone and where the last checkpoint is.
+    torchrun stops the survivor itself (SIGTERM) and names the dead rank in its summary."""
     run = tmp_path / "run"
-    cmd = _recipe.command("deepspeed", [*_recipe.SHORT, f"output_dir={run}", "train.meta_steps=40",
-                                        "engine.collective_timeout_s=30"], nprocs=2)
+    cmd = _recipe.command(launcher, [*_recipe.SHORT, f"output_dir={run}", "train.meta_steps=40",
+                                     "engine.collective_timeout_s=30"], nprocs=2)
     log = tmp_path / "train.log"
     with log.open("w") as fh:
         proc = subprocess.Popen(cmd, cwd=_recipe.REPO, env=_recipe.environment(), stdout=fh,
@@ -374,9 +394,7 @@ def test_a_killed_rank_is_one_message_on_the_surviving_rank(tmp_path: Path) -> N
         while max(_recipe.steps(run / "metrics.jsonl"), default=-1) < 4:
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.05)
-        ps = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout
-        [rank1] = [int(line.split()[0]) for line in ps.splitlines()
-                   if "--local_rank=1" in line and str(run) in line and "recipes/train.py" in line]
+        rank1 = _rank_pid(run, 1)
         killed = time.monotonic()
         os.kill(rank1, signal.SIGKILL)
         proc.wait(timeout=120)
@@ -384,10 +402,15 @@ def test_a_killed_rank_is_one_message_on_the_surviving_rank(tmp_path: Path) -> N
     finally:
         _recipe.kill_group(proc)
     text = log.read_text()
-    # gloo says "reset" or "closed" by peer, as the timing of the kill falls
-    assert re.search(r"the other rank stopped answering \(gloo: Connection (reset|closed) by peer\): it died or "
-                     "was killed", text), text[-3000:]
-    assert "Last checkpoint: " in text and "Rerun the same command on every rank to resume" in text
+    if launcher == "deepspeed":
+        # gloo says "reset" or "closed" by peer, as the timing of the kill falls
+        assert re.search(r"the other rank stopped answering \(gloo: Connection (reset|closed) by peer\): it died or "
+                         "was killed", text), text[-3000:]
+        assert "Rerun the same command on every rank to resume" in text
+    else:  # whichever comes first on the survivor: torchrun's SIGTERM or gloo's broken connection
+        assert re.search(r"stopped by SIGTERM|the other rank stopped answering", text), text[-3000:]
+        assert re.search(r"rank\s*: 1 \(local_rank: 1\)", text), text[-3000:]
+    assert "Last checkpoint: " in text
     assert "Exception ignored in atexit" not in text
 
 
