@@ -158,3 +158,21 @@ def test_long_rows_benchmark_runs_small() -> None:
     for kind in ("train", "eval_unbounded", "eval"):
         assert out[f"{kind}_peak_rss_mb"] >= out["baseline_rss_mb"] > 0, kind
     assert out["eval_peak_over_train"] > 0 and out["bounded_speedup"] > 0
+
+
+def test_the_episodes_benchmark_defaults_build_tasks_with_distinct_class_words() -> None:
+    """``make bench`` runs the defaults (1,000 tasks), which the small run above never reaches: a
+    word listed twice in its vocabulary once gave two classes one answer at task 191."""
+    import numpy as np
+
+    from benchmarks.episodes import parse_args, synthetic_texts
+    from fmmeta.tasks.classification import answer_word_ids
+    from fmmeta.tasks.testing import tiny_tokenizer
+
+    args = parse_args([])
+    tok = tiny_tokenizer()
+    texts = synthetic_texts(np.random.default_rng(args.seed), args.tasks, args.examples, args.classes)
+    assert len(texts) == args.tasks == 1000
+    for i, (_, _, verbalizer) in enumerate(texts):
+        ids = [tuple(a) for a in answer_word_ids(tok, [f" {w}" for w in verbalizer])]
+        assert len(set(ids)) == len(ids), (i, verbalizer)
