@@ -3,7 +3,7 @@ carries about the same tokens.
 
 Why packing: under ZeRO-3 ranks meet at every pass, so a meta-step costs the sum over passes of
 the slowest rank's pass. With one task per pass that sum is far above balanced time whenever the
-tasks of a meta-batch differ in size, however tasks are dealt (see :mod:`fmmeta.sampling.one_task`).
+tasks of a meta-batch differ in size, however tasks are dealt (see ``benchmarks/one_task.py``).
 Here a pass holds sequences of several tasks (the executor gives each row its own task's fast
 adapter), so passes can be filled to one token budget and every rank runs equally full passes.
 
