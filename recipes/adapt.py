@@ -131,12 +131,22 @@ def adapt(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def quiet_file_reads() -> None:
+    """No progress bar and no log line per file read: a hundred tasks are two hundred small files,
+    and their lines would bury the progress and the summary."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    logging.getLogger("fmmeta.tasks.data").setLevel(logging.WARNING)
+
+
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Exit codes: 0 done, 2 bad input (arguments, run, method, task files), 130 Ctrl-C, 143 SIGTERM."""
     ctrl_c_raises()
     args = parse_args(sys.argv[1:] if argv is None else argv, prog)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     show_library_warnings_once(0)
+    quiet_file_reads()
     try:
         result = adapt(args)
     except UserInputError as err:  # the input, not a bug
