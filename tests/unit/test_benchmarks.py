@@ -146,3 +146,11 @@ def test_workers_benchmark_runs_small() -> None:
 def test_content_digest_benchmark_runs_small() -> None:
     out = _run("content_digest.py", "--mb", "1", "--reps", "1")
     assert out["bytes"] > 900_000 and out["digest_s"] > 0 and out["parse_s"] > 0
+
+
+@pytest.mark.timeout(300)
+def test_adapt_many_benchmark_runs_small() -> None:
+    out = _run("adapt_many.py", "--tiny", "--tasks", "4", "--separate", "2")
+    assert out["tasks"] == 4 and out["separate_calls_measured"] == 2
+    assert out["one_call_s"] > 0 and out["separate_s"] > 0 and out["speedup"] > 0
+    assert out["max_rel_logprob_diff"] <= 1e-5  # grouping the tasks changes no prediction
