@@ -118,17 +118,23 @@ def test_adapt_reproduces_the_runs_evaluation_for_every_method(tiny_run: Path, t
         assert summary["tasks"] == len(episodes) and summary["steps"] == step
 
 
+SUPPORT = [{"input": "one", "output": "1"}, {"input": "two", "output": "2"}]
+ADAPTATION = {"builder": "dataset", "answer_template": "{answer}", "steps": 1, "lr": 0.1}
+"""One adaptation, used twice: the query never reaches adaptation, so both calls adapt alike."""
+
+
 def _greedy_pairs(run: Path) -> list[dict]:
-    """Prompts whose greedy continuation through the base adapter is non-empty text ending at EOS:
-    positives for exact match, found by decoding (the check below scores them by teacher forcing)."""
+    """Prompts whose greedy continuation through the adapted weights is non-empty text ending at
+    EOS: positives for exact match, found by decoding (the check scores them by teacher forcing)."""
     import fmmeta
 
-    prompts = [{"input": f"{w} {n}"} for w in ("ab", "cd", "xyz", "Paris", "zz top", "q:") for n in range(12)]
-    support = [{"input": "one", "output": "1"}, {"input": "two", "output": "2"}]
-    adapted = fmmeta.adapt(run, "base", support, prompts, builder="dataset", answer_template="{answer}",
-                           max_new_tokens=6)
+    words = ("ab", "cd", "xyz", "Paris", "zz top", "q:", "hello", "7", "x=", "The", "a b c", "!?", "Mm", "city")
+    prompts = [{"input": f"{w} {n}"} for w in words for n in range(20)]  # a random model rarely stops early
+    adapted = fmmeta.adapt(run, "reptile", SUPPORT, prompts, max_new_tokens=4, **ADAPTATION)
+    # text that re-encodes to the decoded tokens (a lone byte of a UTF-8 character does not)
     return [{"input": p["input"], "output": r["prediction"]} for p, r in zip(prompts, adapted.predictions)
-            if r["stop"] == "eos" and r["prediction"].strip()]
+            if r["stop"] == "eos" and r["prediction"].strip() and r["prediction"].isprintable()
+            and "\ufffd" not in r["prediction"]]
 
 
 @pytest.mark.timeout(300)
@@ -144,9 +150,7 @@ def test_greedy_decoding_matches_exact_match_and_the_saved_adapter_reloads(tiny_
     pairs = _greedy_pairs(tiny_run)
     assert len(pairs) >= 2, "no prompt decodes to text and EOS: pick other prompts"
     query = pairs[:4] + [{"input": p["input"], "output": p["output"] + "k"} for p in pairs[:2]]
-    support = [{"input": "one", "output": "1"}, {"input": "two", "output": "2"}]
-    adapted = fmmeta.adapt(tiny_run, "reptile", support, query, builder="dataset", answer_template="{answer}",
-                           max_new_tokens=8, steps=1, lr=0.1)
+    adapted = fmmeta.adapt(tiny_run, "reptile", SUPPORT, query, max_new_tokens=8, **ADAPTATION)
     rows = adapted.predictions
     flags = [r["exact_match"] for r in rows]
     assert [r["correct"] for r in rows] == flags
