@@ -166,6 +166,9 @@ def test_greedy_decoding_matches_exact_match_and_the_saved_adapter_reloads(tiny_
     with torch.no_grad():  # and a classification task's candidates, through both
         cls = fmmeta.adapt(tiny_run, "fomaml", [{"text": "red", "label": "warm"}, {"text": "ice", "label": "cold"}],
                            [{"text": "fire"}, {"text": "snow"}])
+    again = cls.predict([{"text": "fire"}, {"text": "snow"}])  # new rows, through the kept fast weights
+    for a, b in zip(again, cls.predictions):
+        assert all(math.isclose(a["logprobs"][w], b["logprobs"][w], rel_tol=RTOL) for w in cls.task.labels)
     cls.save(tmp_path / "cls")
     model = PeftModel.from_pretrained(build_model_and_tokenizer(cfg.model)[0], str(tmp_path / "cls")).eval()
     for ex, r in zip(cls.task.episode.query, cls.predictions):

@@ -140,3 +140,25 @@ def test_recipe_refuses_with_exit_2_before_the_model_loads(tmp_path: Path, monke
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "x").write_text("")
     assert recipe.main(base) == 2 and "is not an empty folder" in capsys.readouterr().err
+
+
+def test_a_replicate_adapts_its_own_adapter_at_its_own_lr(tmp_path: Path) -> None:
+    import yaml
+
+    run = tmp_path / "run"
+    cfg = yaml.safe_load((REPO / "recipes" / "configs" / "smoke.yaml").read_text())
+    cfg["methods"] = ["fomaml"]
+    cfg["train"]["replicates"] = 2
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    for r in (0, 1):
+        (run / f"replicate_{r}" / "fomaml" / "adapter").mkdir(parents=True)
+        (run / f"replicate_{r}" / "fomaml" / "adapter" / "adapter_model.safetensors").write_bytes(b"")
+    (run / "eval").mkdir()
+    (run / "eval" / "eval.json").write_text(json.dumps(
+        {"inner_lrs": {"fomaml": 0.1}, "replicate_lrs": [{"fomaml": 0.1}, {"fomaml": 0.3}], "max_steps": 2}))
+    plan = resolve_method(run, "fomaml", replicate=1)
+    assert plan.lr == 0.3 and plan.adapter == run / "replicate_1" / "fomaml" / "adapter"
+    assert plan.cfg.train.seed == cfg["train"].get("seed", 0) + 1  # its initial adapter is its own seed's
+    assert resolve_method(run, "fomaml").lr == 0.1
+    _refused("numbered 0..1", resolve_method, run, "fomaml", replicate=2)
