@@ -47,6 +47,8 @@ def parse_args(argv: list[str], prog: str | None = None) -> argparse.Namespace:
     p.add_argument("--run", type=Path, required=True, help="a finished run's output_dir")
     p.add_argument("--method", required=True, help="a method the run trained, or base / in_context")
     p.add_argument("--replicate", type=int, default=0, help="training replicate (runs of train.replicates > 1)")
+    p.add_argument("--adapter", type=Path, help="adapt this peft adapter folder the way --method adapts, instead "
+                   "of the method's own (it must fit the run's model and LoRA)")
     p.add_argument("--support", type=Path, help="labelled support rows of one task (any format tasks read)")
     p.add_argument("--query", type=Path, help="rows to predict (labels optional, never used to adapt)")
     p.add_argument("--tasks", type=Path, help="many tasks: a folder of task folders (support.* + query.*) "
@@ -112,7 +114,8 @@ def summary(plan: RunMethod, adapter: Adapter, done: list[Adapted], seconds: flo
 def adapt(args: argparse.Namespace) -> dict[str, Any]:
     """Checks everything that needs no model, then loads it once and adapts every task."""
     start = time.monotonic()
-    plan = resolve_method(args.run, args.method, replicate=args.replicate, steps=args.steps, lr=args.lr)
+    plan = resolve_method(args.run, args.method, replicate=args.replicate, steps=args.steps, lr=args.lr,
+                          adapter=args.adapter)
     texts = [read_task(files) for files in task_files(args)]  # every file checked before the model loads
     out = out_folder(args.out)
     logger.info("adapting %d task(s) with %s of %s: %s, %d step(s)", len(texts), plan.method, plan.run,

@@ -25,7 +25,7 @@ def _data(rows: Rows | None) -> Path | Sequence[Mapping[str, Any]] | None:
 
 def adapt(run: str | Path, method: str, support: Rows, query: Rows | None = None, *, replicate: int = 0,
           steps: int | None = None, lr: float | None = None, name: str = "task",
-          max_new_tokens: int = 64, **format_keys: Any) -> Adapted:
+          max_new_tokens: int = 64, adapter: str | Path | None = None, **format_keys: Any) -> Adapted:
     """Adapts a run's ``method`` to one new task, as the run's evaluation adapts, and predicts its query.
 
     Args:
@@ -36,6 +36,8 @@ def adapt(run: str | Path, method: str, support: Rows, query: Rows | None = None
             never used to adapt); ``None``: predict later with :meth:`Adapted.predict`.
         replicate: which training replicate's adapter (runs of ``train.replicates`` > 1).
         steps, lr: override the evaluation's steps and its lr chosen on validation.
+        adapter: a peft adapter folder to adapt the way ``method`` adapts, instead of the
+            method's own (e.g. one :meth:`Adapted.save` wrote); it must fit the run's model and LoRA.
         name: the task's name in predictions.
         max_new_tokens: longest greedy answer of a generation task.
         format_keys: the task source keys of :class:`~fmmeta.adaptation.task_files.TaskFormat`
@@ -54,10 +56,11 @@ def adapt(run: str | Path, method: str, support: Rows, query: Rows | None = None
         ...                        template="Country: {text}\\nContinent:")  # doctest: +SKIP
         >>> adapted.predictions[0]["prediction"]; adapted.save("my_adapter")  # doctest: +SKIP
     """
-    plan = resolve_method(Path(run), method, replicate=replicate, steps=steps, lr=lr)
+    plan = resolve_method(Path(run), method, replicate=replicate, steps=steps, lr=lr,
+                          adapter=None if adapter is None else Path(adapter))
     files = TaskFiles(name, _data(support), _data(query), TaskFormat().replace(**format_keys))  # type: ignore[arg-type]
-    adapter = Adapter(plan, max_new_tokens=max_new_tokens)
-    return adapter.adapt([adapter.build(files)])[0]
+    loaded = Adapter(plan, max_new_tokens=max_new_tokens)
+    return loaded.adapt([loaded.build(files)])[0]
 
 
 __all__ = ["Adapted", "Adapter", "RunMethod", "TaskFiles", "TaskFormat", "UserTask", "adapt", "build_task",

@@ -107,13 +107,77 @@ def _chosen_lr(run: Path, method: str, replicate: int) -> tuple[float, int, str]
     return float(lrs[method]), int(report.get("max_steps", 0)), str(path)
 
 
+def _made_with(folder: Path) -> Path | None:
+    """The config of the run an adapter folder was made in: ``adapt.json``'s run (an adapter
+    ``fmmeta adapt`` wrote), else the run two levels up (``<run>/<method>/adapter``)."""
+    about = folder / "adapt.json"
+    if about.is_file():
+        try:
+            config = Path(json.loads(about.read_text(encoding="utf-8"))["run"]) / "config.yaml"
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return config if config.is_file() else None
+    config = folder.parent.parent / "config.yaml"
+    return config if config.is_file() else None
+
+
+def foreign_adapter_problems(folder: Path, cfg: RecipeConfig) -> list[str]:
+    """Why an adapter folder cannot be adapted under the run's config: its LoRA shape and scale
+    (``adapter_config.json``), and the base model and LoRA of the run it was made in, compared in
+    the words training uses to refuse a resume over changed settings."""
+    from fmmeta.checkpoint.resume import ADAPTER_KEYS, resume_differences, resume_facts
+
+    problems: list[str] = []
+    try:
+        peft = json.loads((folder / "adapter_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return [f"{str(folder)!r} has no readable adapter_config.json: not a peft adapter folder"]
+    then = {"lora.r": peft.get("r"), "lora.alpha": float(peft.get("lora_alpha") or 0),
+            "lora.target_modules": sorted(peft.get("target_modules") or [])}
+    now = {"lora.r": cfg.lora.r, "lora.alpha": float(cfg.lora.alpha), "lora.target_modules": sorted(cfg.lora.target_modules)}
+    problems += [d.replace(" in the checkpoint,", " in the adapter,") for d in resume_differences(then, now)]
+    made = _made_with(folder)
+    if made is not None:
+        try:
+            then_cfg = load_config(RecipeConfig, str(made), [])
+        except ConfigError as err:
+            return [*problems, f"the config it was made with, {str(made)!r}, does not load ({err})"]
+        before = {k: v for k, v in resume_facts(then_cfg, "").items() if k in ADAPTER_KEYS}
+        current = {k: v for k, v in resume_facts(cfg, "").items() if k in ADAPTER_KEYS}
+        problems += [d.replace(" in the checkpoint,", f" in {str(made)!r},") for d in resume_differences(before, current)
+                     if not d.startswith(tuple(then))]
+    return problems
+
+
+def _adapter(run: Path, folder: Path, method: str, given: Path | None, cfg: RecipeConfig) -> Path | None:
+    """The adapter to adapt: ``given`` (checked against the run's config), else the method's own."""
+    if given is None:
+        return None if method in ("base", IN_CONTEXT) else folder / method / "adapter"
+    if method in ("base", IN_CONTEXT):
+        raise UserInputError(f"--adapter with --method {method}: base and {IN_CONTEXT} use the run's initial "
+                             "adapter; name the method whose way of adapting the given adapter takes")
+    if not (given / ADAPTER_FILE).is_file():
+        raise UserInputError(f"--adapter {str(given)!r} has no {ADAPTER_FILE}: give a peft adapter folder")
+    problems = foreign_adapter_problems(given, cfg)
+    if problems:
+        raise UserInputError(f"--adapter {str(given)!r} was made with other settings than the run {str(run)!r}'s "
+                             "config (its model and LoRA): " + "; ".join(problems) + ". Adapt it with the run "
+                             "it was trained in")
+    return given
+
+
 def resolve_method(run: Path, method: str, *, replicate: int = 0, steps: int | None = None,
-                   lr: float | None = None) -> RunMethod:
+                   lr: float | None = None, adapter: Path | None = None) -> RunMethod:
     """How the run's evaluation adapts ``method``, with ``steps`` / ``lr`` overriding it.
+
+    ``adapter``: another adapter folder (a copy, or one ``fmmeta adapt`` wrote) to adapt the way
+    ``method`` adapts, in place of the method's own; the run's config says which model and LoRA
+    it must fit.
 
     Raises:
         UserInputError: a folder that is not a run, a replicate or a method it does not have, an
-            adapter that is missing, overrides that do not apply to the method, or no chosen lr.
+            adapter that is missing or made with another model or LoRA, overrides that do not
+            apply to the method, or no chosen lr.
     """
     cfg = load_run_config(run)
     rep_cfg, folder = _replicate(run, cfg, replicate)
@@ -121,7 +185,7 @@ def resolve_method(run: Path, method: str, *, replicate: int = 0, steps: int | N
     if method not in known:
         raise UserInputError(f"--method {method!r} is not a method of the run {str(run)!r}: it trained "
                              f"{list(cfg.methods)} (base and {IN_CONTEXT} use its initial adapter)")
-    adapter = None if method in ("base", IN_CONTEXT) else folder / method / "adapter"
+    adapter = _adapter(run, folder, method, adapter, cfg)
     if adapter is not None and not (adapter / ADAPTER_FILE).is_file():
         raise UserInputError(f"--method {method!r}: {str(adapter / ADAPTER_FILE)!r} does not exist: the run did "
                              "not finish that method; rerun training to resume it, or pick another method")
@@ -153,4 +217,4 @@ def resolve_method(run: Path, method: str, *, replicate: int = 0, steps: int | N
     return RunMethod(run, rep_cfg, method, adapter, lr, steps if steps is not None else default_steps, source)
 
 
-__all__ = ["NO_STEPS", "RunMethod", "load_run_config", "resolve_method"]
+__all__ = ["NO_STEPS", "RunMethod", "foreign_adapter_problems", "load_run_config", "resolve_method"]

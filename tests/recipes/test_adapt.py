@@ -170,6 +170,11 @@ def test_greedy_decoding_matches_exact_match_and_the_saved_adapter_reloads(tiny_
     for a, b in zip(again, cls.predictions):
         assert all(math.isclose(a["logprobs"][w], b["logprobs"][w], rel_tol=RTOL) for w in cls.task.labels)
     cls.save(tmp_path / "cls")
+    # the saved adapter, adapted again with no step, is the adapted model: its predictions again
+    kept = fmmeta.adapt(tiny_run, "fomaml", cls.task.support_rows, [{"text": "fire"}, {"text": "snow"}],
+                        adapter=tmp_path / "cls", steps=0)
+    for a, b in zip(kept.predictions, cls.predictions):
+        assert all(math.isclose(a["logprobs"][w], b["logprobs"][w], rel_tol=RTOL) for w in cls.task.labels)
     model = PeftModel.from_pretrained(build_model_and_tokenizer(cfg.model)[0], str(tmp_path / "cls")).eval()
     for ex, r in zip(cls.task.episode.query, cls.predictions):
         for word, choice in zip(cls.task.labels, cls.task.episode.choices):

@@ -162,3 +162,23 @@ def test_a_replicate_adapts_its_own_adapter_at_its_own_lr(tmp_path: Path) -> Non
     assert plan.cfg.train.seed == cfg["train"].get("seed", 0) + 1  # its initial adapter is its own seed's
     assert resolve_method(run, "fomaml").lr == 0.1
     _refused("numbered 0..1", resolve_method, run, "fomaml", replicate=2)
+
+
+def test_an_adapter_made_with_another_model_or_lora_is_refused_in_trainings_words(tmp_path: Path) -> None:
+    run = _run(tmp_path, lrs={"fomaml": 0.3})
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.yaml").write_text((run / "config.yaml").read_text().replace("tiny_hidden_size: 32",
+                                                                               "tiny_hidden_size: 64"))
+    mine = other / "fomaml" / "adapter"
+    mine.mkdir(parents=True)
+    (mine / "adapter_model.safetensors").write_bytes(b"")
+    (mine / "adapter_config.json").write_text(json.dumps({"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]}))
+    message = _refused("was made with other settings", resolve_method, run, "fomaml", adapter=mine)
+    assert "lora.r: 8 in the adapter, 4 now" in message
+    assert "model.tiny_hidden_size: 64 in" in message and "32 now" in message
+    _refused("base and in_context use the run's initial adapter", resolve_method, run, "base", adapter=mine)
+    _refused("has no adapter_model.safetensors", resolve_method, run, "fomaml", adapter=tmp_path)
+    (mine / "adapter_config.json").write_text(json.dumps({"r": 4, "lora_alpha": 16, "target_modules": ["v_proj", "q_proj"]}))
+    (other / "config.yaml").write_text((run / "config.yaml").read_text())
+    assert resolve_method(run, "fomaml", adapter=mine).adapter == mine  # the same shape, the same model
