@@ -14,6 +14,7 @@ busiest rank's pass count (:class:`~fmmeta.evaluation.lockstep.Lockstep`).
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Callable, Collection, Iterator, Sequence, TypeVar
 
 import torch
@@ -62,6 +63,20 @@ def support_passes(episodes: Sequence[Episode], pad_id: int, micro_batch_size: i
                         torch.tensor([g for _, g, _ in cut], dtype=torch.long)) for cut in cuts]
 
 
+@dataclass(frozen=True)
+class AdaptSteps:
+    """What :func:`adapting` yields: call it to take one adaptation step of every episode; ``fast``
+    holds the stacked fp32 fast weights (``[T, *shape]`` per adapter tensor) as they are now, so a
+    caller that keeps the adapted weights (``fmmeta adapt`` writes them out) reads them here
+    instead of running an inner loop of its own."""
+
+    take_step: Callable[[], None]
+    fast: list[torch.Tensor]
+
+    def __call__(self) -> None:
+        self.take_step()
+
+
 @contextlib.contextmanager
 def adapting(
     model: nn.Module,
@@ -74,7 +89,7 @@ def adapting(
     lrs: Sequence[float] | None = None,
     task_lrs: Sequence[float] | None = None,
     first: tuple[Sequence[Pass], torch.Tensor] | None = None,
-) -> Iterator[Callable[[], None]]:
+) -> Iterator[AdaptSteps]:
     """The model with ``T = len(n_answer)`` copies of the adapter at ``start`` as fp32 fast
     weights inside the block (one per episode adapted together); yields the function that takes
     one adaptation step of all of them on ``support`` (passes whose rows name their episode;
@@ -110,7 +125,7 @@ def adapting(
 
     with lora.active(fast):
         lora.rows = None
-        yield step
+        yield AdaptSteps(step, fast)
 
 
 def _first_step(episodes: Sequence[Episode], lockstep: Lockstep, pad_id: int, micro_batch_size: int,
@@ -228,5 +243,5 @@ def by_length(episodes: Sequence[Episode]) -> list[int]:
     return sorted(range(len(episodes)), key=key)
 
 
-__all__ = ["SUPPORT_PASS_TOKENS", "Scored", "adapt_and_score", "adapting", "by_length", "groups_of",
+__all__ = ["SUPPORT_PASS_TOKENS", "AdaptSteps", "Scored", "adapt_and_score", "adapting", "by_length", "groups_of",
            "support_passes"]

@@ -381,3 +381,25 @@ def score_passes(sets: Sequence[QuerySet], *, micro_batch_size: int = 8,
     if not sets:
         return 0
     return len(_passes(_chunks([qs.sequences() for qs in sets], micro_batch_size), max_tokens))
+
+
+SequenceScores = _SequenceScores
+"""Teacher-forced scores of sequences: per sequence, the summed answer-token log-probability,
+its token count and whether every answer token is the argmax (exact match)."""
+
+
+def score_sequences(model: nn.Module, per_set: Sequence[Sequence[Sequence[_Sequence]]], *,
+                    micro_batch_size: int = 8, route: Route | None = None,
+                    max_tokens: int = SCORE_PASS_TOKENS) -> list[list[SequenceScores]]:
+    """Per set, per query, the scores of that query's ``(prompt_ids, answer_ids)`` sequences, in
+    the passes :func:`score_query_sets` runs (``route`` tells each pass its rows' sets): the
+    numbers behind its accuracy and loss, for a caller that needs every candidate's
+    log-probability rather than a summary (``fmmeta adapt``'s predictions)."""
+    _check_micro_batch(micro_batch_size)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return _score_sets(model, per_set, micro_batch_size, route, max_tokens)
+    finally:
+        model.train(was_training)

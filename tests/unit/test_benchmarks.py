@@ -176,3 +176,10 @@ def test_the_episodes_benchmark_defaults_build_tasks_with_distinct_class_words()
     for i, (_, _, verbalizer) in enumerate(texts):
         ids = [tuple(a) for a in answer_word_ids(tok, [f" {w}" for w in verbalizer])]
         assert len(set(ids)) == len(ids), (i, verbalizer)
+
+
+def test_adapt_many_benchmark_runs_small() -> None:
+    out = _run("adapt_many.py", "--tiny", "--tasks", "4", "--separate", "2")
+    assert out["tasks"] == 4 and out["separate_calls_measured"] == 2
+    assert out["one_call_s"] > 0 and out["separate_s"] > 0 and out["speedup"] > 0
+    assert out["max_rel_logprob_diff"] <= 1e-5  # grouping the tasks changes no prediction

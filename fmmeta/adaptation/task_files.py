@@ -1,0 +1,313 @@
+"""A user's new task, from a support file and a query file, as the episode the evaluation adapts on.
+
+A meta-trained adapter meets its user's task the way it met a held-out task in evaluation: as an
+:class:`~fmmeta.tasks.episode.Episode`, support examples to adapt on and query examples to score.
+Here the rows come from the user's files (any format :func:`~fmmeta.tasks.data.read_dataset`
+reads) and become examples through the same options a YAML task source takes (``builder``,
+``template``, columns, ``answer_template``) and the same tokenization rules as the task builders
+(answer words with EOS, prompts cut from the left to ``tasks.max_length``), so an example of a
+held-out task written out as text comes back as the very token ids the evaluation scored.
+
+Query labels are read only to report accuracy and loss: they are never part of the support, so
+they never reach adaptation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Literal, Mapping, Sequence
+
+from fmmeta.errors import UserInputError
+from fmmeta.tasks.classification import answer_word_ids
+from fmmeta.tasks.columns import column, render, resolve_template, template_fields
+from fmmeta.tasks.episode import Episode, Example
+from fmmeta.tasks.tokens import encode, eos_ids
+
+Kind = Literal["classification", "dataset"]
+
+FORMAT_KEYS = ("builder", "template", "answer_template", "text_column", "label_column", "input_column",
+               "output_column", "labels")
+"""The keys of :class:`TaskFormat`: what a YAML list of tasks may set per task."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskFormat:
+    """How rows become examples: the keys of a YAML task source that apply to one task.
+
+    Attributes:
+        builder: ``"classification"`` (a label per row; the answer is its label word) or
+            ``"dataset"`` (generation: the answer is the output column's text).
+        template: prompt format over column names; ``None`` = the text (or input) column alone.
+        answer_template: answer format; ``{answer}`` is the label word or the output text.
+        text_column, label_column: classification's text and label columns.
+        input_column, output_column: generation's prompt and answer columns.
+        labels: classification's label set, in order; ``None`` = the support's labels in order
+            of first appearance. A support label outside an explicit set is refused.
+    """
+
+    builder: Kind = "classification"
+    template: str | None = None
+    answer_template: str = " {answer}"
+    text_column: str = "text"
+    label_column: str = "label"
+    input_column: str = "input"
+    output_column: str = "output"
+    labels: tuple[str, ...] | None = None
+
+    @classmethod
+    def from_source(cls, source: Any) -> TaskFormat:
+        """The format of a ``tasks.collection`` source of the run's config (its resolved keys).
+
+        Raises:
+            UserInputError: the source's builder reads one file as many tasks (``task_column``).
+        """
+        args = source.resolved()
+        builder = args.get("builder")
+        if builder not in ("classification", "dataset"):
+            raise UserInputError(f"source {describe_source(source)!r} has builder={builder!r}: a user's task is "
+                                 "one task per support file; use a classification or dataset source, or give "
+                                 "--builder and the columns yourself")
+        words = source.verbalizer
+        labels = tuple(words.values() if isinstance(words, dict) else words) if words else None
+        keys = {k: args[k] for k in ("template", "text_column", "label_column", "input_column", "output_column")
+                if k in args}
+        return cls(builder=builder, answer_template=source.answer_template, labels=labels, **keys)
+
+    def replace(self, **changes: Any) -> TaskFormat:
+        """This format with ``changes`` (``None`` values are ignored: an option not given)."""
+        unknown = sorted(set(changes) - set(FORMAT_KEYS))
+        if unknown:
+            raise UserInputError(f"unknown task key(s) {unknown}: allowed are {list(FORMAT_KEYS)}")
+        given = {k: v for k, v in changes.items() if v is not None}
+        if isinstance(given.get("labels"), str):
+            given["labels"] = tuple(w.strip() for w in given["labels"].split(",") if w.strip())
+        elif "labels" in given:
+            given["labels"] = tuple(str(w) for w in given["labels"])
+        if given.get("builder", self.builder) not in ("classification", "dataset"):
+            raise UserInputError(f"builder={given['builder']!r} is invalid: classification (a label per row) "
+                                 "or dataset (generation: an output text per row)")
+        return dataclasses.replace(self, **given)
+
+
+def describe_source(source: Any) -> str:
+    """A source's name as ``--source`` takes it: its task_name, else its path's file stem."""
+    return str(source.task_name or Path(str(source.path)).stem)
+
+
+@dataclass(frozen=True)
+class TaskFiles:
+    """One task of a call: its name, its support and query files and its format."""
+
+    name: str
+    support: Path | Sequence[Mapping[str, Any]]
+    query: Path | Sequence[Mapping[str, Any]] | None
+    format: TaskFormat = field(default_factory=TaskFormat)
+
+
+@dataclass(frozen=True)
+class UserTask:
+    """A user's task tokenized: the episode to adapt on, and what predictions need.
+
+    Attributes:
+        episode: support (labelled) and query examples; a query without a known answer has the
+            longest candidate (classification) or no tokens (generation) as its answer.
+        labels: classification's label words (``episode.choices`` in order); empty for generation.
+        query_known: per query, whether its label (or answer) was given.
+        format: the format the rows were read with (predict reads new rows the same way).
+        support_rows: the support rows as read (predict builds new queries beside them).
+    """
+
+    name: str
+    episode: Episode
+    labels: tuple[str, ...]
+    query_known: tuple[bool, ...]
+    format: TaskFormat
+    support_rows: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def is_classification(self) -> bool:
+        """Whether the task ranks candidates (else it generates)."""
+        return self.episode.choices is not None
+
+
+@contextlib.contextmanager
+def _local_read() -> Iterator[None]:
+    """``datasets`` counts every ``load_dataset`` as a hub download with a HEAD request, local
+    files too: about 0.1 s per file offline (the request times out), so a hundred tasks' two hundred
+    files spent 20 s on it. A local file is no download: the count is off while one is read."""
+    from datasets import config
+
+    before = config.HF_UPDATE_DOWNLOAD_COUNTS
+    config.HF_UPDATE_DOWNLOAD_COUNTS = False
+    try:
+        yield
+    finally:
+        config.HF_UPDATE_DOWNLOAD_COUNTS = before
+
+
+def read_rows(data: Path | Sequence[Mapping[str, Any]], *, what: str) -> list[dict[str, Any]]:
+    """The rows of a file (any format the task builders read) or of a list of dicts.
+
+    Raises:
+        UserInputError: a path that does not exist, cannot be read, or holds no rows.
+    """
+    if not isinstance(data, (str, Path)):
+        rows = [dict(r) for r in data]
+    else:
+        path = Path(data).expanduser()
+        if not path.exists():
+            raise UserInputError(f"{what} {str(path)!r} does not exist: give a .jsonl, .json, .csv, .parquet or "
+                                 ".arrow file (or a save_to_disk folder)")
+        from fmmeta.tasks.data import read_dataset
+
+        try:
+            with _local_read():
+                ds = read_dataset(str(path))
+        except (ValueError, OSError) as err:
+            raise UserInputError(f"{what} {str(path)!r} cannot be read: {err}") from None
+        rows = [dict(zip(ds.column_names, values)) for values in zip(*(column(ds, c) for c in ds.column_names))]
+    if not rows:
+        raise UserInputError(f"{what} has no rows: a support set needs >= 1 labelled row per label, a query "
+                             ">= 1 row")
+    return rows
+
+
+def _prompts(rows: list[dict[str, Any]], fmt: TaskFormat, *, where: str) -> list[str]:
+    """Each row's prompt text (the template over its columns)."""
+    first = fmt.text_column if fmt.builder == "classification" else fmt.input_column
+    template = resolve_template(fmt.template, first)
+    try:
+        fields = template_fields(template, key="template")
+    except ValueError as err:
+        raise UserInputError(f"{where}: {err}") from None
+    missing = [f for f in fields if any(f not in r for r in rows)]
+    if missing:
+        raise UserInputError(f"{where}: column(s) {missing} not found; the rows have columns {sorted(rows[0])}: "
+                             "pass --template / --text-column / --input-column naming columns the file has")
+    try:
+        return render(template, {f: [r[f] for r in rows] for f in fields}, len(rows), where=where)
+    except ValueError as err:
+        raise UserInputError(str(err)) from None
+
+
+def _answers(rows: list[dict[str, Any]], key: str, *, required: bool, where: str) -> list[str | None]:
+    """Each row's label or output as text (``None`` where absent, refused where ``required``)."""
+    out: list[str | None] = []
+    for i, r in enumerate(rows):
+        v = r.get(key)
+        if v is None or (isinstance(v, str) and not v.strip()):
+            if required:
+                raise UserInputError(f"{where}: row {i} has no {key!r}: every support row needs its label or "
+                                     f"answer in column {key!r} (--label-column / --output-column name another)")
+            out.append(None)
+        else:
+            out.append(str(v))
+    return out
+
+
+def _label_set(fmt: TaskFormat, support: list[str | None], query: list[str | None], name: str) -> tuple[str, ...]:
+    """The candidates: the given labels, else the support's in order of first appearance."""
+    labels = fmt.labels if fmt.labels is not None else tuple(dict.fromkeys(s for s in support if s is not None))
+    for what, values in (("support", support), ("query", query)):
+        bad = sorted({v for v in values if v is not None and v not in labels})
+        if bad:
+            raise UserInputError(f"task {name!r}: {what} label(s) {bad} are not in the label set {list(labels)}: "
+                                 "fix the rows, or add them to --labels")
+    if len(labels) < 2:
+        raise UserInputError(f"task {name!r}: the label set {list(labels)} has {len(labels)} label(s): "
+                             "classification ranks >= 2 candidates; give --labels or support rows of >= 2 labels")
+    empty = [w for w in labels if w not in support]
+    if empty:
+        raise UserInputError(f"task {name!r}: label(s) {empty} have no support row: adaptation learns a label "
+                             "from its examples; add >= 1 support row per label, or drop it from --labels")
+    return labels
+
+
+def _cut(prompt: Sequence[int], room: int) -> tuple[int, ...]:
+    """A prompt cut from the left to ``room`` tokens (as the task builders cut long prompts)."""
+    return tuple(prompt[-room:]) if len(prompt) > room else tuple(prompt)
+
+
+@dataclass(frozen=True)
+class TaskTexts:
+    """A task's rows read and checked, not yet tokenized (every check that needs no tokenizer, so
+    a bad file is refused before any model loads)."""
+
+    files: TaskFiles
+    support: list[dict[str, Any]]
+    prompts: tuple[list[str], list[str]]
+    answers: tuple[list[str | None], list[str | None]]
+    labels: tuple[str, ...]
+
+
+def read_task(files: TaskFiles) -> TaskTexts:
+    """Reads and checks one task's support and query rows (see :func:`build_task`)."""
+    fmt, name = files.format, files.name
+    support = read_rows(files.support, what=f"task {name!r} support")
+    query = [] if files.query is None else read_rows(files.query, what=f"task {name!r} query")
+    key = fmt.label_column if fmt.builder == "classification" else fmt.output_column
+    s_ans = _answers(support, key, required=True, where=f"task {name!r} support")
+    q_ans = _answers(query, key, required=False, where=f"task {name!r} query")
+    prompts = (_prompts(support, fmt, where=f"task {name!r} support"), _prompts(query, fmt, where=f"task {name!r} query"))
+    labels = _label_set(fmt, s_ans, q_ans, name) if fmt.builder == "classification" else ()
+    return TaskTexts(files, support, prompts, (s_ans, q_ans), labels)
+
+
+def build_task(files: TaskFiles | TaskTexts, tokenizer: Any, *, max_length: int, separator: str = "\n\n") -> UserTask:
+    """Reads and tokenizes one task's support and query rows into its episode.
+
+    Raises:
+        UserInputError: missing files or columns, empty rows, a support row without its label,
+            labels outside the label set, or an answer too long for ``max_length``.
+    """
+    texts = read_task(files) if isinstance(files, TaskFiles) else files
+    fmt, name, labels = texts.files.format, texts.files.name, texts.labels
+    (s_ans, q_ans), support = texts.answers, texts.support
+    s_ids, q_ids = (encode(tokenizer, p) for p in texts.prompts)
+    sep = tuple(encode(tokenizer, [separator])[0]) if separator else ()
+    if fmt.builder == "dataset":
+        return _generation(texts.files, s_ids, q_ids, s_ans, q_ans, tokenizer, max_length, sep, support)
+    words = [tuple(w) for w in answer_word_ids(tokenizer, [fmt.answer_template.format(answer=w) for w in labels])]
+    room = max_length - max(len(w) for w in words)
+    if room < 1:
+        raise UserInputError(f"task {name!r}: a label word takes {max(len(w) for w in words)} tokens, leaving no "
+                             f"room for a prompt in tasks.max_length={max_length}: use shorter labels")
+    longest = max(words, key=len)
+
+    def example(p: Sequence[int], a: str | None) -> Example:
+        return Example(_cut(p, room), longest, None) if a is None else Example(
+            _cut(p, room), words[labels.index(a)], labels.index(a))
+
+    episode = Episode(name, tuple(example(p, a) for p, a in zip(s_ids, s_ans)),
+                      tuple(example(p, a) for p, a in zip(q_ids, q_ans)), shots=len(support), ways=len(labels),
+                      choices=tuple(words), separator_ids=sep)
+    return UserTask(name, episode, labels, tuple(a is not None for a in q_ans), fmt, tuple(support))
+
+
+def _generation(files: TaskFiles, s_ids: list[list[int]], q_ids: list[list[int]], s_ans: list[str | None],
+                q_ans: list[str | None], tokenizer: Any, max_length: int, sep: tuple[int, ...],
+                support: list[dict[str, Any]]) -> UserTask:
+    """A generation task's episode: answers with EOS; a prompt cut to leave room for its answer."""
+    eos = list(eos_ids(tokenizer))
+    fmt = files.format
+
+    def example(p: Sequence[int], a: str | None, i: int, what: str) -> Example:
+        if a is None:
+            return Example(_cut(p, max_length - 1), ())
+        ids = tuple(encode(tokenizer, [fmt.answer_template.format(answer=a)])[0] + eos)
+        if len(ids) + 1 > max_length:
+            raise UserInputError(f"task {files.name!r} {what} row {i}: its answer takes {len(ids)} tokens, more than "
+                                 f"tasks.max_length={max_length} leaves beside a prompt: shorten it")
+        return Example(_cut(p, max_length - len(ids)), ids)
+
+    episode = Episode(files.name, tuple(example(p, a, i, "support") for i, (p, a) in enumerate(zip(s_ids, s_ans))),
+                      tuple(example(p, a, i, "query") for i, (p, a) in enumerate(zip(q_ids, q_ans))),
+                      shots=len(s_ids), separator_ids=sep)
+    return UserTask(files.name, episode, (), tuple(a is not None for a in q_ans), fmt, tuple(support))
+
+
+__all__ = ["FORMAT_KEYS", "TaskFiles", "TaskFormat", "TaskTexts", "UserTask", "build_task", "describe_source",
+           "read_rows", "read_task"]

@@ -1,0 +1,176 @@
+#!/usr/bin/env python
+"""Adapt a finished run's meta-trained adapter to your own new task(s), and predict.
+
+    fmmeta adapt --run runs/default --method reptile --support support.csv --query query.csv --out adapted
+    python recipes/adapt.py --run runs/default --method metaicl --tasks my_tasks/ --out adapted
+    fmmeta adapt --run runs/own_tasks --method fomaml --source topic --support s.csv --query q.csv
+
+The method adapts exactly as the run's held-out evaluation adapted it: its inner loop on fp32 fast
+weights, at the lr the evaluation chose on validation tasks (Meta-SGD: its learned step sizes;
+MetaICL and in_context: the support as demonstrations, no steps), for the evaluation's number of
+steps; ``--steps`` and ``--lr`` override. Writes into ``--out`` (a new or empty folder):
+``predictions.jsonl`` (every query: the chosen label with every candidate's log-probability, or
+the greedy text with its log-probability), ``adapters/<task>/`` (peft format) and
+``summary.json``. Query rows that carry their label get accuracy and loss reported; labels never
+reach adaptation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from fmmeta.startup import Terminated, ctrl_c_raises  # first: Ctrl-C during the imports below is a message
+
+# isort: split
+from fmmeta.adaptation import Adapted, Adapter, TaskFiles, TaskFormat, resolve_method
+from fmmeta.adaptation.method import RunMethod, load_run_config
+from fmmeta.adaptation.task_files import FORMAT_KEYS, describe_source, read_task
+from fmmeta.adaptation.task_list import task_list
+from fmmeta.errors import UserInputError
+from fmmeta.library_warnings import show_library_warnings_once
+from fmmeta.progress import Progress
+
+logger = logging.getLogger("fmmeta.adapt")
+
+
+def parse_args(argv: list[str], prog: str | None = None) -> argparse.Namespace:
+    """The run and method, the task files and their format, and the overrides."""
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", type=Path, required=True, help="a finished run's output_dir")
+    p.add_argument("--method", required=True, help="a method the run trained, or base / in_context")
+    p.add_argument("--replicate", type=int, default=0, help="training replicate (runs of train.replicates > 1)")
+    p.add_argument("--adapter", type=Path, help="adapt this peft adapter folder the way --method adapts, instead "
+                   "of the method's own (it must fit the run's model and LoRA)")
+    p.add_argument("--support", type=Path, help="labelled support rows of one task (any format tasks read)")
+    p.add_argument("--query", type=Path, help="rows to predict (labels optional, never used to adapt)")
+    p.add_argument("--tasks", type=Path, help="many tasks: a folder of task folders (support.* + query.*) "
+                   "or a YAML list of {name, support, query, ...}")
+    p.add_argument("--name", default="task", help="the task's name with --support (default: task)")
+    p.add_argument("--out", type=Path, default=Path("adapted"), help="output folder, new or empty")
+    p.add_argument("--source", help="read rows as this tasks.collection source of the run's config does")
+    p.add_argument("--builder", choices=("classification", "dataset"), help="classification or dataset (generation)")
+    for key in ("template", "answer_template", "text_column", "label_column", "input_column", "output_column"):
+        p.add_argument("--" + key.replace("_", "-"), dest=key, help=f"as a YAML task source's {key}")
+    p.add_argument("--labels", help="the label set, comma-separated (default: the support's labels)")
+    p.add_argument("--steps", type=int, help="adaptation steps (default: the run's evaluation's)")
+    p.add_argument("--lr", type=float, help="adaptation lr (default: the one the evaluation chose on validation)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="longest greedy answer (generation)")
+    p.add_argument("--tasks-per-pass", type=int, help="tasks adapted together (default: eval.episodes_per_pass)")
+    p.add_argument("--no-adapters", action="store_true", help="write predictions only, no adapter folders")
+    return p.parse_args(argv)
+
+
+def task_files(args: argparse.Namespace) -> list[TaskFiles]:
+    """The tasks named on the command line, each with its format (``--source``, then options)."""
+    fmt = TaskFormat()
+    if args.source is not None:
+        sources = {describe_source(s): s for s in load_run_config(args.run).tasks.collection}
+        if args.source not in sources:
+            raise UserInputError(f"--source {args.source!r} is not a source of the run's config: it has "
+                                 f"{sorted(sources) or 'none (a built-in suite)'}")
+        fmt = TaskFormat.from_source(sources[args.source])
+    fmt = fmt.replace(**{k: getattr(args, k) for k in FORMAT_KEYS})
+    if (args.tasks is None) == (args.support is None):
+        raise UserInputError("give either --support FILE (with --query FILE) for one task, or --tasks for many")
+    if args.tasks is not None:
+        return task_list(args.tasks, fmt)
+    if args.query is None:
+        raise UserInputError("--support without --query: give the rows to predict with --query FILE")
+    return [TaskFiles(args.name, args.support, args.query, fmt)]
+
+
+def out_folder(out: Path) -> Path:
+    """``out``, created; refused if it holds anything (nothing is ever overwritten)."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserInputError(f"--out {str(out)!r} exists and is not an empty folder: choose a new one "
+                             "(nothing is overwritten)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserInputError(f"--out {str(out)!r} cannot be created ({err.strerror})") from None
+    return out
+
+
+def summary(plan: RunMethod, adapter: Adapter, done: list[Adapted], seconds: float) -> dict[str, Any]:
+    """Tasks, rows, seconds, and accuracy and loss over the queries whose labels were given."""
+    rows = [r for a in done for r in a.predictions]
+    known = [r for r in rows if "correct" in r]
+    tokens = sum(r["answer_tokens"] for r in known)
+    return {"run": str(plan.run), "method": plan.method, "seed": plan.cfg.train.seed, "lr": plan.lr,
+            "lr_source": plan.lr_source, "steps": adapter.steps, "tasks": len(done), "query_rows": len(rows),
+            "labelled_rows": len(known), "seconds": round(seconds, 3),
+            "accuracy": sum(r["correct"] for r in known) / len(known) if known else None,
+            "loss": -sum(r["answer_logprob"] for r in known) / tokens if tokens else None}
+
+
+def adapt(args: argparse.Namespace) -> dict[str, Any]:
+    """Checks everything that needs no model, then loads it once and adapts every task."""
+    start = time.monotonic()
+    plan = resolve_method(args.run, args.method, replicate=args.replicate, steps=args.steps, lr=args.lr,
+                          adapter=args.adapter)
+    texts = [read_task(files) for files in task_files(args)]  # every file checked before the model loads
+    out = out_folder(args.out)
+    logger.info("adapting %d task(s) with %s of %s: %s, %d step(s)", len(texts), plan.method, plan.run,
+                f"lr {plan.lr:g} ({plan.lr_source})" if plan.lr is not None else plan.lr_source, plan.steps)
+    adapter = Adapter(plan, tasks_per_pass=args.tasks_per_pass, max_new_tokens=args.max_new_tokens)
+    progress = Progress("adapted", len(texts), "tasks", every_s=10.0)
+    done = adapter.adapt([adapter.build(t) for t in texts], on_group=progress.advance)
+    with (out / "predictions.jsonl").open("w", encoding="utf-8") as fh:
+        for adapted in done:
+            fh.writelines(json.dumps(r) + "\n" for r in adapted.predictions)
+    if not args.no_adapters:
+        for adapted in done:
+            adapted.save(out / "adapters" / adapted.task.name)
+    result = summary(plan, adapter, done, time.monotonic() - start)
+    (out / "summary.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    return result
+
+
+def quiet_file_reads() -> None:
+    """No progress bar and no log line per file read: a hundred tasks are two hundred small files,
+    and their lines would bury the progress and the summary."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    logging.getLogger("fmmeta.tasks.data").setLevel(logging.WARNING)
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """Exit codes: 0 done, 2 bad input (arguments, run, method, task files), 130 Ctrl-C, 143 SIGTERM."""
+    ctrl_c_raises()
+    args = parse_args(sys.argv[1:] if argv is None else argv, prog)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    show_library_warnings_once(0)
+    quiet_file_reads()
+    try:
+        result = adapt(args)
+    except UserInputError as err:  # the input, not a bug
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as err:
+        print(f"stopped by {'SIGTERM' if isinstance(err, Terminated) else 'Ctrl-C'}: the run was only read; "
+              f"{str(args.out)!r} may hold part of the output", file=sys.stderr)
+        return 143 if isinstance(err, Terminated) else 130
+    accuracy = "" if result["accuracy"] is None else (
+        f", accuracy {result['accuracy']:.3f} and loss {result['loss']:.4f} on {result['labelled_rows']} labelled rows")
+    print(f"adapted {result['tasks']} task(s), {result['query_rows']} query rows, with {result['method']} in "
+          f"{result['seconds']:.1f} s{accuracy}: {args.out}")
+    return 0
+
+
+def cli(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """What every entry point runs: ``python recipes/adapt.py`` and ``fmmeta adapt``."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return main(argv, prog)
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

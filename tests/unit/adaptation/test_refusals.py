@@ -1,0 +1,184 @@
+"""Every bad input to ``fmmeta adapt`` is one clear message before any model loads.
+
+The run folders here are fakes (a config, empty adapter files, an ``eval.json``): the refusals
+read only those, so a test that loaded a model would show the check came too late.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fmmeta.adaptation.method import resolve_method
+from fmmeta.adaptation.task_files import TaskFiles, TaskFormat, build_task, read_task
+from fmmeta.adaptation.task_list import task_list
+from fmmeta.errors import UserInputError
+from fmmeta.tasks.testing import tiny_tokenizer
+
+REPO = Path(__file__).resolve().parents[3]
+SUPPORT = [{"text": "Paris", "label": "fr"}, {"text": "Berlin", "label": "de"}]
+QUERY = [{"text": "Lyon"}]
+
+
+def _run(tmp_path: Path, methods: str = "[fomaml,metasgd,metaicl]", lrs: dict | None = None) -> Path:
+    run = tmp_path / "run"
+    run.mkdir()
+    text = (REPO / "recipes" / "configs" / "smoke.yaml").read_text()
+    (run / "config.yaml").write_text(text + f"methods: {methods}\n")
+    for m in ("fomaml", "metasgd", "metaicl"):
+        (run / m / "adapter").mkdir(parents=True)
+        (run / m / "adapter" / "adapter_model.safetensors").write_bytes(b"")
+    (run / "metasgd" / "adapter" / "step_sizes.json").write_text(json.dumps({"order": ["a"], "step_sizes": {"a": 0.1}}))
+    if lrs is not None:
+        (run / "eval").mkdir()
+        (run / "eval" / "eval.json").write_text(json.dumps({"inner_lrs": lrs, "max_steps": 3}))
+    return run
+
+
+def _refused(match: str, fn, *args, **kwargs) -> str:  # noqa: ANN001 - the call under test
+    with pytest.raises(UserInputError, match=match) as err:
+        fn(*args, **kwargs)
+    return str(err.value)
+
+
+def test_run_and_method_refusals(tmp_path: Path) -> None:
+    run = _run(tmp_path, lrs={"fomaml": 0.3, "base": 0.1})
+    _refused("not a folder", resolve_method, tmp_path / "nowhere", "fomaml")
+    _refused("is not a method of the run", resolve_method, run, "reptile")
+    _refused("replicate", resolve_method, run, "fomaml", replicate=1)
+    _refused("drop --steps and --lr", resolve_method, run, "metaicl", steps=2)
+    _refused("drop --lr", resolve_method, run, "metasgd", lr=0.1)
+    _refused("must be >= 0", resolve_method, run, "fomaml", steps=-1)
+    _refused("must be > 0", resolve_method, run, "fomaml", lr=0.0)
+    shutil.rmtree(run / "fomaml" / "adapter")
+    _refused("did not finish that method", resolve_method, run, "fomaml")
+
+
+def test_the_evaluations_choice_is_used_and_its_absence_refused(tmp_path: Path) -> None:
+    run = _run(tmp_path, lrs={"fomaml": 0.3, "base": 0.1})
+    plan = resolve_method(run, "fomaml")
+    assert (plan.lr, plan.steps) == (0.3, 3) and "eval.json" in plan.lr_source
+    assert resolve_method(run, "fomaml", lr=0.05, steps=1).lr == 0.05
+    assert resolve_method(run, "metasgd").lr is None  # its learned step sizes
+    assert resolve_method(run, "metaicl").steps == 0
+    (run / "eval" / "eval.json").unlink()
+    _refused("no evaluation that chose its adaptation lr", resolve_method, run, "fomaml")
+    assert resolve_method(run, "fomaml", lr=0.1).lr == 0.1
+
+
+def _files(support: list | None = None, query: list | None = None, **fmt: object) -> TaskFiles:
+    return TaskFiles("t", SUPPORT if support is None else support, QUERY if query is None else query,
+                     TaskFormat().replace(**fmt))
+
+
+def test_task_row_refusals() -> None:
+    _refused("support label\\(s\\) \\['it'\\] are not in the label set", read_task,
+             _files(SUPPORT + [{"text": "Rome", "label": "it"}], labels="fr,de"))
+    _refused("query label\\(s\\) \\['es'\\] are not in the label set", read_task,
+             _files(query=[{"text": "Madrid", "label": "es"}]))
+    _refused("has 1 label\\(s\\)", read_task, _files([{"text": "Paris", "label": "fr"}]))
+    _refused("have no support row", read_task, _files(labels="fr,de,it"))
+    _refused("has no 'label'", read_task, _files([{"text": "Paris"}, *SUPPORT]))
+    _refused("has no rows", read_task, _files([]))
+    _refused("column\\(s\\) \\['sentence'\\] not found", read_task, _files(template="S: {sentence}"))
+    _refused("does not exist", read_task, TaskFiles("t", Path("/nonexistent/s.csv"), QUERY))
+    _refused("builder='task_column' is invalid", TaskFormat().replace, builder="task_column")
+    _refused("unknown task key", TaskFormat().replace, colour="red")
+
+
+def test_token_budget_refusals() -> None:
+    tok = tiny_tokenizer()
+    long = [{"input": "a", "output": "x" * 40}, {"input": "b", "output": "y"}]
+    _refused("its answer takes", build_task, _files(long, [{"input": "c"}], builder="dataset"), tok, max_length=16)
+    words = [{"text": "a", "label": "w" * 20}, {"text": "b", "label": "v"}]
+    _refused("a label word takes", build_task, _files(words, QUERY), tok, max_length=16)
+
+
+def test_task_list_refusals(tmp_path: Path) -> None:
+    fmt = TaskFormat()
+    (tmp_path / "empty").mkdir()
+    _refused("has no task folders", task_list, tmp_path / "empty", fmt)
+    (tmp_path / "many" / "a").mkdir(parents=True)
+    (tmp_path / "many" / "a" / "support.csv").write_text("text,label\nx,1\n")
+    _refused("needs exactly one query", task_list, tmp_path / "many", fmt)
+    listed = tmp_path / "tasks.yaml"
+    listed.write_text("- {name: a, support: s.csv, query: q.csv}\n- {name: a, support: s.csv, query: q.csv}\n")
+    _refused("more than once", task_list, listed, fmt)
+    listed.write_text("name: a\n")
+    _refused("not a YAML list", task_list, listed, fmt)
+    listed.write_text("- {name: a, support: s.csv}\n")
+    _refused("needs support and query", task_list, listed, fmt)
+    _refused("neither a folder", task_list, tmp_path / "x.txt", fmt)
+
+
+def test_recipe_refuses_with_exit_2_before_the_model_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    import recipes.adapt as recipe
+
+    def no_model(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the model was loaded before the input was checked")
+
+    monkeypatch.setattr(recipe, "Adapter", no_model)
+    run = _run(tmp_path, lrs={"fomaml": 0.3})
+    (tmp_path / "s.csv").write_text("text,label\nParis,fr\nBerlin,de\nRome,it\n")
+    (tmp_path / "q.csv").write_text("text\nLyon\n")
+    base = ["--run", str(run), "--method", "fomaml", "--support", str(tmp_path / "s.csv"), "--query",
+            str(tmp_path / "q.csv"), "--out", str(tmp_path / "out")]
+    cases = [
+        (["--labels", "fr,de"], "support label(s) ['it'] are not in the label set"),
+        (["--method", "reptile"], "is not a method of the run"),
+        (["--source", "topics"], "is not a source of the run's config"),
+        (["--tasks", str(tmp_path)], "give either --support FILE"),
+    ]
+    for extra, message in cases:
+        assert recipe.main(base + extra) == 2
+        err = capsys.readouterr().err
+        assert "error: " in err and message in err, err
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "x").write_text("")
+    assert recipe.main(base) == 2 and "is not an empty folder" in capsys.readouterr().err
+
+
+def test_a_replicate_adapts_its_own_adapter_at_its_own_lr(tmp_path: Path) -> None:
+    import yaml
+
+    run = tmp_path / "run"
+    cfg = yaml.safe_load((REPO / "recipes" / "configs" / "smoke.yaml").read_text())
+    cfg["methods"] = ["fomaml"]
+    cfg["train"]["replicates"] = 2
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    for r in (0, 1):
+        (run / f"replicate_{r}" / "fomaml" / "adapter").mkdir(parents=True)
+        (run / f"replicate_{r}" / "fomaml" / "adapter" / "adapter_model.safetensors").write_bytes(b"")
+    (run / "eval").mkdir()
+    (run / "eval" / "eval.json").write_text(json.dumps(
+        {"inner_lrs": {"fomaml": 0.1}, "replicate_lrs": [{"fomaml": 0.1}, {"fomaml": 0.3}], "max_steps": 2}))
+    plan = resolve_method(run, "fomaml", replicate=1)
+    assert plan.lr == 0.3 and plan.adapter == run / "replicate_1" / "fomaml" / "adapter"
+    assert plan.cfg.train.seed == cfg["train"].get("seed", 0) + 1  # its initial adapter is its own seed's
+    assert resolve_method(run, "fomaml").lr == 0.1
+    _refused("numbered 0..1", resolve_method, run, "fomaml", replicate=2)
+
+
+def test_an_adapter_made_with_another_model_or_lora_is_refused_in_trainings_words(tmp_path: Path) -> None:
+    run = _run(tmp_path, lrs={"fomaml": 0.3})
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.yaml").write_text((run / "config.yaml").read_text().replace("tiny_hidden_size: 32",
+                                                                               "tiny_hidden_size: 64"))
+    mine = other / "fomaml" / "adapter"
+    mine.mkdir(parents=True)
+    (mine / "adapter_model.safetensors").write_bytes(b"")
+    (mine / "adapter_config.json").write_text(json.dumps({"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]}))
+    message = _refused("was made with other settings", resolve_method, run, "fomaml", adapter=mine)
+    assert "lora.r: 8 in the adapter, 4 now" in message
+    assert "model.tiny_hidden_size: 64 in" in message and "32 now" in message
+    _refused("base and in_context use the run's initial adapter", resolve_method, run, "base", adapter=mine)
+    _refused("has no adapter_model.safetensors", resolve_method, run, "fomaml", adapter=tmp_path)
+    (mine / "adapter_config.json").write_text(json.dumps({"r": 4, "lora_alpha": 16, "target_modules": ["v_proj", "q_proj"]}))
+    (other / "config.yaml").write_text((run / "config.yaml").read_text())
+    assert resolve_method(run, "fomaml", adapter=mine).adapter == mine  # the same shape, the same model
