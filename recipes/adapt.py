@@ -31,7 +31,7 @@ from fmmeta.startup import Terminated, ctrl_c_raises  # first: Ctrl-C during the
 # isort: split
 from fmmeta.adaptation import Adapted, Adapter, TaskFiles, TaskFormat, resolve_method
 from fmmeta.adaptation.method import RunMethod, load_run_config
-from fmmeta.adaptation.task_files import FORMAT_KEYS, describe_source, read_task
+from fmmeta.adaptation.task_files import FORMAT_KEYS, KINDS, describe_source, read_task
 from fmmeta.adaptation.task_list import task_list
 from fmmeta.errors import UserInputError
 from fmmeta.library_warnings import show_library_warnings_once
@@ -56,9 +56,11 @@ def parse_args(argv: list[str], prog: str | None = None) -> argparse.Namespace:
     p.add_argument("--name", default="task", help="the task's name with --support (default: task)")
     p.add_argument("--out", type=Path, default=Path("adapted"), help="output folder, new or empty")
     p.add_argument("--source", help="read rows as this tasks.collection source of the run's config does")
-    p.add_argument("--builder", choices=("classification", "dataset"), help="classification or dataset (generation)")
-    for key in ("template", "answer_template", "text_column", "label_column", "input_column", "output_column"):
+    p.add_argument("--builder", choices=KINDS, help="classification, dataset (generation) or multiple_choice")
+    for key in ("template", "answer_template", "text_column", "label_column", "input_column", "output_column",
+                "options_column", "answer_format"):
         p.add_argument("--" + key.replace("_", "-"), dest=key, help=f"as a YAML task source's {key}")
+    p.add_argument("--option-columns", help="multiple choice: the columns holding one option each, comma-separated")
     p.add_argument("--labels", help="the label set, comma-separated (default: the support's labels)")
     p.add_argument("--steps", type=int, help="adaptation steps (default: the run's evaluation's)")
     p.add_argument("--lr", type=float, help="adaptation lr (default: the one the evaluation chose on validation)")

@@ -11,8 +11,8 @@ teacher forcing (the evaluation's generation accuracy) is the same event as gree
 producing the gold answer (the scoring module gives the induction), so where the answer is known
 it is scored both ways and the two must agree.
 
-The candidates of a query are a list per query (``episode.choices`` today), so tasks whose queries
-carry their own options only need to hand their own list in.
+The candidates of a query are the task's label words (``episode.choices``) or, for multiple
+choice, the query's own options (``Example.options``), named by their texts.
 """
 
 from __future__ import annotations
@@ -33,22 +33,26 @@ DECODE_ROWS = 64
 
 
 def _candidates(ex: Example, choices: Sequence[tuple[int, ...]] | None) -> list[tuple[int, ...]]:
-    """The sequences a query's answer is chosen among (general over candidates)."""
+    """The sequences a query's answer is chosen among: its own options (multiple choice), else
+    the task's choices."""
+    if ex.options is not None:
+        return [tuple(o) for o in ex.options]
     return [tuple(c) for c in choices] if choices is not None else []
 
 
 def rank(model: nn.Module, route: Route | None, queries: Sequence[Sequence[Example]],
-         choices: Sequence[Sequence[tuple[int, ...]]], labels: Sequence[Sequence[str]],
+         choices: Sequence[Sequence[tuple[int, ...]]], labels: Sequence[Sequence[Sequence[str]]],
          known: Sequence[Sequence[bool]], micro_batch_size: int) -> list[list[dict[str, Any]]]:
     """Per task (query set ``g`` through fast weights ``g``), per query: the chosen label and every
-    candidate's log-probability; with a known label also whether it is correct and its tokens."""
+    candidate's log-probability; with a known label also whether it is correct and its tokens.
+    ``labels[g][i]`` names query ``i``'s candidates (a task's label set, or a question's options)."""
     per_set = [[[(tuple(ex.prompt_ids), c) for c in _candidates(ex, cs)] for ex in qs]
                for qs, cs in zip(queries, choices)]
     scored = score_sequences(model, per_set, micro_batch_size=micro_batch_size, route=route)
     out: list[list[dict[str, Any]]] = []
-    for qs, words, ok, task_scores in zip(queries, labels, known, scored):
+    for qs, task_words, ok, task_scores in zip(queries, labels, known, scored):
         rows = []
-        for ex, is_known, s in zip(qs, ok, task_scores):
+        for ex, words, is_known, s in zip(qs, task_words, ok, task_scores):
             lp = [float(x) for x in s.logprob]
             best = max(range(len(lp)), key=lambda i: lp[i])
             row: dict[str, Any] = {"prediction": words[best], "logprobs": dict(zip(words, lp))}

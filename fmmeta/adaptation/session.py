@@ -157,7 +157,7 @@ class Adapter:
             qs, known = [queries[g] for g in group], [tasks[g].query_known for g in group]
             if ranked:
                 rows = rank(self.model, sub, qs, [tasks[g].episode.choices or () for g in group],
-                            [tasks[g].labels for g in group], known, self.micro_batch_size)
+                            [tasks[g].candidate_words() for g in group], known, self.micro_batch_size)
             else:
                 rows = generate(self.model, sub, qs, known, self.tokenizer,
                                 micro_batch_size=self.micro_batch_size, max_new_tokens=self.max_new_tokens)

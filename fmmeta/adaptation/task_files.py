@@ -21,15 +21,17 @@ from pathlib import Path
 from typing import Any, Iterator, Literal, Mapping, Sequence
 
 from fmmeta.errors import UserInputError
+from fmmeta.tasks.choice_rows import OPTIONS_FIELD, gold_index, lettered, option_answers, question_options
 from fmmeta.tasks.classification import answer_word_ids
 from fmmeta.tasks.columns import column, render, resolve_template, template_fields
 from fmmeta.tasks.episode import Episode, Example
 from fmmeta.tasks.tokens import encode, eos_ids
 
-Kind = Literal["classification", "dataset"]
+Kind = Literal["classification", "dataset", "multiple_choice"]
+KINDS: tuple[str, ...] = ("classification", "dataset", "multiple_choice")
 
 FORMAT_KEYS = ("builder", "template", "answer_template", "text_column", "label_column", "input_column",
-               "output_column", "labels")
+               "output_column", "labels", "options_column", "option_columns", "answer_format")
 """The keys of :class:`TaskFormat`: what a YAML list of tasks may set per task."""
 
 
@@ -38,14 +40,18 @@ class TaskFormat:
     """How rows become examples: the keys of a YAML task source that apply to one task.
 
     Attributes:
-        builder: ``"classification"`` (a label per row; the answer is its label word) or
-            ``"dataset"`` (generation: the answer is the output column's text).
+        builder: ``"classification"`` (a label per row; the answer is its label word),
+            ``"dataset"`` (generation: the answer is the output column's text) or
+            ``"multiple_choice"`` (each row its own options; ``label_column`` names the gold one).
         template: prompt format over column names; ``None`` = the text (or input) column alone.
         answer_template: answer format; ``{answer}`` is the label word or the output text.
         text_column, label_column: classification's text and label columns.
         input_column, output_column: generation's prompt and answer columns.
         labels: classification's label set, in order; ``None`` = the support's labels in order
             of first appearance. A support label outside an explicit set is refused.
+        options_column, option_columns, answer_format: multiple choice's options (one list or
+            ``{text, label}`` column, or a column per option) and how the label names the gold one
+            (:mod:`fmmeta.tasks.choice_rows`).
     """
 
     builder: Kind = "classification"
@@ -56,6 +62,9 @@ class TaskFormat:
     input_column: str = "input"
     output_column: str = "output"
     labels: tuple[str, ...] | None = None
+    options_column: str | None = None
+    option_columns: tuple[str, ...] | None = None
+    answer_format: str = "auto"
 
     @classmethod
     def from_source(cls, source: Any) -> TaskFormat:
@@ -66,14 +75,16 @@ class TaskFormat:
         """
         args = source.resolved()
         builder = args.get("builder")
-        if builder not in ("classification", "dataset"):
+        if builder not in KINDS:
             raise UserInputError(f"source {describe_source(source)!r} has builder={builder!r}: a user's task is "
-                                 "one task per support file; use a classification or dataset source, or give "
-                                 "--builder and the columns yourself")
+                                 "one task per support file; use a classification, dataset or multiple_choice "
+                                 "source, or give --builder and the columns yourself")
         words = source.verbalizer
         labels = tuple(words.values() if isinstance(words, dict) else words) if words else None
-        keys = {k: args[k] for k in ("template", "text_column", "label_column", "input_column", "output_column")
-                if k in args}
+        keys = {k: args[k] for k in ("template", "text_column", "label_column", "input_column", "output_column",
+                                     "options_column", "answer_format") if args.get(k) is not None}
+        if args.get("option_columns"):
+            keys["option_columns"] = tuple(args["option_columns"])
         return cls(builder=builder, answer_template=source.answer_template, labels=labels, **keys)
 
     def replace(self, **changes: Any) -> TaskFormat:
@@ -86,9 +97,14 @@ class TaskFormat:
             given["labels"] = tuple(w.strip() for w in given["labels"].split(",") if w.strip())
         elif "labels" in given:
             given["labels"] = tuple(str(w) for w in given["labels"])
-        if given.get("builder", self.builder) not in ("classification", "dataset"):
-            raise UserInputError(f"builder={given['builder']!r} is invalid: classification (a label per row) "
-                                 "or dataset (generation: an output text per row)")
+        if isinstance(given.get("option_columns"), str):
+            given["option_columns"] = tuple(c.strip() for c in given["option_columns"].split(",") if c.strip())
+        elif "option_columns" in given:
+            given["option_columns"] = tuple(str(c) for c in given["option_columns"])
+        if given.get("builder", self.builder) not in KINDS:
+            raise UserInputError(f"builder={given['builder']!r} is invalid: classification (a label per row), "
+                                 "dataset (generation: an output text per row) or multiple_choice (each row its "
+                                 "own options)")
         return dataclasses.replace(self, **given)
 
 
@@ -118,6 +134,7 @@ class UserTask:
         query_known: per query, whether its label (or answer) was given.
         format: the format the rows were read with (predict reads new rows the same way).
         support_rows: the support rows as read (predict builds new queries beside them).
+        query_options: multiple choice: each query's option texts (what its prediction names).
     """
 
     name: str
@@ -126,11 +143,17 @@ class UserTask:
     query_known: tuple[bool, ...]
     format: TaskFormat
     support_rows: tuple[dict[str, Any], ...] = ()
+    query_options: tuple[tuple[str, ...], ...] = ()
 
     @property
     def is_classification(self) -> bool:
-        """Whether the task ranks candidates (else it generates)."""
-        return self.episode.choices is not None
+        """Whether the task ranks candidates (a label set, or each question's options) rather than
+        generating."""
+        return self.episode.choices is not None or self.format.builder == "multiple_choice"
+
+    def candidate_words(self) -> list[tuple[str, ...]]:
+        """Per query, the names of the candidates it is ranked among (its label set or options)."""
+        return list(self.query_options) if self.query_options else [self.labels] * len(self.episode.query)
 
 
 @contextlib.contextmanager
@@ -175,14 +198,21 @@ def read_rows(data: Path | Sequence[Mapping[str, Any]], *, what: str) -> list[di
     return rows
 
 
-def _prompts(rows: list[dict[str, Any]], fmt: TaskFormat, *, where: str) -> list[str]:
-    """Each row's prompt text (the template over its columns)."""
+def _prompts(rows: list[dict[str, Any]], fmt: TaskFormat, *, where: str,
+             options: Sequence[Sequence[str]] = ()) -> list[str]:
+    """Each row's prompt text (the template over its columns; for multiple choice ``{options}``
+    shows the row's options as lettered lines)."""
     first = fmt.text_column if fmt.builder == "classification" else fmt.input_column
+    if fmt.builder == "multiple_choice" and fmt.template is None:
+        raise UserInputError(f"{where}: a multiple-choice task needs --template over its columns, e.g. "
+                             "'Question: {question}\nAnswer:'")
     template = resolve_template(fmt.template, first)
     try:
         fields = template_fields(template, key="template")
     except ValueError as err:
         raise UserInputError(f"{where}: {err}") from None
+    if fmt.builder == "multiple_choice" and OPTIONS_FIELD in fields:
+        rows = [{**r, OPTIONS_FIELD: lettered(o)} for r, o in zip(rows, options)]
     missing = [f for f in fields if any(f not in r for r in rows)]
     if missing:
         raise UserInputError(f"{where}: column(s) {missing} not found; the rows have columns {sorted(rows[0])}: "
@@ -241,6 +271,10 @@ class TaskTexts:
     prompts: tuple[list[str], list[str]]
     answers: tuple[list[str | None], list[str | None]]
     labels: tuple[str, ...]
+    options: tuple[list[list[str]], list[list[str]]] = ([], [])
+    """Multiple choice: each support and query row's option texts."""
+    gold: tuple[list[int | None], list[int | None]] = ([], [])
+    """Multiple choice: each row's gold option (``None`` for a query without its label)."""
 
 
 def read_task(files: TaskFiles) -> TaskTexts:
@@ -248,12 +282,43 @@ def read_task(files: TaskFiles) -> TaskTexts:
     fmt, name = files.format, files.name
     support = read_rows(files.support, what=f"task {name!r} support")
     query = [] if files.query is None else read_rows(files.query, what=f"task {name!r} query")
-    key = fmt.label_column if fmt.builder == "classification" else fmt.output_column
+    key = fmt.output_column if fmt.builder == "dataset" else fmt.label_column
     s_ans = _answers(support, key, required=True, where=f"task {name!r} support")
     q_ans = _answers(query, key, required=False, where=f"task {name!r} query")
+    if fmt.builder == "multiple_choice":
+        s_q = _questions(support, s_ans, fmt, where=f"task {name!r} support")
+        q_q = _questions(query, q_ans, fmt, where=f"task {name!r} query")
+        prompts = (_prompts(support, fmt, where=f"task {name!r} support", options=s_q[0]),
+                   _prompts(query, fmt, where=f"task {name!r} query", options=q_q[0]))
+        return TaskTexts(files, support, prompts, (s_ans, q_ans), (), (s_q[0], q_q[0]), (s_q[1], q_q[1]))
     prompts = (_prompts(support, fmt, where=f"task {name!r} support"), _prompts(query, fmt, where=f"task {name!r} query"))
     labels = _label_set(fmt, s_ans, q_ans, name) if fmt.builder == "classification" else ()
     return TaskTexts(files, support, prompts, (s_ans, q_ans), labels)
+
+
+def _questions(rows: list[dict[str, Any]], answers: list[str | None], fmt: TaskFormat, *, where: str
+               ) -> tuple[list[list[str]], list[int | None]]:
+    """Each multiple-choice row's option texts and gold option (``None`` where its label is absent)."""
+    if (fmt.options_column is None) == (not fmt.option_columns):
+        raise UserInputError(f"{where}: a multiple-choice task needs exactly one of --options-column (a list or "
+                             "{text, label} column) and --option-columns (a column per option)")
+    cols = [fmt.options_column] if fmt.options_column is not None else list(fmt.option_columns or ())
+    missing = [c for c in cols if any(c not in r for r in rows)]
+    if missing:
+        raise UserInputError(f"{where}: column(s) {missing} not found; the rows have columns {sorted(rows[0])}")
+    texts: list[list[str]] = []
+    gold: list[int | None] = []
+    try:
+        for i, (r, a) in enumerate(zip(rows, answers)):
+            value = r[cols[0]] if fmt.options_column is not None else [r[c] for c in cols]
+            opts, keys = question_options(value, where=f"{where}: row {i}")
+            texts.append(opts)
+            raw = r.get(fmt.label_column)
+            gold.append(None if a is None else gold_index(raw, opts, keys, fmt.answer_format,
+                                                         where=f"{where}: row {i} ({fmt.label_column})"))
+    except ValueError as err:
+        raise UserInputError(str(err)) from None
+    return texts, gold
 
 
 def build_task(files: TaskFiles | TaskTexts, tokenizer: Any, *, max_length: int, separator: str = "\n\n") -> UserTask:
@@ -270,6 +335,8 @@ def build_task(files: TaskFiles | TaskTexts, tokenizer: Any, *, max_length: int,
     sep = tuple(encode(tokenizer, [separator])[0]) if separator else ()
     if fmt.builder == "dataset":
         return _generation(texts.files, s_ids, q_ids, s_ans, q_ans, tokenizer, max_length, sep, support)
+    if fmt.builder == "multiple_choice":
+        return _multiple_choice(texts, s_ids, q_ids, tokenizer, max_length, sep)
     words = [tuple(w) for w in answer_word_ids(tokenizer, [fmt.answer_template.format(answer=w) for w in labels])]
     room = max_length - max(len(w) for w in words)
     if room < 1:
@@ -307,6 +374,28 @@ def _generation(files: TaskFiles, s_ids: list[list[int]], q_ids: list[list[int]]
                       tuple(example(p, a, i, "query") for i, (p, a) in enumerate(zip(q_ids, q_ans))),
                       shots=len(s_ids), separator_ids=sep)
     return UserTask(files.name, episode, (), tuple(a is not None for a in q_ans), fmt, tuple(support))
+
+
+def _multiple_choice(texts: TaskTexts, s_ids: list[list[int]], q_ids: list[list[int]], tokenizer: Any,
+                     max_length: int, sep: tuple[int, ...]) -> UserTask:
+    """A multiple-choice task's episode: every question with its own options (EOS included); a
+    prompt cut to leave room for its longest option; a query without its label answers with that."""
+    fmt, name = texts.files.format, texts.files.name
+
+    def example(p: Sequence[int], opts: list[str], g: int | None, i: int, what: str) -> Example:
+        ids = tuple(tuple(o) for o in answer_word_ids(tokenizer, option_answers(opts, fmt.answer_template)))
+        longest = max(ids, key=len)
+        if len(longest) + 1 > max_length:
+            raise UserInputError(f"task {name!r} {what} row {i}: an option takes {len(longest)} tokens, more than "
+                                 f"tasks.max_length={max_length} leaves beside a prompt: shorten it")
+        return Example(_cut(p, max_length - len(longest)), longest if g is None else ids[g], g, ids)
+
+    (s_opts, q_opts), (s_gold, q_gold) = texts.options, texts.gold
+    episode = Episode(name, tuple(example(p, o, g, i, "support") for i, (p, o, g) in enumerate(zip(s_ids, s_opts, s_gold))),
+                      tuple(example(p, o, g, i, "query") for i, (p, o, g) in enumerate(zip(q_ids, q_opts, q_gold))),
+                      shots=len(s_ids), separator_ids=sep)
+    return UserTask(name, episode, (), tuple(g is not None for g in q_gold), fmt, tuple(texts.support),
+                    tuple(tuple(o) for o in q_opts))
 
 
 __all__ = ["FORMAT_KEYS", "TaskFiles", "TaskFormat", "TaskTexts", "UserTask", "build_task", "describe_source",

@@ -115,11 +115,11 @@ def multiple_choice_rows(
         raise ValueError(f"{where}: the dataset has no rows, so the task has no questions")
     texts, keys = _row_options(ds, options_column, option_cols, where=where)
     answers = column(ds, label_column)
-    labels = [_gold(answers[i], texts[i], keys[i], answer_format, where=f"{where}: row {i} ({label_column})")
+    labels = [gold_index(answers[i], texts[i], keys[i], answer_format, where=f"{where}: row {i} ({label_column})")
               for i in range(len(ds))]
-    shown = {OPTIONS_FIELD: [_lettered(t) for t in texts]} if OPTIONS_FIELD in template_fields(template, key="template") else {}
+    shown = {OPTIONS_FIELD: [lettered(t) for t in texts]} if OPTIONS_FIELD in template_fields(template, key="template") else {}
     prompts = render(template, {**{f: column(ds, f) for f in fields}, **shown}, len(ds), where=where)
-    options = [[answer_template.format(answer=t, letter=LETTERS[j]) for j, t in enumerate(row)] for row in texts]
+    options = [option_answers(row, answer_template) for row in texts]
     return MultipleChoiceRows(name=name, family=family, spec=spec, prompts=prompts, options=options, labels=labels,
                               template_tail=template_tail(template))
 
@@ -132,33 +132,37 @@ def _row_options(ds: datasets.Dataset, options_column: str | None, option_cols: 
         raw: list[Any] = [[col[i] for col in cols] for i in range(len(ds))]
     else:
         raw = column(ds, options_column)
-    texts: list[list[str]] = []
-    keys: list[list[str] | None] = []
-    for i, value in enumerate(raw):
-        key_list: list[str] | None = None
-        if isinstance(value, dict):
-            if "text" not in value:
-                raise ValueError(f"{where}: {options_column}[{i}] is a dict without 'text' (keys {sorted(value)}): "
-                                 "point options_column at a list, or a {text, label} column like ARC's")
-            key_list = [str(k) for k in value.get("label") or []] or None
-            value = value["text"]
-        if not isinstance(value, (list, tuple)):
-            raise ValueError(f"{where}: {options_column}[{i}]={value!r} is not a list of options")
-        row = [o if isinstance(o, str) else ("" if o is None else str(o)) for o in value]
-        if not 2 <= len(row) <= len(LETTERS) or any(not o.strip() for o in row):
-            raise ValueError(
-                f"{where}: row {i} has options {row!r}: a question needs 2 to 26 non-empty options; "
-                "filter such rows first"
-            )
-        if key_list is not None and len(key_list) != len(row):
-            raise ValueError(f"{where}: row {i} has {len(row)} options but {len(key_list)} labels {key_list}")
-        texts.append(row)
-        keys.append(key_list)
-    return texts, keys
+    read = [question_options(value, where=f"{where}: row {i}") for i, value in enumerate(raw)]
+    return [t for t, _ in read], [k for _, k in read]
 
 
-def _gold(value: Any, texts: list[str], keys: list[str] | None, fmt: str, *, where: str) -> int:
-    """The index of the gold option that ``value`` names under ``fmt``."""
+def question_options(value: Any, *, where: str) -> tuple[list[str], list[str] | None]:
+    """One question's (option texts, keys of a ``{text, label}`` value or None), checked: a list of
+    options, or a dict of ``text`` and ``label`` lists like ARC's."""
+    key_list: list[str] | None = None
+    if isinstance(value, dict):
+        if "text" not in value:
+            raise ValueError(f"{where}: its options are a dict without 'text' (keys {sorted(value)}): point "
+                             "options_column at a list, or a {text, label} column like ARC's")
+        key_list = [str(k) for k in value.get("label") or []] or None
+        value = value["text"]
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"{where}: its options {value!r} are not a list")
+    row = [o if isinstance(o, str) else ("" if o is None else str(o)) for o in value]
+    if not 2 <= len(row) <= len(LETTERS) or any(not o.strip() for o in row):
+        raise ValueError(f"{where} has options {row!r}: a question needs 2 to 26 non-empty options; filter such "
+                         "rows first")
+    if key_list is not None and len(key_list) != len(row):
+        raise ValueError(f"{where} has {len(row)} options but {len(key_list)} labels {key_list}")
+    return row, key_list
+
+
+def gold_index(value: Any, texts: list[str], keys: list[str] | None, fmt: str, *, where: str) -> int:
+    """The index of the gold option that ``value`` names under ``fmt`` (see the module docstring).
+
+    Raises:
+        ValueError: naming the row, where ``value`` is none of its options.
+    """
     if fmt == "auto":
         fmt = _auto_format(value, texts, keys, where=where)
     index: int | None = None
@@ -198,12 +202,18 @@ def _auto_format(value: Any, texts: list[str], keys: list[str] | None, *, where:
         )
     if isinstance(value, str) and len(value.strip()) == 1 and value.strip() in LETTERS:
         return "letter"
-    return "text"  # not among the options: _gold names the row
+    return "text"  # not among the options: gold_index names the row
 
 
-def _lettered(texts: Sequence[str]) -> str:
+def lettered(texts: Sequence[str]) -> str:
     """A question's options as lines ``A. first``, ``B. second``... for prompts that show them."""
     return "\n".join(f"{LETTERS[j]}. {t}" for j, t in enumerate(texts))
 
 
-__all__ = ["ANSWER_FORMATS", "AnswerFormat", "MultipleChoiceRows", "multiple_choice_rows"]
+def option_answers(texts: Sequence[str], answer_template: str) -> list[str]:
+    """A question's options as answer texts: ``answer_template`` with ``{answer}`` and ``{letter}``."""
+    return [answer_template.format(answer=t, letter=LETTERS[j]) for j, t in enumerate(texts)]
+
+
+__all__ = ["ANSWER_FORMATS", "LETTERS", "OPTIONS_FIELD", "AnswerFormat", "MultipleChoiceRows", "gold_index",
+           "lettered", "multiple_choice_rows", "option_answers", "question_options"]

@@ -182,3 +182,15 @@ def test_an_adapter_made_with_another_model_or_lora_is_refused_in_trainings_word
     (mine / "adapter_config.json").write_text(json.dumps({"r": 4, "lora_alpha": 16, "target_modules": ["v_proj", "q_proj"]}))
     (other / "config.yaml").write_text((run / "config.yaml").read_text())
     assert resolve_method(run, "fomaml", adapter=mine).adapter == mine  # the same shape, the same model
+
+
+def test_multiple_choice_row_refusals() -> None:
+    rows = [{"q": "2+2=", "opts": ["4", "5"], "answer": 0}, {"q": "1+1=", "opts": ["3", "2"], "answer": 1}]
+    mc = {"builder": "multiple_choice", "label_column": "answer"}
+    _refused("needs --template", read_task, _files(rows, rows, options_column="opts", **mc))
+    _refused("exactly one of --options-column", read_task, _files(rows, rows, template="{q}", **mc))
+    bad = [*rows, {"q": "3+3=", "opts": ["6", "7"], "answer": 5}]
+    _refused("row 2 \\(answer\\): the answer 5 is not one of the row's 2 options", read_task,
+             _files(bad, rows, template="{q}", options_column="opts", **mc))
+    _refused("row 0 has options \\['4'\\]", read_task,
+             _files([{"q": "2+2=", "opts": ["4"], "answer": 0}], rows, template="{q}", options_column="opts", **mc))
