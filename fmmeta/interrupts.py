@@ -46,7 +46,9 @@ def interrupt_note(method: str, ckpts: CheckpointManager, step: Callable[[], int
         if lost is None:
             raise
         last = ckpts.latest(verify=False)
-        other = "the other rank" if ckpts.world_size == 2 else "another rank"
+        # With two ranks the dead one is known; with more, gloo's error names only an address
+        # (the launcher's own log names the rank that exited).
+        other = f"the other rank (rank {1 - ckpts.rank})" if ckpts.world_size == 2 else "another rank"
         raise Interrupted(
             f"{method}, meta-step {step()}: {other} stopped answering (gloo: {lost}): "
             "it died or was killed; its own log says why. Last checkpoint: "
