@@ -52,7 +52,57 @@ def example_lengths(examples: Sequence[Example]) -> np.ndarray:
     return np.fromiter((ex.n_tokens for ex in examples), dtype=np.int64, count=len(examples))
 
 
-class GenerationTask:
+class ExamplePool:
+    """What the task types that draw ``shots + query`` examples without overlap share (generation
+    and multiple choice): the cached examples, their lengths and the episode draw. A subclass
+    sets ``name``, ``spec``, ``separator_ids``, ``_examples`` and ``_lengths`` when it is built."""
+
+    name: str
+    spec: EpisodeSpec
+    separator_ids: tuple[int, ...]
+    _examples: tuple[Example, ...]
+    _lengths: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self._examples)
+
+    @property
+    def examples(self) -> tuple[Example, ...]:
+        """All cached examples."""
+        return self._examples
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Token count of each example (prompt + answer), for cost models."""
+        return self._lengths
+
+    @property
+    def episode_size(self) -> tuple[int, int]:
+        """(support, query) sequences per episode under :attr:`spec`."""
+        return self.spec.shots, self.spec.query
+
+    def sample_episode(self, rng: np.random.Generator) -> Episode:
+        """Draws one episode: ``shots`` support and ``query`` query examples, without overlap.
+
+        Each call draws fresh examples from ``rng``, so resampling a task gives a new episode
+        (and the same seed the same episode).
+
+        Args:
+            rng: the caller's generator; the only source of randomness.
+        """
+        spec = self.spec
+        idx = rng.choice(len(self._examples), size=spec.per_class, replace=False)
+        ex = self._examples
+        return Episode(
+            task=self.name,
+            support=tuple(ex[i] for i in idx[: spec.shots]),
+            query=tuple(ex[i] for i in idx[spec.shots :]),
+            shots=spec.shots,
+            separator_ids=self.separator_ids,
+        )
+
+
+class GenerationTask(ExamplePool):
     """A named collection of tokenized (prompt, answer) examples that samples episodes.
 
     Build one with :meth:`from_texts` or :meth:`from_ids`, or with the builders in
@@ -237,28 +287,8 @@ class GenerationTask:
             separator_ids=separator_ids, n_dropped=dropped, n_cut=cut,
         )  # fmt: skip
 
-    # ------------------------------------------------------------------ access
-
-    def __len__(self) -> int:
-        return len(self._examples)
-
     def __repr__(self) -> str:
         return f"GenerationTask({self.name!r}, {len(self)} examples, family={self.family!r})"
-
-    @property
-    def examples(self) -> tuple[Example, ...]:
-        """All cached examples."""
-        return self._examples
-
-    @property
-    def lengths(self) -> np.ndarray:
-        """Token count of each example (prompt + answer), for cost models."""
-        return self._lengths
-
-    @property
-    def episode_size(self) -> tuple[int, int]:
-        """(support, query) sequences per episode under :attr:`spec`."""
-        return self.spec.shots, self.spec.query
 
     def with_spec(self, spec: EpisodeSpec) -> GenerationTask:
         """The same cached ids with another episode shape (e.g. more queries to evaluate).
@@ -273,27 +303,5 @@ class GenerationTask:
             n_cut=self.n_cut,
         )  # fmt: skip
 
-    # ------------------------------------------------------------------ sampling
 
-    def sample_episode(self, rng: np.random.Generator) -> Episode:
-        """Draws one episode: ``shots`` support and ``query`` query examples, without overlap.
-
-        Each call draws fresh examples from ``rng``, so resampling a task gives a new episode
-        (and the same seed the same episode).
-
-        Args:
-            rng: the caller's generator; the only source of randomness.
-        """
-        spec = self.spec
-        idx = rng.choice(len(self._examples), size=spec.per_class, replace=False)
-        ex = self._examples
-        return Episode(
-            task=self.name,
-            support=tuple(ex[i] for i in idx[: spec.shots]),
-            query=tuple(ex[i] for i in idx[spec.shots :]),
-            shots=spec.shots,
-            separator_ids=self.separator_ids,
-        )
-
-
-__all__ = ["GenerationTask", "check_task_name", "example_lengths", "no_examples_error"]
+__all__ = ["ExamplePool", "GenerationTask", "check_task_name", "example_lengths", "no_examples_error"]

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from fmmeta.tasks.episode import Episode, Example
-from fmmeta.tasks.generation import check_task_name, example_lengths, no_examples_error
+from fmmeta.tasks.episode import Example
+from fmmeta.tasks.generation import ExamplePool, check_task_name, example_lengths, no_examples_error
 from fmmeta.tasks.spec import EpisodeSpec
 from fmmeta.tasks.tokens import (
     OnTooLong,
@@ -35,7 +35,7 @@ from fmmeta.tasks.tokens import (
 logger = logging.getLogger(__name__)
 
 
-class MultipleChoiceTask:
+class MultipleChoiceTask(ExamplePool):
     """A named collection of tokenized questions, each with its options and gold option.
 
     Build one with :meth:`from_ids` (which fits prompts to the token budget) or with
@@ -158,26 +158,8 @@ class MultipleChoiceTask:
             n_dropped=dropped + repeated, n_cut=cut,
         )  # fmt: skip
 
-    def __len__(self) -> int:
-        return len(self._examples)
-
     def __repr__(self) -> str:
         return f"MultipleChoiceTask({self.name!r}, {len(self)} questions, family={self.family!r})"
-
-    @property
-    def examples(self) -> tuple[Example, ...]:
-        """All cached questions (each with its ``options``)."""
-        return self._examples
-
-    @property
-    def lengths(self) -> np.ndarray:
-        """Token count of each question with its gold option (what training reads), for cost models."""
-        return self._lengths
-
-    @property
-    def episode_size(self) -> tuple[int, int]:
-        """(support, query) sequences per episode under :attr:`spec`."""
-        return self.spec.shots, self.spec.query
 
     def with_spec(self, spec: EpisodeSpec) -> MultipleChoiceTask:
         """The same cached ids with another episode shape (e.g. more queries to evaluate)."""
@@ -187,19 +169,6 @@ class MultipleChoiceTask:
             labels=[-1 if e.label is None else e.label for e in ex], spec=spec, family=self.family,
             separator_ids=self.separator_ids, n_dropped=self.n_dropped, n_cut=self.n_cut,
         )  # fmt: skip
-
-    def sample_episode(self, rng: np.random.Generator) -> Episode:
-        """Draws ``shots`` solved questions as support and ``query`` questions, without overlap."""
-        spec = self.spec
-        idx = rng.choice(len(self._examples), size=spec.per_class, replace=False)
-        ex = self._examples
-        return Episode(
-            task=self.name,
-            support=tuple(ex[i] for i in idx[: spec.shots]),
-            query=tuple(ex[i] for i in idx[spec.shots :]),
-            shots=spec.shots,
-            separator_ids=self.separator_ids,
-        )
 
 
 def _question(name: str, i: int, prompt: Sequence[int], options: Sequence[Sequence[int]], label: Any
