@@ -141,11 +141,11 @@ def banner(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.Modul
     per_rank = cfg.sampler.meta_batch_size / engine.world_size
     budget = cfg.sampler.tokens_per_pass or f"{cfg.sampler.micro_batch_size} x longest sequence"
     logger.info(
-        "== %s | model %s (%s) | params trainable %s / total %s (%.3f%%) | world size %d | ZeRO stage %s"
+        "== %s | model %s (%s) | params trainable %s / total %s (%.3f%%) | world size %d | %s"
         " | tasks per meta-step %d (~%.1f per rank, packed into passes of %s tokens, %s)"
         " | inner steps %d | meta-steps %d",
         method, model_id(cfg.model), cfg.model.dtype, f"{trainable:,}", f"{total:,}", 100 * trainable / total,
-        engine.world_size, getattr(engine, "zero_stage", "-"), cfg.sampler.meta_batch_size,
+        engine.world_size, engine.sharding, cfg.sampler.meta_batch_size,
         per_rank, budget, "padding-free" if cfg.algorithm.padding_free else "padded",
         cfg.algorithm.inner_steps, cfg.train.meta_steps,
     )
@@ -278,7 +278,7 @@ def _train(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.Modul
     sampler = CostAwareSampler(
         tasks, cfg.sampler, world_size=engine.world_size, seed=cfg.train.seed,
         support_draws=algorithm.support_draws, support_repeats=algorithm.support_repeats,
-        fast_weight_numel=fast_weight_numel, lockstep=getattr(engine, "zero_stage", 0) == 3,
+        fast_weight_numel=fast_weight_numel, lockstep=engine.lockstep,
     )
     # The next step's passes are collated in the prefetcher's thread while this one trains.
     prefetcher = Prefetcher(sampler, stop_step=cfg.train.meta_steps,

@@ -155,6 +155,16 @@ class DeepSpeedEngine:
         return self._ds.module
 
     @property
+    def lockstep(self) -> bool:
+        """ZeRO-3 gathers every layer's parameters from every rank in each pass."""
+        return self.zero_stage == 3
+
+    @property
+    def sharding(self) -> str:
+        """``"ZeRO stage N"``, for the run's banner."""
+        return f"ZeRO stage {self.zero_stage}"
+
+    @property
     def ds_engine(self) -> Any:
         """The underlying ``deepspeed.DeepSpeedEngine`` (for inspection)."""
         return self._ds

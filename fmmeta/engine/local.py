@@ -48,6 +48,9 @@ class LocalEngine:
 
     rank: int = 0
     world_size: int = 1
+    lockstep: bool = False
+    """One process: nothing to meet."""
+    sharding: str = "no ZeRO (one process)"
 
     def __init__(self, model: nn.Module, cfg: OuterOptimConfig, device: str | torch.device = "cpu") -> None:
         self.device = torch.device(device)

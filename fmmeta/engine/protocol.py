@@ -39,6 +39,19 @@ class Engine(Protocol):
         """The peft-wrapped causal LM to call forward on (the framework's wrapper where it needs one)."""
         ...
 
+    @property
+    def lockstep(self) -> bool:
+        """Whether the ranks meet at every forward and backward pass (ZeRO-3 gathers each layer's
+        parameters from every rank), so a meta-step costs the slowest rank's pass, pass by pass:
+        what the sampler prices placements by."""
+        ...
+
+    @property
+    def sharding(self) -> str:
+        """How the engine splits the model over ranks, for the run's banner (``"ZeRO stage 3"``,
+        ``"no ZeRO (one process)"``)."""
+        ...
+
     def adapter_parameters(self) -> list[nn.Parameter]:
         """The trainable LoRA tensors, in a fixed order, fully materialised on this rank."""
         ...

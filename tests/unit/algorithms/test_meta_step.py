@@ -32,6 +32,8 @@ class SGDEngine:
     rank = 0
     world_size = 1
     device = torch.device("cpu")
+    lockstep = False
+    sharding = "no ZeRO (one process)"
 
     def __init__(self, model: torch.nn.Module, lr: float) -> None:
         self._model = model
