@@ -108,7 +108,8 @@ def multiple_choice_rows(
         )
     if answer_format not in ANSWER_FORMATS:
         raise ValueError(f"{where}: answer_format={answer_format!r} is invalid: choose one of {list(ANSWER_FORMATS)}")
-    fields = [f for f in template_fields(template, key="template") if f != OPTIONS_FIELD]
+    named = template_fields(template, key="template")
+    fields = [f for f in named if f != OPTIONS_FIELD]
     option_cols = [options_column] if options_column is not None else list(option_columns or ())
     require_columns(ds, [*fields, *option_cols, label_column], where=where)
     if len(ds) == 0:
@@ -117,7 +118,7 @@ def multiple_choice_rows(
     answers = column(ds, label_column)
     labels = [gold_index(answers[i], texts[i], keys[i], answer_format, where=f"{where}: row {i} ({label_column})")
               for i in range(len(ds))]
-    shown = {OPTIONS_FIELD: [lettered(t) for t in texts]} if OPTIONS_FIELD in template_fields(template, key="template") else {}
+    shown = {OPTIONS_FIELD: [lettered(t) for t in texts]} if OPTIONS_FIELD in named else {}
     prompts = render(template, {**{f: column(ds, f) for f in fields}, **shown}, len(ds), where=where)
     options = [option_answers(row, answer_template) for row in texts]
     return MultipleChoiceRows(name=name, family=family, spec=spec, prompts=prompts, options=options, labels=labels,

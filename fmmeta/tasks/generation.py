@@ -63,6 +63,38 @@ class ExamplePool:
     _examples: tuple[Example, ...]
     _lengths: np.ndarray
 
+    def _begin(self, name: str, spec: EpisodeSpec, *, family: str, separator_ids: Sequence[int], n_dropped: int,
+               n_cut: int, n_prompts: int, kind: str) -> None:
+        """Sets the fields every pool has and refuses what needs no example to refuse: no prompts,
+        or a classification shape (``ways``, remapping) for a ``kind`` task."""
+        self.name = check_task_name(name)
+        self.family = family or name
+        self.spec = spec
+        self.separator_ids = tuple(int(t) for t in separator_ids)
+        self.n_dropped = n_dropped
+        self.n_cut = n_cut
+        if not n_prompts:
+            raise no_examples_error(name, n_dropped)
+        if spec.ways is not None or spec.remap_labels:
+            raise ValueError(
+                f"task {name!r} is a {kind} task but its spec has ways={spec.ways}, "
+                f"remap_labels={spec.remap_labels}: these apply to classification only; "
+                "use EpisodeSpec(shots=..., query=...)"
+            )
+
+    def _keep(self, examples: Sequence[Example], noun: str) -> None:
+        """Keeps ``examples`` (``noun``: what the message calls them), refusing too few for one episode."""
+        self._examples = tuple(examples)
+        spec = self.spec
+        if len(self._examples) < spec.per_class:
+            raise ValueError(
+                f"task {self.name!r} has {len(self._examples)} {noun} but an episode needs "
+                f"shots + query = {spec.shots} + {spec.query} = {spec.per_class} without "
+                "overlap" + (f" ({self.n_dropped} dropped as too long for max_length)" if self.n_dropped else "")
+                + f": add {noun}, lower shots/query, or drop the task"
+            )
+        self._lengths = example_lengths(self._examples)
+
     def __len__(self) -> int:
         return len(self._examples)
 
@@ -134,34 +166,14 @@ class GenerationTask(ExamplePool):
         n_dropped: int = 0,
         n_cut: int = 0,
     ) -> None:
-        self.name = check_task_name(name)
-        self.family = family or name
-        self.spec = spec
-        self.separator_ids = tuple(int(t) for t in separator_ids)
-        self.n_dropped = n_dropped
-        self.n_cut = n_cut
-        if not prompts:
-            raise no_examples_error(name, n_dropped)
+        self._begin(name, spec, family=family, separator_ids=separator_ids, n_dropped=n_dropped, n_cut=n_cut,
+                    n_prompts=len(prompts), kind="generation")
         if len(answers) != len(prompts):
             raise ValueError(
                 f"task {name!r}: {len(prompts)} prompts but {len(answers)} answers; "
                 "give one answer per prompt"
             )
-        if spec.ways is not None or spec.remap_labels:
-            raise ValueError(
-                f"task {name!r} is a generation task but its spec has ways={spec.ways}, "
-                f"remap_labels={spec.remap_labels}: these apply to classification only; "
-                "use EpisodeSpec(shots=..., query=...)"
-            )
-        self._examples = tuple(Example(as_ids(p), as_ids(a)) for p, a in zip(prompts, answers))
-        if len(self._examples) < spec.per_class:
-            raise ValueError(
-                f"task {name!r} has {len(self._examples)} examples but an episode needs "
-                f"shots + query = {spec.shots} + {spec.query} = {spec.per_class} without "
-                "overlap" + (f" ({n_dropped} dropped as too long for max_length)" if n_dropped else "")
-                + ": add examples, lower shots/query, or drop the task"
-            )
-        self._lengths = example_lengths(self._examples)
+        self._keep([Example(as_ids(p), as_ids(a)) for p, a in zip(prompts, answers)], "examples")
 
     # ------------------------------------------------------------------ construction
 

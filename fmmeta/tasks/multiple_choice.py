@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from fmmeta.tasks.episode import Example
-from fmmeta.tasks.generation import ExamplePool, check_task_name, example_lengths, no_examples_error
+from fmmeta.tasks.generation import ExamplePool
 from fmmeta.tasks.spec import EpisodeSpec
 from fmmeta.tasks.tokens import (
     OnTooLong,
@@ -70,37 +70,15 @@ class MultipleChoiceTask(ExamplePool):
         n_dropped: int = 0,
         n_cut: int = 0,
     ) -> None:
-        self.name = check_task_name(name)
-        self.family = family or name
-        self.spec = spec
-        self.separator_ids = tuple(int(t) for t in separator_ids)
-        self.n_dropped = n_dropped
-        self.n_cut = n_cut
-        if not prompts:
-            raise no_examples_error(name, n_dropped)
+        self._begin(name, spec, family=family, separator_ids=separator_ids, n_dropped=n_dropped, n_cut=n_cut,
+                    n_prompts=len(prompts), kind="multiple-choice")
         if not len(prompts) == len(options) == len(labels):
             raise ValueError(
                 f"task {name!r}: {len(prompts)} prompts, {len(options)} option lists and "
                 f"{len(labels)} labels; give one of each per question"
             )
-        if spec.ways is not None or spec.remap_labels:
-            raise ValueError(
-                f"task {name!r} is a multiple-choice task but its spec has ways={spec.ways}, "
-                f"remap_labels={spec.remap_labels}: every question brings its own options; "
-                "use EpisodeSpec(shots=..., query=...)"
-            )
-        self._examples = tuple(
-            _question(name, i, p, opts, label)
-            for i, (p, opts, label) in enumerate(zip(prompts, options, labels))
-        )
-        if len(self._examples) < spec.per_class:
-            raise ValueError(
-                f"task {name!r} has {len(self._examples)} questions but an episode needs "
-                f"shots + query = {spec.shots} + {spec.query} = {spec.per_class} without overlap"
-                + (f" ({n_dropped} dropped as too long for max_length)" if n_dropped else "")
-                + ": add questions, lower shots/query, or drop the task"
-            )
-        self._lengths = example_lengths(self._examples)
+        self._keep([_question(name, i, p, opts, label) for i, (p, opts, label) in enumerate(zip(prompts, options, labels))],
+                   "questions")
 
     @classmethod
     def from_ids(

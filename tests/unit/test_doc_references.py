@@ -13,7 +13,6 @@ import importlib
 import importlib.util
 import re
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,7 +36,7 @@ def _resolves(name: str) -> bool:
                 if not hasattr(obj, attr):
                     return False
                 obj = getattr(obj, attr)
-            return isinstance(obj, ModuleType) or i < len(parts)
+            return True
     return False
 
 
