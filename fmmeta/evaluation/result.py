@@ -224,6 +224,11 @@ class EvalResult:
         """Adaptation steps scored for ``method`` (``[0]`` for methods that do not adapt)."""
         return sorted({r.step for r in self.records if r.method == method})
 
+    def headline_step(self, method: str) -> int:
+        """The most adaptation steps ``method`` was scored at (0 for methods that do not adapt)."""
+        steps = self.steps_of(method)
+        return steps[-1] if steps else 0
+
     def scored_steps(self) -> list[int]:
         """Adaptation steps scored for any method (all of 0..max_steps unless fewer were asked)."""
         return sorted({r.step for r in self.records})
@@ -249,8 +254,7 @@ class EvalResult:
             ValueError: if the two were not scored on the same episodes (no pairing possible).
         """
         def at_headline(m: str) -> tuple[int, dict[_Key, EpisodeRecord]]:
-            steps = self.steps_of(m)
-            step = steps[-1] if steps else 0
+            step = self.headline_step(m)
             return step, {_key(r): r for r in self.records
                           if r.method == m and r.step == step and family in (r.kind, r.family, OVERALL)}
 
@@ -297,28 +301,29 @@ class EvalResult:
         tells no candidate apart, so differences between methods there are noise the report keeps
         out of its headline."""
         chance: dict[str, list[float]] = {}
+        headline = {m: self.headline_step(m) for m in self.methods}
+        cells: dict[tuple[str, str], dict[_Key, tuple[float, str]]] = {}
         for r in self.records:
             if r.chance is not None:
                 chance.setdefault(r.task, []).append(r.chance)
-        out: dict[str, float] = {}
-        for task, rates in chance.items():
-            rate = float(np.mean(rates))
-            leaves = False
+                if r.step == headline.get(r.method):
+                    cells.setdefault((r.task, r.method), {})[_key(r)] = (r.accuracy, r.task)
+
+        def leaves(task: str, rate: float) -> bool:
             for m in self.methods:
-                steps = self.steps_of(m)
-                step = steps[-1] if steps else 0
-                cells = {_key(r): (r.accuracy, r.task) for r in self.records
-                         if r.method == m and r.step == step and r.task == task}
-                if cells:
-                    i = replicated_interval(*_matrix(cells)).interval
-                    leaves = leaves or i.low > rate or i.high < rate
-            if not leaves:
-                out[task] = rate
-        return out
+                if (task, m) in cells:
+                    i = replicated_interval(*_matrix(cells[(task, m)])).interval
+                    if i.low > rate or i.high < rate:
+                        return True
+            return False
+
+        rates = {task: float(np.mean(values)) for task, values in chance.items()}
+        return {task: rate for task, rate in rates.items() if not leaves(task, rate)}
 
     def without_tasks(self, tasks: Sequence[str]) -> EvalResult:
         """The same result with ``tasks``' records left out (summaries computed anew)."""
-        keep = [r for r in self.records if r.task not in set(tasks)]
+        left_out = set(tasks)
+        keep = [r for r in self.records if r.task not in left_out]
         return dataclasses.replace(self, records=keep, _summary=None, _comparisons={})
 
     def get(self, method: str, step: int, family: str = OVERALL) -> MetricSummary:
