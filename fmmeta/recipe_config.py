@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Literal
 
-from fmmeta.algorithms.build import ALGORITHMS
+from fmmeta.algorithms.build import ALGORITHMS, METHODS
 from fmmeta.algorithms.config import DEFAULT_LR_GRID, AlgorithmConfig
 from fmmeta.config import EngineConfig, LoraConfig, ModelConfig, TrainConfig
 from fmmeta.engine.ds_config import DSConfigError, owned_values, resolve_ds_config
@@ -160,12 +160,8 @@ class RecipeConfig:
                 f"methods={list(self.methods)} is invalid: choose one or more of "
                 f"{', '.join(ALGORITHMS)}"
             )
-        if "reptile" in self.methods and self.algorithm.inner_steps == 0:
-            problems.append(
-                "algorithm.inner_steps=0 is invalid with reptile in methods: Reptile moves the "
-                "adapter towards the weights after the inner steps, so with none it learns nothing "
-                "(gradient 0 every meta-step); use inner_steps >= 1 or leave reptile out"
-            )
+        for m in self.methods:
+            problems.extend(METHODS[m].problems(self.algorithm) if m in METHODS else [])
         if len(set(self.methods)) != len(self.methods):
             problems.append(f"methods={list(self.methods)} is invalid: a method is listed twice")
         unknown = [m for m in self.eval.with_demonstrations if m not in ("base", *self.methods)]

@@ -166,7 +166,7 @@ def search(optuna: Any, study: StudyConfig, method: str, folder: Path, scorer: S
         trial = opt.ask()
         name = trial.user_attrs.get(FOLDER) or next_folder(opt)
         trial.set_user_attr(FOLDER, name)
-        values = suggest(trial, searched_keys(study.space[method]))
+        values = suggest(trial, searched_keys(study.space[method], method))
         outcome, score = run_trial(study, method, values, folder / method / name, scorer, trial)
         if outcome == "complete":
             opt.tell(trial, score)

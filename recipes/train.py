@@ -39,7 +39,7 @@ import torch
 from tqdm import tqdm
 
 from fmmeta.algorithms.answer_loss import check_lines
-from fmmeta.algorithms.build import adapts_in_context, build_algorithm
+from fmmeta.algorithms.build import METHODS, build_algorithm
 from fmmeta.algorithms.gather import gather_step
 from fmmeta.algorithms.meta_step import meta_step
 from fmmeta.algorithms.protocol import MetaAlgorithm
@@ -273,7 +273,7 @@ def _train(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.Modul
     if cfg.algorithm.padding_free:
         check_lines(engine.model)
     tasks = suite.meta_train
-    if adapts_in_context(method, cfg.algorithm):  # the inner loop adapts on in-context rows
+    if METHODS[method].adapts_in_context(cfg.algorithm):  # the inner loop adapts on in-context rows
         tasks = [InContextTask(t, cfg.algorithm.icl_max_length) for t in tasks]
     sampler = CostAwareSampler(
         tasks, cfg.sampler, world_size=engine.world_size, seed=cfg.train.seed,

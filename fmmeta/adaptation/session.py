@@ -27,7 +27,8 @@ from fmmeta.algorithms.inner_loop import restore, snapshot
 from fmmeta.algorithms.passes import answer_tokens_per_task
 from fmmeta.algorithms.task_lora import TaskLoRA
 from fmmeta.evaluation.adaptation import adapting, by_length, groups_of, support_passes
-from fmmeta.evaluation.methods import IN_CONTEXT, EvalMethod
+from fmmeta.evaluation.methods import BASE, IN_CONTEXT, EvalMethod
+from fmmeta.models.build import adapter_names
 
 logger = logging.getLogger(__name__)
 
@@ -103,17 +104,17 @@ class Adapter:
         from fmmeta.evaluation.run import adapter_tensors, eval_methods
 
         plan, cfg = self.plan, self.plan.cfg
-        states: dict[str, list[torch.Tensor] | None] = {"base": None}
+        states: dict[str, list[torch.Tensor] | None] = {BASE: None}
         learned: dict[str, list[float]] = {}
+        names = adapter_names(self.model)
         if plan.adapter is not None:
             states[plan.method] = adapter_tensors(self.model, plan.adapter)
-            names = [n for n, p in self.model.named_parameters() if p.requires_grad]
             sizes = load_step_sizes(plan.adapter, names)
             if sizes is not None:
                 learned[plan.method] = sizes
         # in_context is a row only where eval.in_context is on; with_demonstrations rows are not ours
         eval_cfg = dataclasses.replace(cfg.eval, in_context=plan.method == IN_CONTEXT, with_demonstrations=())
-        return eval_methods(dataclasses.replace(cfg, eval=eval_cfg), states, learned)[plan.method]
+        return eval_methods(dataclasses.replace(cfg, eval=eval_cfg), states, names, learned)[plan.method]
 
     @property
     def steps(self) -> int:

@@ -16,8 +16,9 @@ whatever the split into passes or the other tasks sharing them. Its settings are
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -33,7 +34,7 @@ from fmmeta.tasks.episode import Batch
 
 __all__ = [
     "Adaptation", "InnerOptimizer", "adapt", "adapt_tasks", "check_lrs", "clip_per_task",
-    "evaluate_loss", "restore", "snapshot",
+    "evaluate_loss", "only_adapting", "restore", "snapshot",
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -163,6 +164,33 @@ class InnerOptimizer:
         if self._task_lrs is None:
             return t
         return t * self._task_lrs.to(t.device).view(-1, *[1] * (t.dim() - 1))
+
+
+@contextlib.contextmanager
+def only_adapting(weights: Sequence[torch.Tensor], adapted: Sequence[int] | None) -> Iterator[list[torch.Tensor]]:
+    """The weights an inner loop adapts: all of ``weights``, or those at the indices ``adapted``
+    (ANIL adapts only its top layers' adapter tensors).
+
+    Inside the block the other weights stop requiring grad, so a pass records no graph below the
+    lowest adapted tensor and its backward stops there: that is where an inner step of fewer
+    layers saves time and activation memory. They require grad again afterwards (a query pass
+    differentiates every tensor). With ``adapted=None`` it hands back every weight, untouched.
+    """
+    if adapted is None:
+        yield list(weights)
+        return
+    keep = sorted(set(adapted))
+    if not keep or keep[0] < 0 or keep[-1] >= len(weights):
+        raise ValueError(f"adapted={list(adapted)} is invalid: give one or more indices into the "
+                         f"{len(weights)} adapter tensors")
+    frozen = [w for i, w in enumerate(weights) if i not in set(keep) and w.requires_grad]
+    for w in frozen:
+        w.requires_grad_(False)
+    try:
+        yield [weights[i] for i in keep]
+    finally:
+        for w in frozen:
+            w.requires_grad_(True)
 
 
 @dataclass

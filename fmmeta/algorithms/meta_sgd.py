@@ -71,7 +71,7 @@ class StepSizes:
 
     Args:
         init_lr: the step size every tensor starts from (``algorithm.inner_lr``).
-        outer_lr: Adam's learning rate on the log step sizes (``algorithm.step_size_lr``): one
+        outer_lr: Adam's learning rate on the log step sizes (``algorithm.metasgd.step_size_lr``): one
             update moves each step size by at most about this fraction.
         betas: Adam's (beta1, beta2).
         eps: Adam's epsilon.
@@ -166,7 +166,7 @@ class MetaSGD:
 
     Args:
         fomaml: the FOMAML that runs the inner loops and query passes (with this object's lrs).
-        cfg: the algorithm settings (``inner_lr`` is the initial step size, ``step_size_lr`` the
+        cfg: the algorithm settings (``inner_lr`` is the initial step size, ``metasgd.step_size_lr`` the
             step sizes' Adam lr).
 
     Example:
@@ -183,7 +183,7 @@ class MetaSGD:
         self.fomaml = fomaml
         self.cfg = cfg
         self.support_repeats = fomaml.support_repeats
-        self.step_sizes = StepSizes(cfg.inner_lr, cfg.step_size_lr)
+        self.step_sizes = StepSizes(cfg.inner_lr, cfg.metasgd.step_size_lr)
 
     def prepare(self, plan: RankPlan) -> RankWork:
         """Collates a rank's plan (FOMAML's passes)."""

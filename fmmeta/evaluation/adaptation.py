@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from fmmeta.algorithms.config import InnerLoopConfig
-from fmmeta.algorithms.inner_loop import InnerOptimizer, adapt_tasks
+from fmmeta.algorithms.inner_loop import InnerOptimizer, adapt_tasks, only_adapting
 from fmmeta.algorithms.passes import PackedBatch, Pass, answer_tokens_per_task, collate_pass
 from fmmeta.algorithms.task_lora import TaskLoRA, stack_adapters
 from fmmeta.evaluation.lockstep import Lockstep
@@ -89,6 +89,7 @@ def adapting(
     lrs: Sequence[float] | None = None,
     task_lrs: Sequence[float] | None = None,
     first: tuple[Sequence[Pass], torch.Tensor] | None = None,
+    adapted: Sequence[int] | None = None,
 ) -> Iterator[AdaptSteps]:
     """The model with ``T = len(n_answer)`` copies of the adapter at ``start`` as fp32 fast
     weights inside the block (one per episode adapted together); yields the function that takes
@@ -96,7 +97,8 @@ def adapting(
     ``None`` entries are dummy passes; ``n_answer[g]`` is episode ``g``'s support answer tokens).
     ``lrs`` gives every adapter tensor its own step size, ``task_lrs`` every episode its own.
     ``first``: the first step's passes and, per copy, the copy whose gradient it takes
-    (:func:`_first_step`).
+    (:func:`_first_step`). ``adapted``: the adapter tensors the steps update (indices; ``None``:
+    every one), as the method's inner loop adapts them in training.
 
     This is training's inner loop (:func:`~fmmeta.algorithms.inner_loop.adapt_tasks` over
     stacked weights routed by ``lora``), so each episode's trajectory is the one it has alone.
@@ -108,24 +110,32 @@ def adapting(
     if not n_answer.numel():  # no episodes on this rank: one idle task for the dummy passes
         n_answer, task_lrs = torch.zeros(1, dtype=torch.float64), None
     fast = stack_adapters([t.detach().to(p.device) for p, t in zip(params, start)], n_answer.numel())
-    opt = InnerOptimizer(cfg, fast, lrs, task_lrs=task_lrs)
+    with only_adapting(fast, adapted) as weights, lora.active(fast):
+        lora.rows = None
+        yield AdaptSteps(_stepper(model, lora, weights, support, n_answer, cfg, lrs, task_lrs, first), fast)
 
+
+def _stepper(model: nn.Module, lora: TaskLoRA, weights: list[torch.Tensor], support: Sequence[Pass],
+             n_answer: torch.Tensor, cfg: InnerLoopConfig, lrs: Sequence[float] | None,
+             task_lrs: Sequence[float] | None, first: tuple[Sequence[Pass], torch.Tensor] | None,
+             ) -> Callable[[], None]:
+    """The function that takes one adaptation step of ``weights`` (see :func:`adapting`), with
+    one inner optimizer that carries the trajectories from step to step."""
+    opt = InnerOptimizer(cfg, weights, lrs, task_lrs=task_lrs)
     pending = first
 
     def step() -> None:
         nonlocal pending
         if pending is None:
-            adapt_tasks(model, fast, support, n_answer, cfg, lora=lora, steps=1, optimizer=opt)
+            adapt_tasks(model, weights, support, n_answer, cfg, lora=lora, steps=1, optimizer=opt)
             return
         passes, source = pending
         pending = None
         copies = source.numel() == n_answer.numel()  # else a rank without episodes: one idle task
-        adapt_tasks(model, fast, passes, n_answer, cfg, lora=lora, steps=1, optimizer=opt,
+        adapt_tasks(model, weights, passes, n_answer, cfg, lora=lora, steps=1, optimizer=opt,
                     reduce=_copied_from(source) if copies else None)
 
-    with lora.active(fast):
-        lora.rows = None
-        yield AdaptSteps(step, fast)
+    return step
 
 
 def _first_step(episodes: Sequence[Episode], lockstep: Lockstep, pad_id: int, micro_batch_size: int,
@@ -194,6 +204,7 @@ def adapt_and_score(
     score_steps: Collection[int] | None = None,
     lrs: Sequence[float] | None = None,
     task_lrs: Sequence[float] | None = None,
+    adapted: Sequence[int] | None = None,
 ) -> list[Scored]:
     """Adapts the episodes together, step by step from ``start``; returns per episode
     ``(step, loss, accuracy, n, accuracy_per_token)`` per scored step.
@@ -206,7 +217,8 @@ def adapt_and_score(
     ``score_steps`` limits scoring to those steps (``None``: every step; the last one always);
     ``lrs`` gives every adapter tensor its own step size, ``task_lrs`` every episode its own, and
     then an episode may be given once per lr: the first step's gradient, the same for every lr, is
-    computed once per distinct episode (:func:`_first_step`).
+    computed once per distinct episode (:func:`_first_step`); ``adapted`` limits the steps to
+    those adapter tensors (indices; ``None``: every one).
     """
     out: list[Scored] = [[] for _ in episodes]
     support = (lockstep.support(support_passes(episodes, pad_id, micro_batch_size, support_icl_max_length,
@@ -216,7 +228,7 @@ def adapt_and_score(
     # passes are padded in lockstep like the others.
     first = (_first_step(episodes, lockstep, pad_id, micro_batch_size, support_icl_max_length, cfg.padding_free)
              if task_lrs is not None and steps else None)
-    with adapting(model, lora, params, start, support, n_answer, cfg, lrs, task_lrs, first) as adapt_step:
+    with adapting(model, lora, params, start, support, n_answer, cfg, lrs, task_lrs, first, adapted) as adapt_step:
         for step in range(steps + 1):
             if step > 0:
                 adapt_step()

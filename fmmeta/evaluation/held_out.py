@@ -236,6 +236,7 @@ def evaluate_methods(
                 _adapt_group, model, lora, params, start, cfg=cfg, steps=max_steps if spec.adapt else 0,
                 pad_id=pad_id, micro_batch_size=micro_batch_size, lockstep=lockstep, icl_max_length=icl,
                 support_icl_max_length=support_icl, score_steps=score_steps, lrs=spec.step_sizes,
+                adapted=spec.adapted,
             )
         done = per_method(ranks, workers, groups, scorers, on_result=advance)
     records = [r for method in specs for r in _records(method, flat, order, done[method], families or {})]
@@ -319,7 +320,7 @@ def select_inner_lr(
             scorers[method] = functools.partial(
                 _final_losses, model, lora, params, start, cfg=inner, steps=steps, pad_id=pad_id,
                 micro_batch_size=micro_batch_size, lockstep=lockstep, icl_max_length=icl,
-                support_icl_max_length=support_icl,
+                support_icl_max_length=support_icl, adapted=spec.adapted,
             )
         done = per_method(ranks, workers, groups_of(pairs, episodes_per_pass), scorers, on_result=advance)
     for method in scorers:

@@ -41,6 +41,7 @@ __all__ = [
     "ModelOrigin",
     "ModelBuildError",
     "PartitionedInit",
+    "adapter_names",
     "add_lora",
     "build_model_and_tokenizer",
     "count_parameters",
@@ -476,6 +477,13 @@ def count_parameters(model: nn.Module) -> tuple[int, int]:
         if param.requires_grad:
             trainable += n
     return trainable, total
+
+
+def adapter_names(model: nn.Module) -> list[str]:
+    """The names of the adapter tensors (the trainable ones), in ``named_parameters`` order: the
+    order of every engine's ``adapter_parameters()``, of saved step sizes and of a method's
+    adapted tensors."""
+    return [n for n, p in model.named_parameters() if p.requires_grad]
 
 
 def lora_shapes(model: nn.Module) -> dict[str, list[int]]:

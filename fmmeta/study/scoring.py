@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from fmmeta.algorithms import load_step_sizes
-from fmmeta.algorithms.build import adapts_in_context
+from fmmeta.algorithms.build import METHODS
 from fmmeta.algorithms.config import AlgorithmConfig
 from fmmeta.engine.build import build_engine
 from fmmeta.engine.partition import partitioned_build
@@ -37,7 +37,7 @@ from fmmeta.evaluation.run import (
     evaluation_tasks,
     report_families,
 )
-from fmmeta.models import add_lora, build_model_and_tokenizer, initial_adapter
+from fmmeta.models import adapter_names, add_lora, build_model_and_tokenizer, initial_adapter
 from fmmeta.recipe_config import RecipeConfig
 from fmmeta.tasks.config import build_task_set
 from fmmeta.workers import Workers
@@ -87,10 +87,18 @@ class Scorer:
                              per_task or self.cfg.eval.val_episodes_per_task)
 
     def _algorithm(self, drawn: Mapping[str, object] | None) -> AlgorithmConfig:
-        """The study's algorithm section with the ``algorithm.inner_format`` a trial drew, if it
-        drew one (``drawn``: the trial's searched values)."""
-        a, inner_format = self.cfg.algorithm, (drawn or {}).get("algorithm.inner_format")
-        return dataclasses.replace(a, inner_format=inner_format) if isinstance(inner_format, str) else a
+        """The study's algorithm section with what a trial drew that decides how it is scored
+        (``drawn``: the trial's searched values): its ``algorithm.inner_format`` and its method's
+        own settings (``algorithm.<method>.<key>``: ANIL's ``layers`` say which tensors adapt)."""
+        a = self.cfg.algorithm
+        for key, value in (drawn or {}).items():
+            parts = key.split(".")
+            if key == "algorithm.inner_format" and isinstance(value, str):
+                a = dataclasses.replace(a, inner_format=value)
+            elif len(parts) == 3 and parts[0] == "algorithm":
+                own = getattr(a, parts[1])
+                a = dataclasses.replace(a, **{parts[1]: dataclasses.replace(own, **{parts[2]: value})})
+        return a
 
     def validation(self, method: str, adapter_dir: Path, drawn: Mapping[str, object] | None = None) -> EvalResult:
         """``method``'s adapter in ``adapter_dir`` scored on validation tasks over ``seeds`` draws,
@@ -98,9 +106,9 @@ class Scorer:
         format it was trained in (``drawn``: the trial's searched values; ``None``: the study's)."""
         cfg = dataclasses.replace(self.cfg, eval=dataclasses.replace(self.cfg.eval, with_demonstrations=()),
                                   algorithm=self._algorithm(drawn))
-        names = [n for n, p in self.model.named_parameters() if p.requires_grad]
+        names = adapter_names(self.model)
         lrs = load_step_sizes(adapter_dir, names)
-        methods = eval_methods(cfg, {method: adapter_tensors(self.model, adapter_dir)},
+        methods = eval_methods(cfg, {method: adapter_tensors(self.model, adapter_dir)}, names,
                                {method: lrs} if lrs is not None else None)
         params = self.engine.adapter_parameters()
         e, a = cfg.eval, cfg.algorithm
@@ -127,7 +135,7 @@ class Scorer:
         ``replicates[r]``: method -> adapter folder of training replicate ``r``, trained with
         ``train.seed + r`` from that seed's initial adapter (replicate 0: the chosen trials)."""
         chosen = drawn or {}
-        in_context = [m for m in replicates[0] if adapts_in_context(m, self._algorithm(chosen.get(m)))]
+        in_context = [m for m in replicates[0] if METHODS[m].adapts_in_context(self._algorithm(chosen.get(m)))]
         runs = []
         for r, adapters in enumerate(replicates):
             cfg = dataclasses.replace(self.cfg, train=dataclasses.replace(self.cfg.train, seed=self.cfg.train.seed + r))

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from fmmeta.algorithms.build import build_algorithm
-from fmmeta.algorithms.config import AlgorithmConfig, InnerLoopConfig
+from fmmeta.algorithms.config import AlgorithmConfig, InnerLoopConfig, MetaSGDConfig
 from fmmeta.algorithms.inner_loop import InnerOptimizer, adapt, restore, snapshot
 from fmmeta.algorithms.meta_sgd import MetaSGD, StepSizes, load_step_sizes, save_step_sizes
 from fmmeta.algorithms.meta_step import meta_step
@@ -224,7 +224,7 @@ def test_step_sizes_adam_matches_torch_adam() -> None:
 def test_meta_step_updates_step_sizes_with_the_task_mean(episodes) -> None:
     """First meta-step: the adapter moves as FOMAML's (same lrs), and the step sizes take
     one Adam step on sum(task step-size gradients) / n_real_tasks."""
-    cfg = AlgorithmConfig(inner_steps=2, inner_lr=0.1, step_size_lr=0.02)
+    cfg = AlgorithmConfig(inner_steps=2, inner_lr=0.1, metasgd=MetaSGDConfig(step_size_lr=0.02))
     optim = OuterOptimConfig(outer_lr=1e-2)
     meta = build_algorithm("metasgd", cfg, PAD_ID)
     fomaml = build_algorithm("fomaml", AlgorithmConfig(inner_steps=2, inner_lr=0.1), PAD_ID)
@@ -270,7 +270,7 @@ def test_skipped_meta_step_leaves_step_sizes(episodes) -> None:
     assert meta.step_sizes.log_lr is not None
     assert torch.equal(meta.step_sizes.log_lr, torch.full_like(meta.step_sizes.log_lr, math.log(1e30)))
     with pytest.raises(ValueError, match="no step_size_grad"):
-        meta.outer_update(engine, RankResult([], torch.zeros(0), torch.zeros(0), [], None, 1, 1), 1,
+        meta.outer_update(engine, RankResult(grads=[], query_loss_before=torch.zeros(0), query_loss_after=torch.zeros(0), support_seconds=[], query_seconds=None, support_repeats=1, query_repeats=1), 1,
                           skipped=False)
 
 
@@ -311,8 +311,8 @@ def test_adapters_saved_before_the_rename_still_load_their_step_sizes(tmp_path: 
 
 
 def test_config_accepts_metasgd_and_refuses_bad_step_size_lr() -> None:
-    assert AlgorithmConfig(step_size_lr=0.05).step_size_lr == 0.05
+    assert AlgorithmConfig(metasgd=MetaSGDConfig(step_size_lr=0.05)).metasgd.step_size_lr == 0.05
     for bad in (0.0, -0.1, math.inf):
-        assert any("step_size_lr=" in p for p in AlgorithmConfig(step_size_lr=bad).validate())
+        assert any("step_size_lr=" in p for p in MetaSGDConfig(step_size_lr=bad).validate())
         with pytest.raises(ConfigError, match="step_size_lr="):
-            build_algorithm("metasgd", AlgorithmConfig(step_size_lr=bad), PAD_ID)
+            build_algorithm("metasgd", AlgorithmConfig(metasgd=MetaSGDConfig(step_size_lr=bad)), PAD_ID)
