@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from fmmeta.algorithms.anil import ANIL, top_layer_tensors
 from fmmeta.algorithms.baselines import MetaICL, MultiTask
 from fmmeta.algorithms.config import AlgorithmConfig
 from fmmeta.algorithms.first_order import FOMAML, Reptile
@@ -144,5 +145,12 @@ register(Method(
     "metaicl", MetaICL, fast_weights=False, scoring="demonstrations",
     budget="the query rows with the support prepended as demonstrations (longer rows, no "
     "support passes)."))
+register(Method(
+    "anil", ANIL, fast_weights=True,
+    adapted=lambda cfg, names: top_layer_tensors(names, cfg.anil.layers),
+    budget="{k} inner steps over the support set adapting only the top {cfg.anil.layers} layers' "
+    "adapter tensors (backward stops below them), then the query gradient of every tensor at the "
+    "adapted weights."))
+
 ALGORITHMS: tuple[str, ...] = tuple(METHODS)
 """Every method name ``methods`` accepts."""

@@ -20,7 +20,7 @@ from typing import ClassVar
 
 from fmmeta.tasks.in_context import INNER_FORMATS
 
-__all__ = ["DEFAULT_LR_GRID", "INNER_OPTIMIZERS", "AlgorithmConfig", "InnerLoopConfig", "MetaSGDConfig",
+__all__ = ["ANILConfig", "DEFAULT_LR_GRID", "INNER_OPTIMIZERS", "AlgorithmConfig", "InnerLoopConfig", "MetaSGDConfig",
            "MultiTaskConfig", "ReptileConfig"]
 
 INNER_OPTIMIZERS = ("sgd", "adam")
@@ -126,6 +126,22 @@ class MultiTaskConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ANILConfig:
+    """ANIL's settings (:mod:`fmmeta.algorithms.anil`)."""
+
+    layers: int = 2
+    """The inner loop adapts the adapter tensors of this many top decoder layers (>= 1; all of
+    them on a model with this many or fewer); the outer step updates every adapter tensor."""
+
+    def validate(self) -> list[str]:
+        """At least one layer adapts."""
+        if self.layers < 1:
+            return [f"layers={self.layers} is invalid: must be >= 1 (the top decoder layers the "
+                    "inner loop adapts; ANIL's paper adapts only the head)"]
+        return []
+
+
+@dataclass(frozen=True, kw_only=True)
 class AlgorithmConfig(InnerLoopConfig):
     """The recipe's ``algorithm`` section: the inner loop plus what only meta-training reads.
 
@@ -157,6 +173,8 @@ class AlgorithmConfig(InnerLoopConfig):
     """Reptile's own settings (``algorithm.reptile.<key>``)."""
     multitask: MultiTaskConfig = field(default_factory=lambda: MultiTaskConfig())
     """The multi-task baseline's own settings (``algorithm.multitask.<key>``)."""
+    anil: ANILConfig = field(default_factory=lambda: ANILConfig())
+    """ANIL's own settings (``algorithm.anil.<key>``)."""
 
     MOVED_KEYS: ClassVar[dict[str, str]] = {
         "reptile_query_step": "algorithm.reptile.query_step",
