@@ -189,7 +189,7 @@ class Adapter:
         self.model.eval()  # no dropout, as the evaluation adapts
         try:
             with adapting(self.model, self.lora, self.params, self.start, support, n_answer, self.inner,
-                          self.spec.step_sizes) as step:
+                          self.spec.step_sizes, adapted=self.spec.adapted) as step:
                 for _ in range(self.steps):
                     step()
                 predictions = self.predict(tasks, self.lora)

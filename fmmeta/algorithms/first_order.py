@@ -112,7 +112,7 @@ class FOMAML(Stateless):
             before = _query_before(self.cfg, model, fast, lora, work)
             with only_adapting(fast, self.adapted_tensors(model, params)) as adapted:
                 adaptation = adapt_tasks(model, adapted, work.support, work.support_answers, self.inner,
-                                         lora=lora, lrs=step_sizes, reduce=work.reduce)
+                                         lora=lora, step_sizes=step_sizes, reduce=work.reduce)
             res = run_passes(model, fast, work.query, inverse_tokens(work.query_answers), lora=lora)
         assert res.grads is not None
         # The query gradients (and the step-size terms, linear in them) stay partial with rows

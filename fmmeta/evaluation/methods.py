@@ -12,7 +12,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-from fmmeta.algorithms.inner_loop import check_lrs
+from fmmeta.algorithms.inner_loop import check_step_sizes
 
 BASE = "base"
 """Name of the row of the initial adapter (LoRA B = 0): no meta-training."""
@@ -82,7 +82,7 @@ def prepare_methods(
     _check_states(params, specs)
     for name, spec in specs.items():
         if spec.step_sizes is not None:
-            check_lrs(spec.step_sizes, len(params))  # one positive, finite lr per adapter tensor
+            check_step_sizes(spec.step_sizes, len(params))  # one positive, finite lr per adapter tensor
     return specs
 
 

@@ -26,6 +26,7 @@ from fmmeta.evaluation.held_out import evaluate_held_out
 from fmmeta.evaluation.methods import BASE, IN_CONTEXT, EvalMethod
 from fmmeta.evaluation.report import format_markdown, write_report
 from fmmeta.evaluation.result import EpisodeRecord, EvalResult, merge_replicates
+from fmmeta.evaluation.settings import EvalSettings
 from fmmeta.models.build import adapter_names
 from fmmeta.recipe_config import RecipeConfig
 from fmmeta.tasks.episode import Episode
@@ -180,6 +181,16 @@ def _replicate_states(model: torch.nn.Module, params: Sequence[torch.Tensor], re
     return states, learned
 
 
+def eval_settings(cfg: RecipeConfig, pad_id: int, *, min_seeds: int = 3) -> EvalSettings:
+    """The run's ``eval`` and ``algorithm`` sections as the evaluation's settings: the inner loop
+    meta-training used, ``eval.max_steps`` steps, the lr grid, pass sizes and steps scored."""
+    e = cfg.eval
+    return EvalSettings(inner=cfg.algorithm.inner_loop, max_steps=e.max_steps, pad_id=pad_id, lr_grid=e.lr_grid,
+                        micro_batch_size=e.micro_batch_size, min_seeds=min_seeds,
+                        icl_max_length=cfg.algorithm.icl_max_length, score_steps=e.score_steps or None,
+                        episodes_per_pass=e.episodes_per_pass)
+
+
 def budget_notes(cfg: RecipeConfig) -> list[str]:
     """How much training each compared adapter got, and the rule each method follows."""
     s, a = cfg.sampler, cfg.algorithm
@@ -274,11 +285,9 @@ def evaluate_run(
         )
         result = evaluate_held_out(
             model, params, {m: e for m, e in methods.items() if m not in shared}, val, test,
-            cfg.algorithm.inner_loop, cfg.eval.max_steps, tokenizer.pad_token_id, lr_grid=cfg.eval.lr_grid,
-            micro_batch_size=cfg.eval.micro_batch_size, min_seeds=min(3, cfg.eval.seeds),
-            ranks=engine, workers=workers, icl_max_length=cfg.algorithm.icl_max_length,
+            eval_settings(cfg, tokenizer.pad_token_id, min_seeds=min(3, cfg.eval.seeds)),
             families=report_families(suite.held_out, cfg.tasks.split.held_out_families),
-            score_steps=cfg.eval.score_steps or None, episodes_per_pass=cfg.eval.episodes_per_pass,
+            ranks=engine, workers=workers,
         )
         results.append(_with_rows_of(result, results[0], shared) if shared else result)
     result = merge_replicates(results, [rep.cfg.train.seed for rep in replicates])

@@ -33,6 +33,7 @@ from fmmeta.evaluation.run import (
     adapter_tensors,
     draw_episodes,
     eval_methods,
+    eval_settings,
     evaluate_run,
     evaluation_tasks,
     report_families,
@@ -111,19 +112,13 @@ class Scorer:
         methods = eval_methods(cfg, {method: adapter_tensors(self.model, adapter_dir)}, names,
                                {method: lrs} if lrs is not None else None)
         params = self.engine.adapter_parameters()
-        e, a = cfg.eval, cfg.algorithm
-        common: dict[str, Any] = dict(micro_batch_size=e.micro_batch_size, ranks=self.engine, workers=self.workers,
-                                      icl_max_length=a.icl_max_length, episodes_per_pass=e.episodes_per_pass)
-        pad = self.tokenizer.pad_token_id
-        selection = select_inner_lr(self.model, params, methods, self._validation_draw(0), a.inner_loop,
-                                    steps=e.max_steps, pad_id=pad, lr_grid=e.lr_grid, **common)
+        settings = eval_settings(cfg, self.tokenizer.pad_token_id)
+        selection = select_inner_lr(self.model, params, methods, self._validation_draw(0), settings,
+                                    ranks=self.engine, workers=self.workers)
         draws = [self._validation_draw(1 + s, self.episodes_per_task) for s in range(self.seeds)]
-        return evaluate_methods(
-            self.model, params, methods, draws, a.inner_loop, e.max_steps, pad,
-            inner_lrs=selection.chosen, lr_selection=selection, min_seeds=3,
-            families=report_families(self.suite.validation),
-            score_steps=e.score_steps or None, **common,
-        )
+        return evaluate_methods(self.model, params, methods, draws, settings, inner_lrs=selection.chosen,
+                                lr_selection=selection, families=report_families(self.suite.validation),
+                                ranks=self.engine, workers=self.workers)
 
     def held_out(self, replicates: Sequence[Mapping[str, Path]], report_dir: Path, notes: Sequence[str],
                  drawn: Mapping[str, Mapping[str, object]] | None = None) -> dict[str, Path]:
