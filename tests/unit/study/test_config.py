@@ -90,6 +90,11 @@ def test_a_methods_own_settings_are_searched_under_its_section(tmp_path: Path) -
     study = _load(tmp_path, {"space": {"metasgd": {"settings": {"step_size_lr": {"low": 0.01, "high": 0.1}}}}})
     keys = searched_keys(study.space["metasgd"], "metasgd")
     assert list(keys) == ["algorithm.metasgd.step_size_lr"] and key_type(*keys) is float
+    anil = _load(tmp_path, {"space": {"anil": {"settings": {"layers": {"choices": [0, 2]}}}}})
+    assert key_type("algorithm.anil.layers") is int
+    assert recipe_problems(anil) == ["space.anil.algorithm.anil.layers=0: the train recipe refuses it: "
+                                     "algorithm.anil.layers=0 is invalid: must be >= 1 (the top decoder layers "
+                                     "the inner loop adapts; ANIL's paper adapts only the head)"]
     problems = _problems(tmp_path, {"space": {
         "metasgd": {"settings": {"step_size": {"low": 0.01, "high": 0.1}}},
         "reptile": {"algorithm": {"step_size_lr": {"low": 0.01, "high": 0.1}}}}})
