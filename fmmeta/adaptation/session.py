@@ -101,14 +101,14 @@ class Adapter:
     def _method(self) -> EvalMethod:
         """The method as the evaluation's report row scores it (:func:`eval_methods`)."""
         from fmmeta.algorithms.meta_sgd import load_step_sizes
-        from fmmeta.evaluation.run import adapter_tensors, eval_methods
+        from fmmeta.evaluation.run import eval_methods, read_adapter_state
 
         plan, cfg = self.plan, self.plan.cfg
         states: dict[str, list[torch.Tensor] | None] = {BASE: None}
         learned: dict[str, list[float]] = {}
         names = adapter_names(self.model)
         if plan.adapter is not None:
-            states[plan.method] = adapter_tensors(self.model, plan.adapter)
+            states[plan.method] = read_adapter_state(self.model, plan.adapter)
             sizes = load_step_sizes(plan.adapter, names)
             if sizes is not None:
                 learned[plan.method] = sizes

@@ -55,8 +55,8 @@ from fmmeta.algorithms.protocol import (
     RankWork,
     Stateless,
     answer_tokens_of_sets,
+    make_whole,
     prepare_rank,
-    sum_over_ranks,
 )
 from fmmeta.sampling.plan import RankPlan
 
@@ -93,7 +93,7 @@ class MultiTask(Stateless):
         query = run_passes(model, params, work.query, scale)
         assert support.grads is not None and query.grads is not None
         grads = [a.add_(b) for a, b in zip(support.grads, query.grads)]
-        sum_over_ranks(work.share, [query.task_sums])  # the gradient stays partial: the outer step adds it
+        make_whole(work.share, [query.task_sums])  # the gradient stays partial: the outer step adds it
         q_loss = per_token(query.task_sums[: work.n_tasks], work.query_answers[: work.n_tasks])
         before = q_loss if self.cfg.measure_query_before else torch.full_like(q_loss, math.nan)
         return RankResult(grads=grads, query_loss_before=before, query_loss_after=q_loss,
@@ -142,7 +142,7 @@ class MetaICL(Stateless):
         """Returns the sum over tasks of each task's in-context query-loss gradient at theta."""
         query = run_passes(model, params, work.query, inverse_tokens(work.query_answers))
         assert query.grads is not None
-        sum_over_ranks(work.share, [query.task_sums])
+        make_whole(work.share, [query.task_sums])
         q_loss = per_token(query.task_sums[: work.n_tasks], work.query_answers[: work.n_tasks])
         before = q_loss if self.cfg.measure_query_before else torch.full_like(q_loss, math.nan)
         return RankResult(grads=query.grads, query_loss_before=before, query_loss_after=q_loss,

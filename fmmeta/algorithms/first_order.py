@@ -31,7 +31,7 @@ from torch import nn
 from fmmeta.algorithms.config import AlgorithmConfig
 from fmmeta.algorithms.inner_loop import InnerOptimizer, adapt_tasks, only_adapting
 from fmmeta.algorithms.passes import inverse_tokens, per_token, run_passes
-from fmmeta.algorithms.protocol import RankResult, RankWork, Stateless, prepare_rank, sum_over_ranks
+from fmmeta.algorithms.protocol import RankResult, RankWork, Stateless, make_whole, prepare_rank
 from fmmeta.algorithms.task_lora import TaskLoRA, stack_adapters
 from fmmeta.sampling.plan import RankPlan
 
@@ -63,7 +63,7 @@ def _query_before(cfg: AlgorithmConfig, model: nn.Module, fast: Sequence[torch.T
     if not cfg.measure_query_before:
         return torch.full((work.n_tasks,), math.nan, dtype=torch.float64)
     res = run_passes(model, fast, work.query, torch.ones(len(fast[0])), lora=lora, grad=False)
-    sum_over_ranks(work.share, [res.task_sums])
+    make_whole(work.share, [res.task_sums])
     return per_token(res.task_sums[: work.n_tasks], work.query_answers[: work.n_tasks])
 
 
@@ -117,7 +117,7 @@ class FOMAML(Stateless):
         assert res.grads is not None
         # The query gradients (and the step-size terms, linear in them) stay partial with rows
         # across ranks: the outer step's all-reduce adds the ranks. Only the losses are made whole.
-        sum_over_ranks(work.share, [res.task_sums])
+        make_whole(work.share, [res.task_sums])
         n = work.n_tasks
         step_size_grad = None
         if step_sizes is not None:
@@ -173,7 +173,7 @@ class Reptile(Stateless):
                 after, q_seconds = step.losses[0][: work.n_tasks], step.seconds[0]
             else:
                 res = run_passes(model, fast, work.query, torch.ones(len(fast[0])), lora=lora, grad=False)
-                sum_over_ranks(work.share, [res.task_sums])
+                make_whole(work.share, [res.task_sums])
                 after = per_token(res.task_sums[: work.n_tasks], work.query_answers[: work.n_tasks])
                 q_seconds = None
         with torch.no_grad():

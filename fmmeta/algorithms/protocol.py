@@ -38,7 +38,7 @@ class RowShare:
     lead: bool
 
 
-def sum_over_ranks(share: RowShare | None, tensors: Sequence[torch.Tensor]) -> None:
+def make_whole(share: RowShare | None, tensors: Sequence[torch.Tensor]) -> None:
     """Makes per-task sums whole when rows are dealt across ranks; nothing otherwise."""
     if share is not None:
         share.reduce(tensors)

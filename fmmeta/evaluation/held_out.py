@@ -195,8 +195,8 @@ def evaluate_methods(
             fit ``params``.
 
     Example:
-        >>> sel = select_inner_lr(model, params, methods, val_episodes, settings)
-        >>> res = evaluate_methods(model, params, methods, test_episodes_per_seed, settings,
+        >>> sel = select_inner_lr(model, params, methods, validation_episodes, settings)
+        >>> res = evaluate_methods(model, params, methods, held_out_episodes_per_seed, settings,
         ...                        inner_lrs=sel.chosen, lr_selection=sel)      # doctest: +SKIP
     """
     settings.check()
@@ -267,7 +267,7 @@ def select_inner_lr(
     if len(validation_episodes) == 0:
         raise ValueError(
             "validation_episodes is empty: lr selection needs validation episodes "
-            "(tasks kept out of both meta-training and the held-out test set)"
+            "(tasks kept out of both meta-training and the held-out set)"
         )
     settings.check()
     steps, lr_grid = settings.max_steps, settings.lr_grid
@@ -309,7 +309,7 @@ def evaluate_held_out(
     params: Sequence[torch.Tensor],
     methods: Mapping[str, MethodSpec],
     validation_episodes: Sequence[Episode],
-    test_episodes_per_seed: Sequence[Sequence[Episode]],
+    held_out_episodes_per_seed: Sequence[Sequence[Episode]],
     settings: EvalSettings,
     *,
     families: Mapping[str, str] | None = None,
@@ -327,7 +327,7 @@ def evaluate_held_out(
             :func:`evaluate_methods`.
         validation_episodes: episodes of validation tasks, for :func:`select_inner_lr` (each
             method's lr is chosen at ``settings.max_steps`` steps).
-        test_episodes_per_seed: held-out episodes, one list per seed of episode draws.
+        held_out_episodes_per_seed: held-out episodes, one list per seed of episode draws.
 
     Raises:
         ValueError: if a task name appears in both ``validation_episodes`` and the test episodes,
@@ -336,17 +336,17 @@ def evaluate_held_out(
     Example:
         >>> settings = EvalSettings(inner=InnerLoopConfig(), max_steps=3, pad_id=0)
         >>> res = evaluate_held_out(model, params, {"base": None, "fomaml": phi},
-        ...                         val_eps, test_eps_per_seed, settings)
+        ...                         validation_episodes, held_out_episodes_per_seed, settings)
         >>> write_report(res, "out/eval")                                      # doctest: +SKIP
     """
-    val_tasks = {ep.task for ep in validation_episodes}
-    test_tasks = {ep.task for eps in test_episodes_per_seed for ep in eps}
-    shared = sorted(val_tasks & test_tasks)
+    validation_tasks = {ep.task for ep in validation_episodes}
+    held_out_tasks = {ep.task for eps in held_out_episodes_per_seed for ep in eps}
+    shared = sorted(validation_tasks & held_out_tasks)
     if shared:
         raise ValueError(
             f"tasks {shared} are both validation and held-out tasks: the lr would be tuned on the "
-            "test set; split the task suite so validation and held-out tasks are disjoint"
+            "held-out set; split the task suite so validation and held-out tasks are disjoint"
         )
     sel = select_inner_lr(model, params, methods, validation_episodes, settings, ranks=ranks, workers=workers)
-    return evaluate_methods(model, params, methods, test_episodes_per_seed, settings, inner_lrs=sel.chosen,
+    return evaluate_methods(model, params, methods, held_out_episodes_per_seed, settings, inner_lrs=sel.chosen,
                             lr_selection=sel, families=families, progress=progress, ranks=ranks, workers=workers)

@@ -66,7 +66,7 @@ def evaluation_tasks(tasks: Sequence[Task], query: int | None) -> list[Task]:
     return out
 
 
-def adapter_tensors(model: torch.nn.Module, folder: Path) -> list[torch.Tensor]:
+def read_adapter_state(model: torch.nn.Module, folder: Path) -> list[torch.Tensor]:
     """The adapter saved in ``folder`` (peft format) as tensors in the model's parameter order.
 
     The model's adapter tensors must be resident (an engine keeps them so); they are put back.
@@ -174,7 +174,7 @@ def _replicate_states(model: torch.nn.Module, params: Sequence[torch.Tensor], re
     learned: dict[str, list[float]] = {}
     names = adapter_names(model)
     for name, folder in replicate.adapters.items():
-        states[name] = adapter_tensors(model, Path(folder))
+        states[name] = read_adapter_state(model, Path(folder))
         sizes = load_step_sizes(folder, names)
         if sizes is not None:
             learned[name] = sizes
@@ -266,9 +266,9 @@ def evaluate_run(
     if cfg.algorithm.padding_free:  # adaptation's passes are laid out in lines too
         check_lines(model)
     seed, query = cfg.tasks.seed, cfg.eval.query
-    val = draw_episodes(evaluation_tasks(suite.validation, query), seed, 0, cfg.eval.val_episodes_per_task)
+    validation = draw_episodes(evaluation_tasks(suite.validation, query), seed, 0, cfg.eval.val_episodes_per_task)
     held_out = evaluation_tasks(suite.held_out, query)
-    test = [draw_episodes(held_out, seed, 1 + s, cfg.eval.episodes_per_task) for s in range(cfg.eval.seeds)]
+    held_out_draws = [draw_episodes(held_out, seed, 1 + s, cfg.eval.episodes_per_task) for s in range(cfg.eval.seeds)]
     results: list[EvalResult] = []
     for r, replicate in enumerate(replicates):
         states, learned = _replicate_states(model, params, replicate)
@@ -281,10 +281,10 @@ def evaluate_run(
             "episodes)", ", ".join(m for m in methods if m not in shared),
             f" of replicate {r} ({r + 1}/{len(replicates)}, training seed {replicate.cfg.train.seed})"
             if len(replicates) > 1 else "",
-            len(suite.held_out), cfg.eval.seeds, cfg.eval.episodes_per_task, len(val),
+            len(suite.held_out), cfg.eval.seeds, cfg.eval.episodes_per_task, len(validation),
         )
         result = evaluate_held_out(
-            model, params, {m: e for m, e in methods.items() if m not in shared}, val, test,
+            model, params, {m: e for m, e in methods.items() if m not in shared}, validation, held_out_draws,
             eval_settings(cfg, tokenizer.pad_token_id, min_seeds=min(3, cfg.eval.seeds)),
             families=report_families(suite.held_out, cfg.tasks.split.held_out_families),
             ranks=engine, workers=workers,

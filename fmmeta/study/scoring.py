@@ -30,12 +30,12 @@ from fmmeta.evaluation.replicated import replicated_interval
 from fmmeta.evaluation.result import OVERALL, EvalResult
 from fmmeta.evaluation.run import (
     Replicate,
-    adapter_tensors,
     draw_episodes,
     eval_methods,
     eval_settings,
     evaluate_run,
     evaluation_tasks,
+    read_adapter_state,
     report_families,
 )
 from fmmeta.models import adapter_names, add_lora, build_model_and_tokenizer, initial_adapter
@@ -109,7 +109,7 @@ class Scorer:
                                   algorithm=self._algorithm(drawn))
         names = adapter_names(self.model)
         lrs = load_step_sizes(adapter_dir, names)
-        methods = eval_methods(cfg, {method: adapter_tensors(self.model, adapter_dir)}, names,
+        methods = eval_methods(cfg, {method: read_adapter_state(self.model, adapter_dir)}, names,
                                {method: lrs} if lrs is not None else None)
         params = self.engine.adapter_parameters()
         settings = eval_settings(cfg, self.tokenizer.pad_token_id)
