@@ -279,9 +279,10 @@ def build_model_and_tokenizer(
     Args:
         cfg: the model section.
         partitioned: build under ZeRO-3 so no rank ever holds the whole model (from
-            ``fmmeta.engine.partition.partitioned_build``; ``None`` builds it whole). Tiny and
-            ``from_pretrained`` models are partitioned as they are built or loaded; a GGUF file is
-            de-quantized into a whole model on every rank by transformers, then partitioned.
+            ``fmmeta.engine.partition.partitioned_build``, which ``EngineFactory.build_base`` calls;
+            ``None`` builds it whole). Tiny and ``from_pretrained`` models are partitioned as they
+            are built or loaded; a GGUF file is de-quantized into a whole model on every rank by
+            transformers, then partitioned.
 
     Returns:
         ``(model, tokenizer)``: the model in ``cfg.dtype`` on CPU, in train mode, with

@@ -22,8 +22,7 @@ from typing import Any, Mapping, Sequence
 from fmmeta.algorithms import load_step_sizes
 from fmmeta.algorithms.build import METHODS
 from fmmeta.algorithms.config import AlgorithmConfig
-from fmmeta.engine.build import build_engine
-from fmmeta.engine.partition import partitioned_build
+from fmmeta.engine import EngineFactory
 from fmmeta.errors import UserInputError
 from fmmeta.evaluation.held_out import evaluate_methods, select_inner_lr
 from fmmeta.evaluation.replicated import replicated_interval
@@ -38,7 +37,7 @@ from fmmeta.evaluation.run import (
     read_adapter_state,
     report_families,
 )
-from fmmeta.models import adapter_names, add_lora, build_model_and_tokenizer, initial_adapter
+from fmmeta.models import adapter_names, add_lora, initial_adapter
 from fmmeta.recipe_config import RecipeConfig
 from fmmeta.tasks.config import build_task_set
 from fmmeta.workers import Workers
@@ -62,8 +61,9 @@ class Scorer:
         self.cfg = cfg
         self.seeds = seeds
         self.episodes_per_task = episodes_per_task
-        partitioned = partitioned_build(cfg.engine, cfg.optim, precision=cfg.precision)
-        base, self.tokenizer = build_model_and_tokenizer(cfg.model, partitioned=partitioned)
+        # Kept as long as the model: under ZeRO-3 the partitioned base depends on it.
+        self.engines = EngineFactory(cfg.engine, cfg.optim, precision=cfg.precision)
+        base, self.tokenizer = self.engines.build_base(cfg.model)
         self.suite = build_task_set(cfg.tasks, self.tokenizer)
         if not self.suite.validation:
             raise UserInputError("the task suite has no validation tasks: a study chooses on them; "
@@ -75,7 +75,7 @@ class Scorer:
             raise UserInputError(f"family={family!r} is invalid: the validation tasks have "
                                  f"{sorted(families | kinds)}; choose one of them")
         self.model = add_lora(base, cfg.lora, seed=cfg.train.seed)
-        self.engine = build_engine(cfg.engine, self.model, cfg.optim, precision=cfg.precision)
+        self.engine = self.engines.engine(self.model)
         self.workers = Workers.from_setting(cfg.engine.workers)  # a study is one process
 
     def held_out_tasks(self) -> list[str]:
@@ -140,10 +140,8 @@ class Scorer:
                             in_context=in_context, workers=self.workers)
 
     def close(self) -> None:
-        """Releases the engine (every engine has ``close``; the protocol does not name it)."""
-        close = getattr(self.engine, "close", None)
-        if callable(close):
-            close()
+        """Releases the engine."""
+        self.engine.close()
 
 
 def score_of(result: EvalResult, method: str, metric: str, family: str) -> float:
