@@ -206,11 +206,11 @@ def test_reptile_and_multitask_packed_match_their_reference(
 
 
 def _check_metasgd(out: Path, spec: str, one_proc: Path, ref: str) -> None:
-    """The adapter and the learned inner lrs both match the local engine's."""
+    """The adapter and the learned step sizes both match the local engine's."""
     meta = _check(out, spec, one_proc, ref)
     _, ref_meta = _load(one_proc, ref)
-    got, want = torch.tensor(meta["inner_lrs"]), torch.tensor(ref_meta["inner_lrs"])
-    assert relative_error([got], [want]) < TOL, f"{spec}: inner lrs {got} vs {want}"
+    got, want = torch.tensor(meta["step_sizes"]), torch.tensor(ref_meta["step_sizes"])
+    assert relative_error([got], [want]) < TOL, f"{spec}: step sizes {got} vs {want}"
 
 
 def test_metasgd_step_sizes_match_on_two_zero3_ranks(two_proc: Path, one_proc: Path) -> None:
@@ -219,8 +219,8 @@ def test_metasgd_step_sizes_match_on_two_zero3_ranks(two_proc: Path, one_proc: P
     _check_metasgd(two_proc, "ds3:mixed:metasgd", one_proc, "local:all:metasgd")
     _check_metasgd(two_proc, "ds3:spread:uneven:metasgd", one_proc, "local:all:uneven:metasgd")
     # the comparison can fail: the lrs moved from inner_lr=0.05, and they differ between the plans
-    lrs = torch.tensor(_load(one_proc, "local:all:metasgd")[1]["inner_lrs"])
-    uneven = torch.tensor(_load(one_proc, "local:all:uneven:metasgd")[1]["inner_lrs"])
+    lrs = torch.tensor(_load(one_proc, "local:all:metasgd")[1]["step_sizes"])
+    uneven = torch.tensor(_load(one_proc, "local:all:uneven:metasgd")[1]["step_sizes"])
     # (the v_proj lrs move by ~1%; the q_proj ones barely: in this tiny model their step-size
     # gradients are ~1e-10, below Adam's eps)
     assert float((lrs / 0.05).log().abs().max()) > 100 * TOL

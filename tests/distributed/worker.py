@@ -7,7 +7,7 @@ Each launch costs seconds of imports, so one launch runs every configuration it 
 (engine: local, ds0, ds1, ds2, ds3, ds3off, acc; layout: a key of ``_common.LAYOUTS``, or ``rows``
 for rows across ranks; ``clip``: inner clipping at norm 2e-4; ``lines``: padding-free passes
 (``algorithm.padding_free``); FOMAML unless an algorithm is
-named). For metasgd the learned inner lrs are written too (``inner_lrs`` in the JSON); with
+named). For metasgd the learned step sizes are written too (``step_sizes`` in the JSON); with
 ``gather`` every rank writes what ``gather_step`` gave it each step (``<tag>.gathered.<rank>.json``).
 """
 
@@ -149,7 +149,7 @@ def main() -> None:
                 "shapes_after_init": shapes_after_init, "gc_on": gc_on,
                 "dtype": str(params[0].dtype), "passes": passes, "padded_tokens": padded_tokens, "layer_calls": layer_calls[0],
                 "layers": sum(type(m).__name__.endswith("MLP") for m in engine.model.modules()),
-                "inner_lrs": algo.step_sizes.lrs(len(params)) if method == "metasgd" else None,
+                "step_sizes": algo.step_sizes.values(len(params)) if method == "metasgd" else None,
             }))
         del engine
     exit_worker()
