@@ -186,6 +186,11 @@ def run_passes(
                         acc.add_(gi)
         _sync(device)
         seconds.append(time.perf_counter() - t0)
+    if lora is not None:
+        # A route belongs to its pass: a forward after the sweep (e.g. scoring the adapted task
+        # with rows of another shape) runs as task 0, as it did when a one-task route was a
+        # Python int that fit any shape.
+        lora.rows = None
     if grad and grads is None:  # no passes at all
         grads = [torch.zeros_like(w) for w in weights]
     return PassResult(grads, sums, seconds)
