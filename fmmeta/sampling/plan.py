@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Literal, Sequence, TypeVar
 
 import numpy as np
 
-from fmmeta.tasks.episode import Episode, Example
+from fmmeta.tasks.episode import Episode, Example, padded_length
 
 if TYPE_CHECKING:
     from fmmeta.sampling.cost import CostModel
@@ -143,12 +143,15 @@ class RankPlan:
         query: query passes, run once after the inner steps.
         shared: the rows-across-ranks placement: this rank runs only a share of its slots' rows,
             and every inner step sums the tasks' gradients over all ranks.
+        length_buckets: ascending widths every pass is padded up to (``sampler.length_buckets``;
+            the passes' ``width`` already says the bucket); empty: each pass's own width.
     """
 
     slots: tuple[TaskSlot, ...]
     support: tuple[PackedPass, ...]
     query: tuple[PackedPass, ...]
     shared: bool = False
+    length_buckets: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -253,3 +256,21 @@ class PricedPlan:
     def price(self, inner_steps: int) -> float:
         """What :meth:`MetaBatchPlan.compute_cost` gives the built plan with ``lockstep=True``."""
         return inner_steps * self.support + self.query
+
+
+def bucketed(plan: MetaBatchPlan, buckets: Sequence[int]) -> MetaBatchPlan:
+    """``plan`` with every pass's width raised to the smallest of ``buckets`` that holds it and
+    the buckets recorded on each rank (collation pads to them): the plan's padded tokens and
+    cost-model features then price the shapes that will run. The packing itself was decided on
+    the rows' own widths (a pass can hold up to a bucket's spacing more padded tokens than
+    ``tokens_per_pass``). No buckets: ``plan`` itself."""
+    if not buckets:
+        return plan
+    keep = tuple(buckets)
+
+    def widen(passes: tuple[PackedPass, ...]) -> tuple[PackedPass, ...]:
+        return tuple(p if p.is_dummy else PackedPass(p.slots, p.examples, padded_length(p.width, None, keep),
+                                                     p.n_tokens) for p in passes)
+
+    ranks = tuple(RankPlan(r.slots, widen(r.support), widen(r.query), r.shared, keep) for r in plan.ranks)
+    return MetaBatchPlan(plan.step, ranks, plan.n_real_tasks, plan.placement, dict(plan.predicted))

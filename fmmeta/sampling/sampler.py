@@ -27,7 +27,7 @@ import numpy as np
 
 from fmmeta.config import raise_if_invalid
 from fmmeta.sampling.cost import CostModel
-from fmmeta.sampling.plan import MetaBatchPlan
+from fmmeta.sampling.plan import MetaBatchPlan, bucketed
 from fmmeta.sampling.rows_plan import PLACEMENTS, plan_placed
 from fmmeta.sampling.source import (
     EpisodeSource,
@@ -112,6 +112,13 @@ class SamplerConfig:
     """Fraction of old cost coefficients kept per fit, in [0, 1)."""
     balance_tol: float = 1e-3
     """Stop improving rank balance within this fraction of the lower bound (>= 0)."""
+    length_buckets: tuple[int, ...] = ()
+    """Widths (tokens, ascending, each >= 1) every training pass is padded up to: the smallest
+    that holds the pass (a padded row, or a padding-free line); a longer pass keeps its own
+    width. Fixed shapes are what a static-shape compiled graph or a CUDA graph reuses. Empty
+    (the default): each pass's own width. engine.compile's layers compile dynamic shapes, so
+    on a CPU a new width costs no new graph there and buckets only add padded tokens (up to a
+    bucket's spacing per row; e.g. [64, 128, 256, 512] pays up to 2x on short rows)."""
 
     def validate(self) -> list[str]:
         """Range and choice checks, one problem per field."""
@@ -144,6 +151,9 @@ class SamplerConfig:
             need(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0, key, "must be a finite number >= 0")
         need(0.0 <= self.cost_damping < 1.0, "cost_damping", "must be in [0, 1)")
         need(self.balance_tol >= 0, "balance_tol", "must be >= 0")
+        need(all(is_int(b) and b >= 1 for b in self.length_buckets)
+             and list(self.length_buckets) == sorted(set(self.length_buckets)), "length_buckets",
+             "need ascending distinct integer widths >= 1", "e.g. [64, 128, 256, 512], or [] for none")
         return problems
 
     def build_strategy(self) -> Strategy:
@@ -341,7 +351,7 @@ class CostAwareSampler:
             lockstep=self.lockstep,
         )
         self._last_step = max(self._last_step, step)
-        return plan
+        return bucketed(plan, self.config.length_buckets)
 
     def _episode(self, task: int, step: int, i: int) -> Episode:
         """The ``i``-th episode of ``step`` (task ``task``), with ``support_draws`` support sets."""
@@ -416,7 +426,7 @@ class CostAwareSampler:
             "seed": self.seed,
             "world_size": self.world_size,
             "task_names": [s.name for s in self.sources],
-            "config": {f.name: getattr(self.config, f.name) for f in fields(self.config)},
+            "config": {f.name: _plain(getattr(self.config, f.name)) for f in fields(self.config)},
             "last_step": self._last_step,
             "loss": [None if math.isnan(v) else float(v) for v in self._loss.tolist()],
             "n_observed": [int(v) for v in self._n_observed.tolist()],
