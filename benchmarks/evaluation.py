@@ -58,6 +58,7 @@ from fmmeta.evaluation.held_out import evaluate_methods  # noqa: E402
 from fmmeta.evaluation.methods import IN_CONTEXT  # noqa: E402
 from fmmeta.evaluation.run import draw_episodes, evaluation_tasks  # noqa: E402
 from fmmeta.evaluation.scoring import score_query  # noqa: E402
+from fmmeta.evaluation.settings import EvalSettings  # noqa: E402
 from fmmeta.models.precision import native_bf16  # noqa: E402
 from fmmeta.tasks.config import TasksConfig, build_task_set  # noqa: E402
 from fmmeta.tasks.episode import Example, collate  # noqa: E402
@@ -134,9 +135,9 @@ def main() -> None:
 
     def evaluation(dt: str, group: int, method: str = "base") -> Callable[[], object]:
         model, params = built[dt]
-        return lambda: evaluate_methods(
-            model, params, {method: None}, [episodes], inner, args.steps, pad, min_seeds=1,
-            micro_batch_size=args.micro_batch, score_steps=[0], episodes_per_pass=group)
+        settings = EvalSettings(inner=inner, max_steps=args.steps, pad_id=pad, min_seeds=1,
+                                micro_batch_size=args.micro_batch, score_steps=[0], episodes_per_pass=group)
+        return lambda: evaluate_methods(model, params, {method: None}, [episodes], settings)
 
     runs = {"float32/1": evaluation("float32", 1)}
     runs.update({f"{dt}/{args.group}": evaluation(dt, args.group) for dt in dtypes})

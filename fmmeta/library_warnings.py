@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import warnings
 
-__all__ = ["LIBRARY_LOGGERS", "show_library_warnings_once"]
+__all__ = ["LIBRARY_LOGGERS", "setup_logging", "show_library_warnings_once"]
 
 LIBRARY_LOGGERS: tuple[str, ...] = (
     "py.warnings", "transformers", "torch", "DeepSpeed", "deepspeed", "accelerate", "peft",
@@ -58,3 +58,19 @@ def show_library_warnings_once(rank: int) -> None:
     warnings.filterwarnings("ignore")
     for name in LIBRARY_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def setup_logging(rank: int) -> None:
+    """A training rank's logging: rank 0 logs at INFO, other ranks only warnings and errors, each
+    line naming its rank; library warnings are shown once per run (rank 0), not once per rank.
+
+    Why here: which rank says what is this module's one concern, and the train recipe calls it
+    once it knows its rank.
+    """
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.WARNING,
+        format=f"%(asctime)s [rank{rank}] %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+        force=True,
+    )
+    show_library_warnings_once(rank)

@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Literal
 
-from fmmeta.algorithms.build import ALGORITHMS
+from fmmeta.algorithms.build import ALGORITHMS, METHODS
 from fmmeta.algorithms.config import DEFAULT_LR_GRID, AlgorithmConfig
 from fmmeta.config import EngineConfig, LoraConfig, ModelConfig, TrainConfig
 from fmmeta.engine.ds_config import DSConfigError, owned_values, resolve_ds_config
@@ -103,8 +103,8 @@ class RecipeConfig:
     methods: tuple[str, ...] = ("fomaml", "metasgd", "reptile", "multitask", "metaicl")
     """Adapters to meta-train (side by side on a CPU, engine.workers), each from the same initial
     adapter and the same episode draws: meta-learners and the baselines they must beat."""
-    # bf16 compute where the hardware has it: 1.7-2.1x faster passes on an AVX512-BF16 CPU, and
-    # held-out scores that match fp32's (docs/design.md, "Precision").
+    # bf16 compute where the hardware has it: 1.8-2.2x faster passes on an AVX512-BF16 CPU, and
+    # held-out scores that match fp32's (docs/benchmarks.md, "precision"; docs/design.md, "Precision").
     model: ModelConfig = field(default_factory=lambda: ModelConfig(dtype="auto"))
     """Which base model to load and how."""
     lora: LoraConfig = field(default_factory=LoraConfig)
@@ -117,8 +117,8 @@ class RecipeConfig:
     # docs/design.md; the inner loop from docs/research/adaptation_sweep.md). "diversity" puts both task
     # families in every meta-batch: the language-id family has 3 of the 33 meta-training tasks
     # and would be rare under uniform. Passes of up to 32 rows: CLDR rows are ~12 tokens, and a
-    # pass of a few hundred tokens is mostly per-operation overhead on a CPU ("Compute on a CPU"
-    # in docs/design.md); the sums are the same whatever the passes hold.
+    # pass of a few hundred tokens is mostly per-operation overhead on a CPU ("CPU pass overhead"
+    # in docs/benchmarks.md); the sums are the same whatever the passes hold.
     sampler: SamplerConfig = field(
         default_factory=lambda: SamplerConfig(
             meta_batch_size=4, micro_batch_size=32, strategy="diversity"
@@ -127,8 +127,8 @@ class RecipeConfig:
     """How meta-batches are chosen and planned over ranks."""
     # The inner loop is the section's own default (fmmeta.algorithms.config says why); the run
     # also logs the query loss before adaptation, the number a reader compares "after" with, and
-    # packs its passes padding-free: FOMAML's meta-steps 1.13-1.19x faster on SmolLM2 (fp32,
-    # 2-core CPU), MetaICL's within noise ("Padding-free passes" in docs/design.md).
+    # packs its passes padding-free: FOMAML's meta-steps faster on SmolLM2 (fp32, 2-core CPU),
+    # MetaICL's within noise ("Padding-free passes" in docs/benchmarks.md).
     algorithm: AlgorithmConfig = field(
         default_factory=lambda: AlgorithmConfig(measure_query_before=True, padding_free=True)
     )
@@ -160,12 +160,8 @@ class RecipeConfig:
                 f"methods={list(self.methods)} is invalid: choose one or more of "
                 f"{', '.join(ALGORITHMS)}"
             )
-        if "reptile" in self.methods and self.algorithm.inner_steps == 0:
-            problems.append(
-                "algorithm.inner_steps=0 is invalid with reptile in methods: Reptile moves the "
-                "adapter towards the weights after the inner steps, so with none it learns nothing "
-                "(gradient 0 every meta-step); use inner_steps >= 1 or leave reptile out"
-            )
+        for m in self.methods:
+            problems.extend(METHODS[m].problems(self.algorithm) if m in METHODS else [])
         if len(set(self.methods)) != len(self.methods):
             problems.append(f"methods={list(self.methods)} is invalid: a method is listed twice")
         unknown = [m for m in self.eval.with_demonstrations if m not in ("base", *self.methods)]

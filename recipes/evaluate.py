@@ -36,20 +36,13 @@ from fmmeta.startup import Terminated, ctrl_c_raises  # first: Ctrl-C during the
 # isort: split
 from fmmeta.checkpoint.lock import RunLock, RunLockError
 from fmmeta.checkpoint.resume import adapter_problems
-from fmmeta.config import ConfigError, describe_config, flat_config, load_config
-from fmmeta.engine.build import build_engine, resolve_engine_kind
-from fmmeta.engine.distributed import (
-    broadcast_from_rank0,
-    check_same_on_every_rank,
-    default_backend,
-    init_distributed,
-    strip_local_rank,
-)
-from fmmeta.engine.partition import partitioned_build
+from fmmeta.config import describe_config, flat_config, load_config
+from fmmeta.engine import EngineFactory, broadcast_from_rank0, strip_local_rank
 from fmmeta.errors import UserInputError
 from fmmeta.evaluation.run import Replicate, evaluate_run
+from fmmeta.exit_codes import exit_code
 from fmmeta.library_warnings import show_library_warnings_once
-from fmmeta.models import add_lora, build_model_and_tokenizer, initial_adapter
+from fmmeta.models import add_lora, initial_adapter
 from fmmeta.recipe_args import IMPORT_HELP, OneConfig, import_modules
 from fmmeta.recipe_config import RecipeConfig
 from fmmeta.shipped import shipped_path, with_shipped_paths
@@ -86,12 +79,13 @@ def parse_args(argv: list[str], prog: str | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    """Exit codes: 0 done, 2 bad input (arguments, config, run folder, adapters), 130 Ctrl-C, 143 SIGTERM."""
+    """Exit codes (:mod:`fmmeta.exit_codes`): 0 done, 2 bad input (arguments, config, run folder,
+    adapters), 130 Ctrl-C, 143 SIGTERM."""
     ctrl_c_raises()
     args = parse_args(sys.argv[1:] if argv is None else argv, prog)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         force=True)
-    try:
+    with exit_code(logger, stopped_before_report) as outcome:
         import_modules(args.imports)
         config_path = args.config or (run_config(args.run) if args.run is not None else None)
         cfg = load_config(RecipeConfig, config_path, args.overrides).on_this_machine()
@@ -110,15 +104,14 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         replicates[0].adapters.update(named)
         out = args.run if args.run is not None else Path(cfg.output_dir).expanduser()
         paths = evaluate(cfg, replicates, out, run=args.run is not None)
-    except (ConfigError, UserInputError) as err:  # the input, not a bug
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as err:  # the adapters and the run are only read; an unfinished report is removed
-        print(f"stopped by {'SIGTERM' if isinstance(err, Terminated) else 'Ctrl-C'}: no report was written and "
-              "nothing else was changed; rerun the same command to evaluate again", file=sys.stderr)
-        return 143 if isinstance(err, Terminated) else 130
-    print("\n".join(f"{name}: {path}" for name, path in paths.items()))
-    return 0
+        print("\n".join(f"{name}: {path}" for name, path in paths.items()))
+    return outcome.code
+
+
+def stopped_before_report(err: KeyboardInterrupt) -> None:
+    """The adapters and the run are only read, and an unfinished report is removed: say so."""
+    print(f"stopped by {'SIGTERM' if isinstance(err, Terminated) else 'Ctrl-C'}: no report was written and "
+          "nothing else was changed; rerun the same command to evaluate again", file=sys.stderr)
 
 
 def run_config(run: Path) -> str:
@@ -210,10 +203,8 @@ def new_report_dir(out: Path) -> Path:
 def evaluate(cfg: RecipeConfig, replicates: list[Replicate], out: Path, *, run: bool = False) -> dict[str, Path]:
     """Builds the model and tasks, and evaluates the replicates' adapters into a new report
     folder in ``out`` (``run``: ``out`` is a run folder, held locked meanwhile)."""
-    rank = 0
-    if resolve_engine_kind(cfg.engine) != "local":
-        rank, _, _ = init_distributed(default_backend(), cfg.engine.collective_timeout_s)
-        check_same_on_every_rank(flat_config(cfg), "the config")
+    engines = EngineFactory(cfg.engine, cfg.optim, precision=cfg.precision)
+    rank = engines.join(flat_config(cfg))
     show_library_warnings_once(rank)  # as in training: each library warning once, by rank 0
     # Rank 0 claims the folder before minutes of model loading (only rank 0 writes into it); every
     # rank learns the outcome, so a refusal stops all of them together.
@@ -229,7 +220,7 @@ def evaluate(cfg: RecipeConfig, replicates: list[Replicate], out: Path, *, run: 
         if outcome == "error":
             raise UserInputError(report)
         try:
-            return _evaluate(cfg, replicates, out, Path(report))
+            return _evaluate(engines, cfg, replicates, out, Path(report))
         except BaseException:
             if rank == 0:  # failed or stopped: leave no empty or half-written report behind
                 shutil.rmtree(report, ignore_errors=True)
@@ -260,16 +251,15 @@ def lock_run(run: Path) -> RunLock:
         ) from None
 
 
-def _evaluate(cfg: RecipeConfig, replicates: list[Replicate], out: Path, report: Path) -> dict[str, Path]:
-    precision = cfg.precision
-    partitioned = partitioned_build(cfg.engine, cfg.optim, precision=precision)
-    base, tokenizer = build_model_and_tokenizer(cfg.model, partitioned=partitioned)
+def _evaluate(engines: EngineFactory, cfg: RecipeConfig, replicates: list[Replicate], out: Path,
+              report: Path) -> dict[str, Path]:
+    base, tokenizer = engines.build_base(cfg.model)  # under ZeRO-3 partitioned, as training builds it
     suite = build_task_set(cfg.tasks, tokenizer)
     model = add_lora(base, cfg.lora, seed=cfg.train.seed)  # replicate 0's initial adapter (B = 0)
     for replicate in replicates:  # each replicate's base is its own initial adapter
         replicate.initial = initial_adapter(model, replicate.cfg.train.seed)
-    engine = build_engine(cfg.engine, model, cfg.optim, precision=precision)
-    workers = Workers.from_setting(cfg.engine.workers, distributed=resolve_engine_kind(cfg.engine) != "local")
+    engine = engines.engine(model)
+    workers = Workers.from_setting(cfg.engine.workers, distributed=engines.distributed)
     try:
         return evaluate_run(cfg, engine, tokenizer, suite, replicates, out, report_dir=report, workers=workers)
     finally:

@@ -41,6 +41,7 @@ from fmmeta.startup import Terminated, ctrl_c_raises  # first: Ctrl-C during the
 from fmmeta.atomic import replace_text
 from fmmeta.config import ConfigError, describe_config, load_config
 from fmmeta.errors import UserInputError
+from fmmeta.exit_codes import BAD_INPUT, CTRL_C, NONFINITE, SIGTERM, exit_code
 from fmmeta.progress import Progress
 from fmmeta.recipe_args import IMPORT_HELP, OneConfig, import_modules
 from fmmeta.recipe_config import RecipeConfig
@@ -66,10 +67,6 @@ from fmmeta.study.search import (
 )
 
 logger = logging.getLogger("fmmeta.study")
-
-NONFINITE_EXIT = 3
-"""The train recipe's exit code for a non-finite loss: the trial diverged (a result, not a bug)."""
-
 
 def parse_args(argv: list[str], prog: str | None = None) -> argparse.Namespace:
     """``--config`` (the study's YAML), ``--import`` modules and ``key=value`` overrides."""
@@ -100,19 +97,20 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv, prog)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         force=True)
-    try:
+    with exit_code(logger, stopped) as outcome:
         import_modules(args.imports)
-        return run(load_config(StudyConfig, args.config, args.overrides))
-    except (ConfigError, UserInputError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as err:
-        logger.warning("stopped%s; rerun the same command to resume the study",
-                       " by SIGTERM" if isinstance(err, Terminated) else "")
-        return 143 if isinstance(err, Terminated) else 130
+        run(load_config(StudyConfig, args.config, args.overrides))
+    return outcome.code
 
 
-def run(study: StudyConfig) -> int:
+def stopped(err: KeyboardInterrupt) -> None:
+    """Optuna's storage and the trials' checkpoints keep what was done: say how to go on."""
+    logger.warning("stopped%s; rerun the same command to resume the study",
+                   " by SIGTERM" if isinstance(err, Terminated) else "")
+
+
+def run(study: StudyConfig) -> None:
+    """The study, top to bottom (see the module's docstring)."""
     if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
         raise UserInputError("fmmeta study runs in one process (its trials are one-process runs): "
                              "start it without a launcher")
@@ -149,7 +147,6 @@ def run(study: StudyConfig) -> int:
     finally:
         lock.release()
     logger.info("study done: %s", paths["study.md"])
-    return 0
 
 
 def _config(study: StudyConfig) -> str | None:
@@ -166,7 +163,7 @@ def search(optuna: Any, study: StudyConfig, method: str, folder: Path, scorer: S
         trial = opt.ask()
         name = trial.user_attrs.get(FOLDER) or next_folder(opt)
         trial.set_user_attr(FOLDER, name)
-        values = suggest(trial, searched_keys(study.space[method]))
+        values = suggest(trial, searched_keys(study.space[method], method))
         outcome, score = run_trial(study, method, values, folder / method / name, scorer, trial)
         if outcome == "complete":
             opt.tell(trial, score)
@@ -243,8 +240,8 @@ def train(study: StudyConfig, method: str, values: dict[str, float | str], steps
     config = _config(study)
     argv = [*(["--config", config] if config else []), *trial_overrides(study, method, values, steps, out), *extra]
     rc = train_recipe.main(argv, prog="fmmeta train")
-    if rc in (130, 143):
-        raise Terminated if rc == 143 else KeyboardInterrupt
+    if rc in (CTRL_C, SIGTERM):
+        raise Terminated if rc == SIGTERM else KeyboardInterrupt
     return rc
 
 
@@ -256,9 +253,9 @@ def segment(study: StudyConfig, method: str, values: dict[str, float | str], ste
     if scored.is_file():
         return float(json.loads(scored.read_text(encoding="utf-8"))["score"])
     rc = train(study, method, values, steps, trial_dir)
-    if rc == NONFINITE_EXIT:
+    if rc == NONFINITE:  # the trial diverged: a result, not a bug
         return None
-    if rc == 2:
+    if rc == BAD_INPUT:
         raise UserInputError(f"the train recipe refused trial {str(trial_dir)!r}; its message is above")
     if rc != 0:  # 1: a bug in the run, whose traceback the recipe logged
         raise RuntimeError(f"the train recipe failed in trial {str(trial_dir)!r} (exit {rc}); its "

@@ -24,7 +24,7 @@ from pathlib import Path
 from fmmeta.algorithms.config import InnerLoopConfig
 from fmmeta.algorithms.inner_loop import restore
 from fmmeta.config import load_config
-from fmmeta.evaluation.run import adapter_tensors, draw_episodes
+from fmmeta.evaluation.run import draw_episodes, read_adapter_state
 from fmmeta.evaluation.support_fit import support_fit
 from fmmeta.models import add_lora, build_model_and_tokenizer
 from fmmeta.recipe_config import RecipeConfig
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     model = add_lora(model, cfg.lora, seed=cfg.train.seed)
     params = [p for p in model.parameters() if p.requires_grad]
     if args.adapter is not None:
-        restore(params, adapter_tensors(model, args.adapter))
+        restore(params, read_adapter_state(model, args.adapter))
     tasks = getattr(build_task_set(cfg.tasks, tokenizer), args.split)
     episodes = draw_episodes(tasks, cfg.tasks.seed, 1, 1)
     score = args.score if args.score is not None else sorted({0, min(2, args.steps), args.steps // 2})

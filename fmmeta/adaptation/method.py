@@ -19,6 +19,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from fmmeta.algorithms.build import method_of
 from fmmeta.algorithms.meta_sgd import load_step_sizes
 from fmmeta.config import ConfigError, load_config
 from fmmeta.errors import UserInputError
@@ -26,8 +27,6 @@ from fmmeta.evaluation.methods import IN_CONTEXT
 from fmmeta.recipe_config import RecipeConfig
 
 ADAPTER_FILE = "adapter_model.safetensors"
-NO_STEPS = ("metaicl", IN_CONTEXT)
-"""Methods whose evaluation takes the support as demonstrations and takes no gradient step."""
 
 
 @dataclass(frozen=True)
@@ -193,7 +192,7 @@ def resolve_method(run: Path, method: str, *, replicate: int = 0, steps: int | N
         raise UserInputError(f"--steps {steps} is invalid: must be >= 0 (0 = no adaptation)")
     if lr is not None and not lr > 0:
         raise UserInputError(f"--lr {lr} is invalid: must be > 0")
-    if method in NO_STEPS:
+    if _takes_no_steps(method):
         if steps or lr is not None:
             raise UserInputError(f"--method {method} takes the support as in-context demonstrations, with no "
                                  "gradient step: drop --steps and --lr (or pick a method that adapts)")
@@ -217,4 +216,11 @@ def resolve_method(run: Path, method: str, *, replicate: int = 0, steps: int | N
     return RunMethod(run, rep_cfg, method, adapter, lr, steps if steps is not None else default_steps, source)
 
 
-__all__ = ["NO_STEPS", "RunMethod", "foreign_adapter_problems", "load_run_config", "resolve_method"]
+def _takes_no_steps(method: str) -> bool:
+    """Whether the method's evaluation takes the support as demonstrations and no gradient step
+    (the in-context row; a method scored with demonstrations, as MetaICL)."""
+    registered = method_of(method)
+    return method == IN_CONTEXT or (registered is not None and registered.scoring == "demonstrations")
+
+
+__all__ = ["RunMethod", "foreign_adapter_problems", "load_run_config", "resolve_method"]

@@ -27,7 +27,8 @@ from fmmeta.algorithms.inner_loop import restore, snapshot
 from fmmeta.algorithms.passes import answer_tokens_per_task
 from fmmeta.algorithms.task_lora import TaskLoRA
 from fmmeta.evaluation.adaptation import adapting, by_length, groups_of, support_passes
-from fmmeta.evaluation.methods import IN_CONTEXT, EvalMethod
+from fmmeta.evaluation.methods import BASE, IN_CONTEXT, EvalMethod
+from fmmeta.models.build import adapter_names
 
 logger = logging.getLogger(__name__)
 
@@ -100,20 +101,20 @@ class Adapter:
     def _method(self) -> EvalMethod:
         """The method as the evaluation's report row scores it (:func:`eval_methods`)."""
         from fmmeta.algorithms.meta_sgd import load_step_sizes
-        from fmmeta.evaluation.run import adapter_tensors, eval_methods
+        from fmmeta.evaluation.run import eval_methods, read_adapter_state
 
         plan, cfg = self.plan, self.plan.cfg
-        states: dict[str, list[torch.Tensor] | None] = {"base": None}
+        states: dict[str, list[torch.Tensor] | None] = {BASE: None}
         learned: dict[str, list[float]] = {}
+        names = adapter_names(self.model)
         if plan.adapter is not None:
-            states[plan.method] = adapter_tensors(self.model, plan.adapter)
-            names = [n for n, p in self.model.named_parameters() if p.requires_grad]
+            states[plan.method] = read_adapter_state(self.model, plan.adapter)
             sizes = load_step_sizes(plan.adapter, names)
             if sizes is not None:
                 learned[plan.method] = sizes
         # in_context is a row only where eval.in_context is on; with_demonstrations rows are not ours
         eval_cfg = dataclasses.replace(cfg.eval, in_context=plan.method == IN_CONTEXT, with_demonstrations=())
-        return eval_methods(dataclasses.replace(cfg, eval=eval_cfg), states, learned)[plan.method]
+        return eval_methods(dataclasses.replace(cfg, eval=eval_cfg), states, names, learned)[plan.method]
 
     @property
     def steps(self) -> int:
@@ -188,7 +189,7 @@ class Adapter:
         self.model.eval()  # no dropout, as the evaluation adapts
         try:
             with adapting(self.model, self.lora, self.params, self.start, support, n_answer, self.inner,
-                          self.spec.step_sizes) as step:
+                          self.spec.step_sizes, adapted=self.spec.adapted) as step:
                 for _ in range(self.steps):
                     step()
                 predictions = self.predict(tasks, self.lora)

@@ -4,16 +4,16 @@
 algorithm  gradient per task                              passes (S, Q = the rank's support and
                                                           query passes)
 ========== ============================================== ==========================================
-MultiTask  pooled support+query loss gradient at theta    k*S + Q (fwd+bwd) when ``multitask_match_
-                                                          passes`` (S over k distinct support
-                                                          sets), else S + Q
+MultiTask  pooled support+query loss gradient at theta    k*S + Q (fwd+bwd) with ``match_passes``
+                                                          (S over k distinct support sets), else
+                                                          S + Q
 MetaICL    query-answer loss gradient at theta with the   Q' (fwd+bwd): the query passes, each row
            support as in-context demonstrations           with its demonstrations prepended
 ========== ============================================== ==========================================
 
 How the multi-task baseline's compute is matched to FOMAML's (``k`` is ``inner_steps``): with
-``multitask_match_passes`` (default) the sampler gives each of its episodes ``k`` distinct support
-sets (``support_draws``: the first is the one FOMAML would see, the others come from fresh
+``algorithm.multitask.match_passes`` (default) the sampler gives each of its episodes ``k``
+distinct support sets (``support_draws``: the first is the one FOMAML would see, the others come from fresh
 episodes of the same task), and it runs every support pass once, then every query pass once, all
 at theta. So it processes as many support rows as FOMAML's ``k`` inner steps, but spends them on
 new examples instead of the same gradient ``k`` times; each task's sum is divided by its pooled
@@ -35,9 +35,7 @@ work: how many support sets an episode carries, and how often each support pass 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import Any
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -55,16 +53,17 @@ from fmmeta.algorithms.passes import (
 from fmmeta.algorithms.protocol import (
     RankResult,
     RankWork,
+    Stateless,
     answer_tokens_of_sets,
+    make_whole,
     prepare_rank,
-    sum_over_ranks,
 )
 from fmmeta.sampling.plan import RankPlan
 
 __all__ = ["MetaICL", "MultiTask"]
 
 
-class MultiTask:
+class MultiTask(Stateless):
     """Multi-task baseline: plain training on the episode's pooled examples, gradient at theta.
 
     No adaptation, so the query loss before and after are both the query loss at theta (measured
@@ -78,8 +77,8 @@ class MultiTask:
         self.cfg = cfg
         self.pad_id = pad_id
         k = cfg.inner_steps
-        self.support_draws = max(k, 1) if cfg.multitask_match_passes else 1
-        self.support_repeats = min(k, 1) if cfg.multitask_match_passes else 1
+        self.support_draws = max(k, 1) if cfg.multitask.match_passes else 1
+        self.support_repeats = min(k, 1) if cfg.multitask.match_passes else 1
 
     def prepare(self, plan: RankPlan) -> RankWork:
         """Collates a rank's plan into its support and query passes (:func:`prepare_rank`)."""
@@ -94,24 +93,15 @@ class MultiTask:
         query = run_passes(model, params, work.query, scale)
         assert support.grads is not None and query.grads is not None
         grads = [a.add_(b) for a, b in zip(support.grads, query.grads)]
-        sum_over_ranks(work.share, [query.task_sums])  # the gradient stays partial: the outer step adds it
+        make_whole(work.share, [query.task_sums])  # the gradient stays partial: the outer step adds it
         q_loss = per_token(query.task_sums[: work.n_tasks], work.query_answers[: work.n_tasks])
         before = q_loss if self.cfg.measure_query_before else torch.full_like(q_loss, math.nan)
-        return RankResult(grads, before, q_loss, support.seconds, query.seconds,
-                          self.support_repeats, 1)
-
-    def state_dict(self) -> dict[str, Any]:
-        """Nothing learned besides the adapter."""
-        return {}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Nothing to restore."""
-
-    def save_with_adapter(self, folder: Path, names: Sequence[str]) -> None:
-        """Nothing to save next to the adapter."""
+        return RankResult(grads=grads, query_loss_before=before, query_loss_after=q_loss,
+                          support_seconds=support.seconds, query_seconds=query.seconds,
+                          support_repeats=self.support_repeats, query_repeats=1)
 
 
-class MetaICL:
+class MetaICL(Stateless):
     """MetaICL baseline: train theta to answer queries with the support set as demonstrations.
 
     No adaptation: the query loss before and after are the in-context query loss at theta. The
@@ -152,17 +142,9 @@ class MetaICL:
         """Returns the sum over tasks of each task's in-context query-loss gradient at theta."""
         query = run_passes(model, params, work.query, inverse_tokens(work.query_answers))
         assert query.grads is not None
-        sum_over_ranks(work.share, [query.task_sums])
+        make_whole(work.share, [query.task_sums])
         q_loss = per_token(query.task_sums[: work.n_tasks], work.query_answers[: work.n_tasks])
         before = q_loss if self.cfg.measure_query_before else torch.full_like(q_loss, math.nan)
-        return RankResult(query.grads, before, q_loss, [], query.seconds, 0, 1)
-
-    def state_dict(self) -> dict[str, Any]:
-        """Nothing learned besides the adapter."""
-        return {}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Nothing to restore."""
-
-    def save_with_adapter(self, folder: Path, names: Sequence[str]) -> None:
-        """Nothing to save next to the adapter."""
+        return RankResult(grads=query.grads, query_loss_before=before, query_loss_after=q_loss,
+                          support_seconds=[], query_seconds=query.seconds, support_repeats=0,
+                          query_repeats=1)

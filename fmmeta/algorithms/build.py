@@ -1,50 +1,108 @@
-"""Which algorithms exist, what each spends per episode, and the factory that builds one by name.
+"""Every meta-learning method fmmeta trains, each one :class:`Method` object, registered here.
 
-The recipe trains every method it lists (``methods``) from the one ``algorithm`` section; this
-module is the only place that maps a name to a class, so adding a method is one entry in
-:data:`ALGORITHMS`, one in :data:`BUDGET_RULES` and one in :func:`build_algorithm`.
+A method is everything the toolkit knows about it, kept together: the class that computes its
+meta-gradient, its own config section (``algorithm.<method>.<key>``, a field of
+:class:`~fmmeta.algorithms.config.AlgorithmConfig` named after it), the compute it spends per
+episode (the report's budget rule), the checks it puts on the shared settings, and how evaluation
+adapts and scores it. Training, evaluation, the study and the report ask the method object, never
+its name, so adding a method is its module plus one :func:`register` call at the end of this
+file (and its section, if it has settings).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from fmmeta.algorithms.anil import ANIL, top_layer_tensors
 from fmmeta.algorithms.baselines import MetaICL, MultiTask
 from fmmeta.algorithms.config import AlgorithmConfig
 from fmmeta.algorithms.first_order import FOMAML, Reptile
 from fmmeta.algorithms.meta_sgd import MetaSGD
 from fmmeta.algorithms.protocol import MetaAlgorithm
 from fmmeta.config import raise_if_invalid
+from fmmeta.config.schema import hints
 
-__all__ = ["ALGORITHMS", "BUDGET_RULES", "adapts_in_context", "build_algorithm"]
+__all__ = ["ALGORITHMS", "METHODS", "Method", "build_algorithm", "method_of", "register"]
 
-ALGORITHMS = ("fomaml", "metasgd", "reptile", "multitask", "metaicl")
-"""Every method name ``methods`` accepts."""
+Scoring = Literal["adapted", "demonstrations"]
+"""How evaluation scores a method: ``"adapted"`` (adapt on the support, score the query; on
+in-context rows where the method trains on them) or ``"demonstrations"`` (no step: the support is
+prepended to each query, as MetaICL trains)."""
 
-_BUILT_ALONE: dict[str, type[FOMAML | Reptile | MultiTask | MetaICL]] = {
-    "fomaml": FOMAML, "reptile": Reptile, "multitask": MultiTask, "metaicl": MetaICL,
-}
-_CLASSES: dict[str, type[FOMAML | MetaSGD | Reptile | MultiTask | MetaICL]] = {**_BUILT_ALONE, "metasgd": MetaSGD}
-"""The class behind each name (what it is, e.g. its ``fast_weights``). MetaSGD is built around a
-FOMAML, so :func:`build_algorithm` composes it; the others are built alone."""
 
-BUDGET_RULES: dict[str, str] = {
-    "fomaml": "{k} inner steps over the support set, then the query gradient at the adapted weights.",
-    "metasgd": "{k} inner steps over the support set at its learned per-tensor step sizes, then the "
-    "query gradient at the adapted weights (the step sizes' gradient reuses those tensors).",
-    "reptile": "{k} inner steps over the support set; theta - phi is the meta-gradient.",
-    "multitask": "the same support rows as {k} inner steps, spent on {k} distinct support sets "
-    "(not one set {k} times), plus the query, all at theta.",
-    "metaicl": "the query rows with the support prepended as demonstrations (longer rows, no "
-    "support passes).",
-}
-"""The compute each method spends per episode, as the evaluation report states it (``{k}``:
-inner steps)."""
+@dataclass(frozen=True)
+class Method:
+    """One meta-learning method, as every part of fmmeta sees it.
+
+    Attributes:
+        name: the name ``methods`` lists it by (and its run folder, its report row).
+        build: makes its algorithm from the ``algorithm`` section and the tokenizer's pad id.
+        budget: the compute it spends per episode, as the report states it: a format string with
+            ``{k}`` (inner steps) and ``{cfg}`` (the ``algorithm`` section).
+        fast_weights: it adapts a copy of the adapter per task, so it adapts (and is scored) on
+            in-context rows when ``algorithm.inner_format`` says so.
+        scoring: how evaluation scores it (:data:`Scoring`).
+        adapted: which adapter tensors its inner loop adapts, given the section and the tensors'
+            names (indices in their order); ``None``: every one.
+        problems: what it refuses in the shared settings (Reptile learns nothing from 0 inner
+            steps), one line per problem naming the key.
+    """
+
+    name: str
+    build: Callable[[AlgorithmConfig, int], MetaAlgorithm]
+    budget: str
+    fast_weights: bool
+    scoring: Scoring = "adapted"
+    adapted: Callable[[AlgorithmConfig, Sequence[str]], list[int]] | None = None
+    problems: Callable[[AlgorithmConfig], list[str]] = lambda cfg: []
+
+    def budget_rule(self, cfg: AlgorithmConfig) -> str:
+        """The budget sentence for the report, filled in from ``cfg``."""
+        return self.budget.format(k=cfg.inner_steps, cfg=cfg)
+
+    def adapts_in_context(self, cfg: AlgorithmConfig) -> bool:
+        """Whether it adapts, and is scored, on in-context rows (``cfg.inner_format`` is
+        ``"in_context"`` and it has fast weights; multi-task and MetaICL keep their own rows)."""
+        return cfg.inner_format == "in_context" and self.fast_weights
+
+    def adapted_tensors(self, cfg: AlgorithmConfig, names: Sequence[str]) -> list[int] | None:
+        """The indices of the adapter tensors (named ``names``) its inner loop adapts, in training
+        and in evaluation alike; ``None``: all of them."""
+        return None if self.adapted is None else self.adapted(cfg, names)
+
+    @property
+    def settings(self) -> type | None:
+        """Its own config section's class (``algorithm.<name>``), or ``None`` if it has none."""
+        tp = hints(AlgorithmConfig).get(self.name)
+        return tp if isinstance(tp, type) and dataclasses.is_dataclass(tp) else None
+
+
+METHODS: dict[str, Method] = {}
+"""Every registered method by name, in registration order (the order of ``methods``' default)."""
+
+
+def register(method: Method) -> Method:
+    """Adds ``method`` to :data:`METHODS` (a name may be registered once)."""
+    if method.name in METHODS:
+        raise ValueError(f"method {method.name!r} is registered twice")
+    METHODS[method.name] = method
+    return method
+
+
+def method_of(name: str) -> Method | None:
+    """The registered method ``name``, or ``None`` for a row that is no method (``base``, an
+    adapter a user names)."""
+    return METHODS.get(name)
 
 
 def build_algorithm(name: str, cfg: AlgorithmConfig, pad_id: int) -> MetaAlgorithm:
-    """Builds the meta-algorithm ``name`` (one of :data:`ALGORITHMS`).
+    """Builds the meta-algorithm ``name`` (one of :data:`METHODS`).
 
     Args:
-        name: which algorithm; one of :data:`ALGORITHMS`.
+        name: which method.
         cfg: algorithm settings (identical on every rank).
         pad_id: the tokenizer's padding id, used when collating passes.
 
@@ -54,16 +112,45 @@ def build_algorithm(name: str, cfg: AlgorithmConfig, pad_id: int) -> MetaAlgorit
     Example:
         >>> algo = build_algorithm("reptile", AlgorithmConfig(inner_steps=5), pad_id=tok.pad_token_id)
     """
-    if name not in _CLASSES:
-        raise ValueError(f"algorithm {name!r} is unknown: choose one of {list(ALGORITHMS)}")
+    method = method_of(name)
+    if method is None:
+        raise ValueError(f"algorithm {name!r} is unknown: choose one of {list(METHODS)}")
     raise_if_invalid(cfg)
-    if name == "metasgd":  # FOMAML plus learned step sizes: composed, not subclassed
-        return MetaSGD(FOMAML(cfg, pad_id), cfg)
-    return _BUILT_ALONE[name](cfg, pad_id)
+    return method.build(cfg, pad_id)
 
 
-def adapts_in_context(name: str, cfg: AlgorithmConfig) -> bool:
-    """Whether method ``name`` adapts, and is scored, on in-context rows: ``cfg.inner_format`` is
-    ``"in_context"`` and the method has fast weights (FOMAML, Meta-SGD, Reptile; multi-task and
-    MetaICL keep their own rows)."""
-    return cfg.inner_format == "in_context" and name in _CLASSES and _CLASSES[name].fast_weights
+def _reptile_problems(cfg: AlgorithmConfig) -> list[str]:
+    if cfg.inner_steps == 0:
+        return ["algorithm.inner_steps=0 is invalid with reptile in methods: Reptile moves the "
+                "adapter towards the weights after the inner steps, so with none it learns nothing "
+                "(gradient 0 every meta-step); use inner_steps >= 1 or leave reptile out"]
+    return []
+
+
+register(Method(
+    "fomaml", FOMAML, fast_weights=True,
+    budget="{k} inner steps over the support set, then the query gradient at the adapted weights."))
+register(Method(
+    "metasgd", lambda cfg, pad_id: MetaSGD(FOMAML(cfg, pad_id), cfg), fast_weights=True,
+    budget="{k} inner steps over the support set at its learned per-tensor step sizes, then the "
+    "query gradient at the adapted weights (the step sizes' gradient reuses those tensors)."))
+register(Method(
+    "reptile", Reptile, fast_weights=True, problems=_reptile_problems,
+    budget="{k} inner steps over the support set; theta - phi is the meta-gradient."))
+register(Method(
+    "multitask", MultiTask, fast_weights=False,
+    budget="the same support rows as {k} inner steps, spent on {k} distinct support sets "
+    "(not one set {k} times), plus the query, all at theta."))
+register(Method(
+    "metaicl", MetaICL, fast_weights=False, scoring="demonstrations",
+    budget="the query rows with the support prepended as demonstrations (longer rows, no "
+    "support passes)."))
+register(Method(
+    "anil", ANIL, fast_weights=True,
+    adapted=lambda cfg, names: top_layer_tensors(names, cfg.anil.layers),
+    budget="{k} inner steps over the support set adapting only the top {cfg.anil.layers} layers' "
+    "adapter tensors (backward stops below them), then the query gradient of every tensor at the "
+    "adapted weights."))
+
+ALGORITHMS: tuple[str, ...] = tuple(METHODS)
+"""Every method name ``methods`` accepts."""

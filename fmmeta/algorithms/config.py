@@ -15,11 +15,13 @@ multi-task; 4 steps at lr 0.1 lower it by 1.74; docs/research/adaptation_sweep.m
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
+from typing import ClassVar
 
 from fmmeta.tasks.in_context import INNER_FORMATS
 
-__all__ = ["DEFAULT_LR_GRID", "INNER_OPTIMIZERS", "AlgorithmConfig", "InnerLoopConfig"]
+__all__ = ["ANILConfig", "DEFAULT_LR_GRID", "INNER_OPTIMIZERS", "AlgorithmConfig", "InnerLoopConfig", "MetaSGDConfig",
+           "MultiTaskConfig", "ReptileConfig"]
 
 INNER_OPTIMIZERS = ("sgd", "adam")
 """The inner update rules :class:`~fmmeta.algorithms.inner_loop.InnerOptimizer` implements."""
@@ -84,6 +86,61 @@ class InnerLoopConfig:
         return problems
 
 
+# --------------------------------------------------------------------------------------------
+# Each method's own settings: ``algorithm.<method>.<key>``, read only by that method
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetaSGDConfig:
+    """Meta-SGD's settings (:mod:`fmmeta.algorithms.meta_sgd`)."""
+
+    step_size_lr: float = 0.01
+    """Adam learning rate of the log inner step sizes (> 0); one meta-step changes each step size
+    by at most about this fraction (0.01: 1%)."""
+
+    def validate(self) -> list[str]:
+        """The step sizes' lr must be a positive number."""
+        if not (math.isfinite(self.step_size_lr) and self.step_size_lr > 0):
+            return [f"step_size_lr={self.step_size_lr} is invalid: must be > 0 (Adam lr of metasgd's "
+                    "log inner step sizes, e.g. 0.01)"]
+        return []
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReptileConfig:
+    """Reptile's settings (:class:`~fmmeta.algorithms.first_order.Reptile`)."""
+
+    query_step: bool = False
+    """After the support steps take one more inner step on the query set, so theta - phi
+    includes it; the query loss after adaptation then comes free with its forward."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MultiTaskConfig:
+    """The multi-task baseline's settings (:class:`~fmmeta.algorithms.baselines.MultiTask`)."""
+
+    match_passes: bool = True
+    """Run FOMAML's pass count (support passes inner_steps times each, query once) so the
+    baseline spends the same compute (see fmmeta.algorithms.baselines)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ANILConfig:
+    """ANIL's settings (:mod:`fmmeta.algorithms.anil`)."""
+
+    layers: int = 2
+    """The inner loop adapts the adapter tensors of this many top decoder layers (>= 1; all of
+    them on a model with this many or fewer); the outer step updates every adapter tensor."""
+
+    def validate(self) -> list[str]:
+        """At least one layer adapts."""
+        if self.layers < 1:
+            return [f"layers={self.layers} is invalid: must be >= 1 (the top decoder layers the "
+                    "inner loop adapts; ANIL's paper adapts only the head)"]
+        return []
+
+
 @dataclass(frozen=True, kw_only=True)
 class AlgorithmConfig(InnerLoopConfig):
     """The recipe's ``algorithm`` section: the inner loop plus what only meta-training reads.
@@ -101,12 +158,6 @@ class AlgorithmConfig(InnerLoopConfig):
     measure_query_before: bool = False
     """Also measure the query loss at theta (one extra forward pass per query pass). Equal on
     every rank (under ZeRO-3 every forward is a collective)."""
-    reptile_query_step: bool = False
-    """Reptile only: after the support steps take one more inner step on the query set, so
-    theta - phi includes it; the query loss after adaptation then comes free with its forward."""
-    multitask_match_passes: bool = True
-    """MultiTask only: run FOMAML's pass count (support passes inner_steps times each, query once)
-    so the baseline spends the same compute (see fmmeta.algorithms.baselines)."""
     icl_max_length: int = 1024
     """MetaICL (training and in-context scoring) and the in-context inner loop: longest sequence
     of demonstrations + example in tokens (>= 2); longer ones lose their oldest demonstration
@@ -116,9 +167,21 @@ class AlgorithmConfig(InnerLoopConfig):
     "in_context" (MAML-en-LLM style: each support row has the other support examples as
     demonstrations, each query row all of them; evaluation adapts and scores those methods the
     same way). Multi-task trains on plain rows and MetaICL on in-context queries either way."""
-    step_size_lr: float = 0.01
-    """metasgd only: Adam learning rate of the log inner step sizes (> 0); one meta-step changes
-    each step size by at most about this fraction (0.01: 1%)."""
+    metasgd: MetaSGDConfig = field(default_factory=lambda: MetaSGDConfig())
+    """Meta-SGD's own settings (``algorithm.metasgd.<key>``)."""
+    reptile: ReptileConfig = field(default_factory=lambda: ReptileConfig())
+    """Reptile's own settings (``algorithm.reptile.<key>``)."""
+    multitask: MultiTaskConfig = field(default_factory=lambda: MultiTaskConfig())
+    """The multi-task baseline's own settings (``algorithm.multitask.<key>``)."""
+    anil: ANILConfig = field(default_factory=lambda: ANILConfig())
+    """ANIL's own settings (``algorithm.anil.<key>``)."""
+
+    MOVED_KEYS: ClassVar[dict[str, str]] = {
+        "reptile_query_step": "algorithm.reptile.query_step",
+        "multitask_match_passes": "algorithm.multitask.match_passes",
+        "step_size_lr": "algorithm.metasgd.step_size_lr",
+    }
+    """Keys that became a method's own (the loader refuses them, naming where they went)."""
 
     def validate(self) -> list[str]:
         """The inner loop's checks, then this section's own."""
@@ -134,11 +197,6 @@ class AlgorithmConfig(InnerLoopConfig):
             )
         if self.inner_format not in INNER_FORMATS:
             problems.append(f"inner_format={self.inner_format!r} is invalid: allowed {list(INNER_FORMATS)}")
-        if not (math.isfinite(self.step_size_lr) and self.step_size_lr > 0):
-            problems.append(
-                f"step_size_lr={self.step_size_lr} is invalid: must be > 0 (Adam lr of metasgd's "
-                "log inner step sizes, e.g. 0.01)"
-            )
         return problems
 
     @property

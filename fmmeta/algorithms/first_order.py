@@ -23,17 +23,15 @@ step sizes; the baselines they must beat are in :mod:`fmmeta.algorithms.baseline
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import Any
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
 from fmmeta.algorithms.config import AlgorithmConfig
-from fmmeta.algorithms.inner_loop import InnerOptimizer, adapt_tasks
+from fmmeta.algorithms.inner_loop import InnerOptimizer, adapt_tasks, only_adapting
 from fmmeta.algorithms.passes import inverse_tokens, per_token, run_passes
-from fmmeta.algorithms.protocol import RankResult, RankWork, prepare_rank, sum_over_ranks
+from fmmeta.algorithms.protocol import RankResult, RankWork, Stateless, make_whole, prepare_rank
 from fmmeta.algorithms.task_lora import TaskLoRA, stack_adapters
 from fmmeta.sampling.plan import RankPlan
 
@@ -65,11 +63,11 @@ def _query_before(cfg: AlgorithmConfig, model: nn.Module, fast: Sequence[torch.T
     if not cfg.measure_query_before:
         return torch.full((work.n_tasks,), math.nan, dtype=torch.float64)
     res = run_passes(model, fast, work.query, torch.ones(len(fast[0])), lora=lora, grad=False)
-    sum_over_ranks(work.share, [res.task_sums])
+    make_whole(work.share, [res.task_sums])
     return per_token(res.task_sums[: work.n_tasks], work.query_answers[: work.n_tasks])
 
 
-class FOMAML:
+class FOMAML(Stateless):
     """First-order MAML: the meta-gradient is the query-loss gradient at the adapted weights phi.
 
     Example:
@@ -93,6 +91,12 @@ class FOMAML:
         return prepare_rank(plan, self.pad_id, pad_to_multiple_of=self.cfg.pad_to_multiple_of,
                             padding_free=self.cfg.padding_free)
 
+    def adapted_tensors(self, model: nn.Module, params: Sequence[nn.Parameter]) -> list[int] | None:
+        """The adapter tensors the inner loop adapts, as indices into ``params``; ``None``: all
+        of them (ANIL adapts only its top layers'). The query
+        gradient is taken for every tensor either way."""
+        return None
+
     def rank_gradient(self, model: nn.Module, params: Sequence[nn.Parameter], work: RankWork, *,
                       step_sizes: Sequence[float] | None = None) -> RankResult:
         """Adapts every task on its support rows, then takes the query gradients at phi.
@@ -106,13 +110,14 @@ class FOMAML:
         fast = stack_adapters(params, max(work.n_tasks, 1))
         with lora.active(fast):
             before = _query_before(self.cfg, model, fast, lora, work)
-            adaptation = adapt_tasks(model, fast, work.support, work.support_answers, self.inner,
-                                     lora=lora, lrs=step_sizes, reduce=work.reduce)
+            with only_adapting(fast, self.adapted_tensors(model, params)) as adapted:
+                adaptation = adapt_tasks(model, adapted, work.support, work.support_answers, self.inner,
+                                         lora=lora, step_sizes=step_sizes, reduce=work.reduce)
             res = run_passes(model, fast, work.query, inverse_tokens(work.query_answers), lora=lora)
         assert res.grads is not None
         # The query gradients (and the step-size terms, linear in them) stay partial with rows
         # across ranks: the outer step's all-reduce adds the ranks. Only the losses are made whole.
-        sum_over_ranks(work.share, [res.task_sums])
+        make_whole(work.share, [res.task_sums])
         n = work.n_tasks
         step_size_grad = None
         if step_sizes is not None:
@@ -123,26 +128,17 @@ class FOMAML:
                 ])
         grads = [g[:n].sum(dim=0) for g in res.grads]
         after = per_token(res.task_sums[:n], work.query_answers[:n])
-        return RankResult(grads, before, after,
-                          mean_seconds(adaptation.seconds), res.seconds, self.inner.inner_steps,
-                          1 + self.cfg.measure_query_before, step_size_grad)
-
-    def state_dict(self) -> dict[str, Any]:
-        """Nothing learned besides the adapter."""
-        return {}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Nothing to restore."""
-
-    def save_with_adapter(self, folder: Path, names: Sequence[str]) -> None:
-        """Nothing to save next to the adapter."""
+        return RankResult(grads=grads, query_loss_before=before, query_loss_after=after,
+                          support_seconds=mean_seconds(adaptation.seconds), query_seconds=res.seconds,
+                          support_repeats=self.inner.inner_steps,
+                          query_repeats=1 + self.cfg.measure_query_before, step_size_grad=step_size_grad)
 
 
-class Reptile:
+class Reptile(Stateless):
     """Reptile: the meta-gradient is theta - phi after the inner steps.
 
     An outer SGD step with learning rate ``lr`` then moves theta by ``lr * mean(phi - theta)``.
-    With ``reptile_query_step`` one more inner step on the query set is folded into phi.
+    With ``algorithm.reptile.query_step`` one more inner step on the query set is folded into phi.
     """
 
     name = "reptile"
@@ -170,14 +166,14 @@ class Reptile:
             opt = InnerOptimizer(self.inner, fast)
             adaptation = adapt_tasks(model, fast, work.support, work.support_answers, self.inner,
                                      lora=lora, optimizer=opt, reduce=work.reduce)
-            if self.cfg.reptile_query_step:
+            if self.cfg.reptile.query_step:
                 # The loss reported is measured before the query step's update, i.e. at phi.
                 step = adapt_tasks(model, fast, work.query, work.query_answers, self.inner,
                                    lora=lora, steps=1, optimizer=opt, reduce=work.reduce)
                 after, q_seconds = step.losses[0][: work.n_tasks], step.seconds[0]
             else:
                 res = run_passes(model, fast, work.query, torch.ones(len(fast[0])), lora=lora, grad=False)
-                sum_over_ranks(work.share, [res.task_sums])
+                make_whole(work.share, [res.task_sums])
                 after = per_token(res.task_sums[: work.n_tasks], work.query_answers[: work.n_tasks])
                 q_seconds = None
         with torch.no_grad():
@@ -186,15 +182,7 @@ class Reptile:
             grads = [(p.detach().unsqueeze(0) - f[: work.n_tasks]).sum(dim=0) for p, f in zip(params, fast)]
             if work.share is not None and not work.share.lead:
                 grads = [torch.zeros_like(g) for g in grads]  # every rank holds the same phi: count it once
-        return RankResult(grads, before, after, mean_seconds(adaptation.seconds), q_seconds,
-                          self.inner.inner_steps, 1 + self.cfg.measure_query_before)
-
-    def state_dict(self) -> dict[str, Any]:
-        """Nothing learned besides the adapter."""
-        return {}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Nothing to restore."""
-
-    def save_with_adapter(self, folder: Path, names: Sequence[str]) -> None:
-        """Nothing to save next to the adapter."""
+        return RankResult(grads=grads, query_loss_before=before, query_loss_after=after,
+                          support_seconds=mean_seconds(adaptation.seconds), query_seconds=q_seconds,
+                          support_repeats=self.inner.inner_steps,
+                          query_repeats=1 + self.cfg.measure_query_before)

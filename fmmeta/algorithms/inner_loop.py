@@ -16,8 +16,9 @@ whatever the split into passes or the other tasks sharing them. Its settings are
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -32,8 +33,8 @@ from fmmeta.engine.optim import clip_grad_norm
 from fmmeta.tasks.episode import Batch
 
 __all__ = [
-    "Adaptation", "InnerOptimizer", "adapt", "adapt_tasks", "check_lrs", "clip_per_task",
-    "evaluate_loss", "restore", "snapshot",
+    "Adaptation", "InnerOptimizer", "adapt", "adapt_tasks", "check_step_sizes", "clip_per_task",
+    "evaluate_loss", "only_adapting", "restore", "snapshot",
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -85,17 +86,17 @@ def clip_per_task(grads: Sequence[torch.Tensor], max_norm: float, *, stacked: bo
         g.mul_(coef.view(-1, *([1] * (g.dim() - 1))).to(g.dtype))
 
 
-def check_lrs(lrs: Sequence[float], n_params: int) -> list[float]:
+def check_step_sizes(step_sizes: Sequence[float], n_params: int) -> list[float]:
     """Per-tensor step sizes as floats, refused unless there is one finite, positive lr per tensor."""
-    values = [float(lr) for lr in lrs]
+    values = [float(lr) for lr in step_sizes]
     if len(values) != n_params:
         raise ValueError(
-            f"got {len(values)} inner lrs for {n_params} adapter tensors: pass one step size per "
+            f"got {len(values)} step sizes for {n_params} adapter tensors: pass one step size per "
             "adapter tensor, in the order of the adapter parameters (e.g. load_step_sizes(folder))"
         )
     bad = [(i, lr) for i, lr in enumerate(values) if not (math.isfinite(lr) and lr > 0)]
     if bad:
-        raise ValueError(f"inner lrs must be finite and > 0; got (index, lr) {bad[:5]}")
+        raise ValueError(f"step sizes must be finite and > 0; got (index, lr) {bad[:5]}")
     return values
 
 
@@ -109,29 +110,29 @@ class InnerOptimizer:
     Args:
         cfg: the inner-loop settings.
         params: the tensors it will update (shapes for Adam's moments).
-        lrs: one step size per tensor of ``params`` (Meta-SGD's learned step sizes, see
+        step_sizes: one step size per tensor of ``params`` (Meta-SGD's learned step sizes, see
             :mod:`fmmeta.algorithms.meta_sgd`); ``None`` uses ``cfg.inner_lr`` for every tensor.
             Both rules are linear in the step size, which is what makes the first-order gradient
             of the query loss with respect to it exact (see that module).
         task_lrs: one step size per task of stacked ``[T, ...]`` params instead (several lrs
-            of a grid tried side by side in one pass); not together with ``lrs``.
+            of a grid tried side by side in one pass); not together with ``step_sizes``.
     """
 
     def __init__(self, cfg: InnerLoopConfig, params: Sequence[torch.Tensor],
-                 lrs: Sequence[float] | None = None, task_lrs: Sequence[float] | None = None) -> None:
+                 step_sizes: Sequence[float] | None = None, task_lrs: Sequence[float] | None = None) -> None:
         raise_if_invalid(cfg)  # every adaptation builds one: the check no caller can skip
-        if lrs is not None and task_lrs is not None:
-            raise ValueError("pass lrs (per tensor) or task_lrs (per task), not both")
+        if step_sizes is not None and task_lrs is not None:
+            raise ValueError("pass step_sizes (per tensor) or task_lrs (per task), not both")
         self.cfg = cfg
-        self.lrs = check_lrs(lrs, len(params)) if lrs is not None else [cfg.inner_lr] * len(params)
+        self.step_sizes = check_step_sizes(step_sizes, len(params)) if step_sizes is not None else [cfg.inner_lr] * len(params)
         self._task_lrs: torch.Tensor | None = None
         if task_lrs is not None:
-            check_lrs(task_lrs, len(task_lrs))
+            check_step_sizes(task_lrs, len(task_lrs))
             if any(p.shape[0] != len(task_lrs) for p in params):
                 raise ValueError(f"task_lrs has {len(task_lrs)} lrs; the stacked params have "
                                  f"{sorted({p.shape[0] for p in params})} tasks")
             self._task_lrs = torch.tensor(list(task_lrs), dtype=torch.float32)
-            self.lrs = [1.0] * len(params)
+            self.step_sizes = [1.0] * len(params)
         self.t = 0
         self._m: list[torch.Tensor] | None = None
         self._v: list[torch.Tensor] | None = None
@@ -141,17 +142,17 @@ class InnerOptimizer:
 
     @torch.no_grad()
     def step(self, params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]) -> None:
-        """Applies one update ``params[i] <- params[i] - lrs[i] * direction(grads[i])`` (each
+        """Applies one update ``params[i] <- params[i] - step_sizes[i] * direction(grads[i])`` (each
         task's slice times its own lr with ``task_lrs``)."""
         self.t += 1
         if self._m is None or self._v is None:
-            for p, g, lr in zip(params, grads, self.lrs, strict=True):
+            for p, g, lr in zip(params, grads, self.step_sizes, strict=True):
                 p.add_(self._per_task(g.to(p.dtype)), alpha=-lr)
             return
         b1, b2 = self.cfg.adam_betas
         c1 = 1.0 - b1**self.t
         c2 = 1.0 - b2**self.t
-        for p, g, m, v, lr in zip(params, grads, self._m, self._v, self.lrs, strict=True):
+        for p, g, m, v, lr in zip(params, grads, self._m, self._v, self.step_sizes, strict=True):
             g = g.to(m.dtype)
             m.mul_(b1).add_(g, alpha=1.0 - b1)
             v.mul_(b2).addcmul_(g, g, value=1.0 - b2)
@@ -163,6 +164,33 @@ class InnerOptimizer:
         if self._task_lrs is None:
             return t
         return t * self._task_lrs.to(t.device).view(-1, *[1] * (t.dim() - 1))
+
+
+@contextlib.contextmanager
+def only_adapting(weights: Sequence[torch.Tensor], adapted: Sequence[int] | None) -> Iterator[list[torch.Tensor]]:
+    """The weights an inner loop adapts: all of ``weights``, or those at the indices ``adapted``
+    (ANIL adapts only its top layers' adapter tensors).
+
+    Inside the block the other weights stop requiring grad, so a pass records no graph below the
+    lowest adapted tensor and its backward stops there: that is where an inner step of fewer
+    layers saves time and activation memory. They require grad again afterwards (a query pass
+    differentiates every tensor). With ``adapted=None`` it hands back every weight, untouched.
+    """
+    if adapted is None:
+        yield list(weights)
+        return
+    keep = sorted(set(adapted))
+    if not keep or keep[0] < 0 or keep[-1] >= len(weights):
+        raise ValueError(f"adapted={list(adapted)} is invalid: give one or more indices into the "
+                         f"{len(weights)} adapter tensors")
+    frozen = [w for i, w in enumerate(weights) if i not in set(keep) and w.requires_grad]
+    for w in frozen:
+        w.requires_grad_(False)
+    try:
+        yield [weights[i] for i in keep]
+    finally:
+        for w in frozen:
+            w.requires_grad_(True)
 
 
 @dataclass
@@ -189,7 +217,7 @@ def adapt_tasks(
     lora: TaskLoRA | None = None,
     steps: int | None = None,
     optimizer: InnerOptimizer | None = None,
-    lrs: Sequence[float] | None = None,
+    step_sizes: Sequence[float] | None = None,
     reduce: Callable[[Sequence[torch.Tensor]], None] | None = None,
 ) -> Adaptation:
     """Adapts every task's weights in place on its support rows: theta -> phi. The one inner loop.
@@ -208,7 +236,7 @@ def adapt_tasks(
         lora: the active :class:`TaskLoRA` for stacked weights; ``None`` for a single adapter.
         steps: number of inner steps (default ``cfg.inner_steps``).
         optimizer: continue with this inner optimizer's state (default: a fresh one).
-        lrs: one step size per weight tensor for a fresh optimizer (default ``cfg.inner_lr`` for
+        step_sizes: one step size per weight tensor for a fresh optimizer (default ``cfg.inner_lr`` for
             all); an ``optimizer`` passed in brings its own.
         reduce: makes each step's partial gradients and loss sums whole, in place, before
             clipping and the update. With rows dealt across ranks it sums them over the ranks, so
@@ -220,9 +248,9 @@ def adapt_tasks(
     n_steps = cfg.inner_steps if steps is None else steps
     if n_steps < 0:
         raise ValueError(f"adapt(steps={n_steps}) is invalid: steps must be >= 0")
-    if optimizer is not None and lrs is not None:
-        raise ValueError("pass lrs or optimizer, not both: an InnerOptimizer carries its own lrs")
-    opt = optimizer if optimizer is not None else InnerOptimizer(cfg, weights, lrs)
+    if optimizer is not None and step_sizes is not None:
+        raise ValueError("pass step_sizes or optimizer, not both: an InnerOptimizer carries its own")
+    opt = optimizer if optimizer is not None else InnerOptimizer(cfg, weights, step_sizes)
     n = n_answer.to(torch.float64)
     scale = inverse_tokens(n)
     out = Adaptation([], [])
@@ -250,12 +278,12 @@ def adapt(
     *,
     steps: int | None = None,
     optimizer: InnerOptimizer | None = None,
-    lrs: Sequence[float] | None = None,
+    step_sizes: Sequence[float] | None = None,
 ) -> list[float]:
     """Adapts one task's adapter ``params`` in place on its support set (evaluation's entry point).
 
     :func:`adapt_tasks` with one task and the model's own LoRA forward. The caller owns theta:
-    take a :func:`snapshot` before and :func:`restore` after. ``lrs`` gives every adapter tensor
+    take a :func:`snapshot` before and :func:`restore` after. ``step_sizes`` gives every adapter tensor
     its own step size (Meta-SGD's learned ones: ``load_step_sizes(adapter_folder)``); ``None`` uses
     ``cfg.inner_lr`` for all.
 
@@ -270,7 +298,7 @@ def adapt(
     """
     passes = [None if b is None else PackedBatch.one_task(b) for b in support_batches]
     n_answer = torch.tensor([float(answer_tokens(support_batches))], dtype=torch.float64)
-    result = adapt_tasks(model, params, passes, n_answer, cfg, steps=steps, optimizer=optimizer, lrs=lrs)
+    result = adapt_tasks(model, params, passes, n_answer, cfg, steps=steps, optimizer=optimizer, step_sizes=step_sizes)
     return [float(x[0]) for x in result.losses]
 
 

@@ -28,7 +28,7 @@ model parameters, so no engine holds them: every rank keeps an identical copy (:
 
 The learned step sizes are saved next to the adapter as ``step_sizes.json``
 (:func:`save_step_sizes`); :func:`load_step_sizes` reads them back (and the ``inner_lrs.json`` of
-adapters saved before) for evaluation's ``adapt(..., lrs=...)``.
+adapters saved before) for evaluation's ``adapt(..., step_sizes=...)``.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from torch import nn
 
 from fmmeta.algorithms.config import AlgorithmConfig
 from fmmeta.algorithms.first_order import FOMAML
-from fmmeta.algorithms.inner_loop import check_lrs
+from fmmeta.algorithms.inner_loop import check_step_sizes
 from fmmeta.algorithms.protocol import RankResult, RankWork
 from fmmeta.atomic import replace_text
 from fmmeta.engine.protocol import Engine
@@ -66,38 +66,38 @@ class StepSizes:
     """Log inner step sizes, one per adapter tensor, and the Adam that learns them.
 
     Replicated on every rank: fed the same all-reduced gradient, every copy makes the same update.
-    Built at ``init_lr`` for every tensor on first use (:meth:`lrs`), when the adapter's tensor
+    Built at ``initial`` for every tensor on first use (:meth:`values`), when the adapter's tensor
     count is known, or from a checkpoint (:meth:`load_state_dict`).
 
     Args:
-        init_lr: the step size every tensor starts from (``algorithm.inner_lr``).
-        outer_lr: Adam's learning rate on the log step sizes (``algorithm.step_size_lr``): one
+        initial: the step size every tensor starts from (``algorithm.inner_lr``).
+        step_size_lr: Adam's learning rate on the log step sizes (``algorithm.metasgd.step_size_lr``): one
             update moves each step size by at most about this fraction.
         betas: Adam's (beta1, beta2).
         eps: Adam's epsilon.
 
     Example:
-        >>> sizes = StepSizes(init_lr=0.03, outer_lr=0.01)
-        >>> lrs = sizes.lrs(n_tensors)  # [0.03, 0.03, ...]
+        >>> sizes = StepSizes(initial=0.03, step_size_lr=0.01)
+        >>> lrs = sizes.values(n_tensors)  # [0.03, 0.03, ...]
         >>> sizes.step(mean_log_lr_gradient)
     """
 
-    def __init__(self, init_lr: float, outer_lr: float, *, betas: tuple[float, float] = (0.9, 0.999),
+    def __init__(self, initial: float, step_size_lr: float, *, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8) -> None:
-        self.init_lr, self.outer_lr, self.betas, self.eps = init_lr, outer_lr, betas, eps
+        self.initial, self.step_size_lr, self.betas, self.eps = initial, step_size_lr, betas, eps
         self.log_lr: torch.Tensor | None = None
         self._m: torch.Tensor | None = None
         self._v: torch.Tensor | None = None
         self.t = 0
 
     def _build(self, n: int) -> None:
-        self.log_lr = torch.full((n,), math.log(self.init_lr), dtype=torch.float32)
+        self.log_lr = torch.full((n,), math.log(self.initial), dtype=torch.float32)
         self._m = torch.zeros(n, dtype=torch.float32)
         self._v = torch.zeros(n, dtype=torch.float32)
         self.t = 0
 
-    def lrs(self, n: int) -> list[float]:
-        """The current step sizes of ``n`` adapter tensors (builds them at ``init_lr`` first)."""
+    def values(self, n: int) -> list[float]:
+        """The current step sizes of ``n`` adapter tensors (builds them at ``initial`` first)."""
         if self.log_lr is None:
             self._build(n)
         assert self.log_lr is not None
@@ -112,14 +112,14 @@ class StepSizes:
     def step(self, grad: torch.Tensor) -> None:
         """One Adam step on the log step sizes with ``grad`` (the mean over the meta-batch's tasks)."""
         if self.log_lr is None or self._m is None or self._v is None:
-            raise RuntimeError("StepSizes.step() before lrs(): the step sizes were never used")
+            raise RuntimeError("StepSizes.step() before values(): the step sizes were never used")
         grad = grad.to(torch.float32).cpu()
         b1, b2 = self.betas
         self.t += 1
         self._m.mul_(b1).add_(grad, alpha=1.0 - b1)
         self._v.mul_(b2).addcmul_(grad, grad, value=1.0 - b2)
         denom = (self._v / (1.0 - b2**self.t)).sqrt_().add_(self.eps)
-        self.log_lr.addcdiv_(self._m, denom, value=-self.outer_lr / (1.0 - b1**self.t))
+        self.log_lr.addcdiv_(self._m, denom, value=-self.step_size_lr / (1.0 - b1**self.t))
 
     def stats(self) -> dict[str, float]:
         """Mean, min and max step size (for the step record); empty before first use."""
@@ -166,7 +166,7 @@ class MetaSGD:
 
     Args:
         fomaml: the FOMAML that runs the inner loops and query passes (with this object's lrs).
-        cfg: the algorithm settings (``inner_lr`` is the initial step size, ``step_size_lr`` the
+        cfg: the algorithm settings (``inner_lr`` is the initial step size, ``metasgd.step_size_lr`` the
             step sizes' Adam lr).
 
     Example:
@@ -183,7 +183,7 @@ class MetaSGD:
         self.fomaml = fomaml
         self.cfg = cfg
         self.support_repeats = fomaml.support_repeats
-        self.step_sizes = StepSizes(cfg.inner_lr, cfg.step_size_lr)
+        self.step_sizes = StepSizes(cfg.inner_lr, cfg.metasgd.step_size_lr)
 
     def prepare(self, plan: RankPlan) -> RankWork:
         """Collates a rank's plan (FOMAML's passes)."""
@@ -191,7 +191,7 @@ class MetaSGD:
 
     def rank_gradient(self, model: nn.Module, params: Sequence[nn.Parameter], work: RankWork) -> RankResult:
         """FOMAML's meta-gradient at the current step sizes, plus their first-order gradient."""
-        return self.fomaml.rank_gradient(model, params, work, step_sizes=self.step_sizes.lrs(len(params)))
+        return self.fomaml.rank_gradient(model, params, work, step_sizes=self.step_sizes.values(len(params)))
 
     def state_dict(self) -> dict[str, Any]:
         """The step sizes and their Adam state, under ``step_sizes`` (a checkpoint's
@@ -209,7 +209,7 @@ class MetaSGD:
 
     def save_with_adapter(self, folder: Path, names: Sequence[str]) -> None:
         """The learned step sizes as ``step_sizes.json`` next to the adapter, for evaluation."""
-        save_step_sizes(folder, names, self.step_sizes.lrs(len(names)))
+        save_step_sizes(folder, names, self.step_sizes.values(len(names)))
 
     def outer_update(self, engine: Engine, result: RankResult, n_real_tasks: int, *,
                      skipped: bool) -> dict[str, float]:
@@ -237,7 +237,7 @@ def save_step_sizes(folder: str | Path, names: Sequence[str], step_sizes: Sequen
 
     Written to a temporary name and renamed, so a crash never leaves a truncated file.
     """
-    values = check_lrs(step_sizes, len(names))
+    values = check_step_sizes(step_sizes, len(names))
     if len(set(names)) != len(names):
         raise ValueError("adapter tensor names must be unique to save their step sizes")
     text = json.dumps({"order": list(names), "step_sizes": dict(zip(names, values))}, indent=1)
@@ -256,7 +256,7 @@ def load_step_sizes(folder: str | Path, names: Sequence[str] | None = None) -> l
             check the file against; ``None`` trusts the file's own order.
 
     Returns:
-        One step size per adapter tensor (pass to ``adapt(..., lrs=...)``), or ``None`` when the
+        One step size per adapter tensor (pass to ``adapt(..., step_sizes=...)``), or ``None`` when the
         folder has neither file (an adapter of a method with a fixed inner lr).
 
     Raises:
@@ -271,7 +271,7 @@ def load_step_sizes(folder: str | Path, names: Sequence[str] | None = None) -> l
     try:
         data = json.loads(path.read_text())
         order = [str(n) for n in data["order"]]
-        values = check_lrs([data[key][n] for n in order], len(order))
+        values = check_step_sizes([data[key][n] for n in order], len(order))
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
         raise ValueError(
             f"{path} is not a valid step-size file ({err}): expected {{'order': [names], "

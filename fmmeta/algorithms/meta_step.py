@@ -157,7 +157,7 @@ def _reported(mine: RankPlan, rank: int, world_size: int) -> list[int]:
     return list(range(rank, len(mine.slots), world_size))
 
 
-def _sum_over_ranks(engine: Engine) -> Callable[[Sequence[torch.Tensor]], None]:
+def _all_reduce_in_place(engine: Engine) -> Callable[[Sequence[torch.Tensor]], None]:
     """An in-place sum over ranks of a list of tensors: one ``all_reduce_sum`` per dtype, of the
     tensors flattened into one buffer on the engine's device (NCCL reduces no CPU tensor)."""
 
@@ -223,7 +223,7 @@ def meta_step(
     if work is None:
         work = algorithm.prepare(mine)
     if mine.shared:
-        work = dataclasses.replace(work, share=RowShare(_sum_over_ranks(engine), lead=engine.rank == 0))
+        work = dataclasses.replace(work, share=RowShare(_all_reduce_in_place(engine), lead=engine.rank == 0))
     result: RankResult = algorithm.rank_gradient(engine.model, engine.adapter_parameters(), work)
     _synchronize(engine.device)
     computed = time.perf_counter()

@@ -38,7 +38,7 @@ class RowShare:
     lead: bool
 
 
-def sum_over_ranks(share: RowShare | None, tensors: Sequence[torch.Tensor]) -> None:
+def make_whole(share: RowShare | None, tensors: Sequence[torch.Tensor]) -> None:
     """Makes per-task sums whole when rows are dealt across ranks; nothing otherwise."""
     if share is not None:
         share.reduce(tensors)
@@ -99,7 +99,7 @@ def prepare_rank(plan: RankPlan, pad_id: int, *, pad_to_multiple_of: int | None 
                     answer_tokens_per_task(query, max(n, 1)))
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RankResult:
     """What one rank's tasks contribute to a meta-step.
 
@@ -164,6 +164,21 @@ class MetaAlgorithm(Protocol):
         """Writes what evaluation needs next to a saved adapter in ``folder`` (Meta-SGD: its step
         sizes, one per adapter tensor of ``names``); nothing for the others. Rank 0 calls it."""
         ...
+
+
+class Stateless:
+    """The checkpoint hooks of a method that learns nothing besides the adapter (all but
+    Meta-SGD): nothing to checkpoint, restore or save next to the adapter."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Nothing learned besides the adapter."""
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Nothing to restore."""
+
+    def save_with_adapter(self, folder: Path, names: Sequence[str]) -> None:
+        """Nothing to save next to the adapter."""
 
 
 @runtime_checkable

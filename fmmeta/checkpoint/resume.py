@@ -29,7 +29,7 @@ RESUME_FACTS = "resume_facts"
 
 RESUME_KEYS: tuple[str, ...] = (
     "algorithm.name", "algorithm.inner_steps", "algorithm.inner_lr", "algorithm.inner_optimizer",
-    "algorithm.inner_clip_norm", "algorithm.reptile_query_step", "algorithm.multitask_match_passes",
+    "algorithm.inner_clip_norm",
     "algorithm.icl_max_length", "algorithm.inner_format",
     "model.name_or_path", "model.gguf_file", "model.tiny", "model.tiny_vocab_size",
     "model.tiny_hidden_size", "model.tiny_intermediate_size", "model.tiny_num_layers",
@@ -56,11 +56,12 @@ would pass without an error); the precision may change (a run made on a CPU is e
 
 
 def resume_facts(cfg: Any, method: str) -> dict[str, Any]:
-    """The values of :data:`RESUME_KEYS` for ``method`` in ``cfg`` (JSON-able, for the manifest)."""
+    """The values of :data:`RESUME_KEYS` for ``method`` in ``cfg``, and its own section
+    ``algorithm.<method>`` (``None`` where it has none), JSON-able, for the manifest."""
     tree = to_dict(cfg)
     tree.setdefault("algorithm", {})["name"] = method
     facts: dict[str, Any] = {}
-    for key in RESUME_KEYS:
+    for key in (*RESUME_KEYS, f"algorithm.{method}"):  # the method's own section, where it has one
         node: Any = tree
         for part in key.split("."):
             node = node.get(part) if isinstance(node, Mapping) else None

@@ -13,9 +13,10 @@ filled.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import yaml
 
@@ -24,7 +25,7 @@ from fmmeta.checkpoint.resume import resume_problems
 from fmmeta.config import save_resolved
 from fmmeta.errors import UserInputError
 
-__all__ = ["RunClaim", "claim_output_dir", "is_run_folder"]
+__all__ = ["RunClaim", "claim_output_dir", "claimed_output_dir", "is_run_folder"]
 
 logger = logging.getLogger(__name__)
 
@@ -140,3 +141,32 @@ def claim_output_dir(cfg: Any) -> RunClaim:
         claim.release()
         raise
     return claim
+
+
+@contextlib.contextmanager
+def claimed_output_dir(cfg: Any, rank: int,
+                       broadcast: Callable[[str | None], str | None]) -> Iterator[RunClaim | None]:
+    """Rank 0's claim on ``cfg.output_dir`` (``None`` on other ranks), released at the end.
+
+    Nothing is written into output_dir before rank 0 holds its lock and has checked the resume;
+    every rank learns the outcome through ``broadcast`` (rank 0's value on every rank; the
+    engine's ``broadcast_from_rank0``, passed in so this layer knows no collective), so all stop
+    together or go on together.
+
+    Raises:
+        UserInputError: on every rank, with rank 0's refusal (see :func:`claim_output_dir`).
+    """
+    claim, refused = None, None
+    if rank == 0:
+        try:
+            claim = claim_output_dir(cfg)
+        except UserInputError as err:
+            refused = str(err)
+    refused = broadcast(refused)
+    if refused is not None:
+        raise UserInputError(refused)
+    try:
+        yield claim
+    finally:
+        if claim is not None:
+            claim.release()

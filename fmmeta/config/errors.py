@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,6 +34,17 @@ def raise_if_invalid(section: Any) -> None:
     Why: sections never raise on construction (see the module docstring), so a sampler or an
     optimizer handed a section built in code, not by the loader, checks it here before use.
     """
-    problems = section.validate()
+    problems = _problems(section, "")
     if problems:
         raise ConfigError(problems)
+
+
+def _problems(section: Any, path: str) -> list[str]:
+    """``section.validate()``'s problems and those of the sections it holds, each prefixed with
+    its section's path (as the loader reports them)."""
+    problems = [f"{path}{p}" for p in section.validate()]
+    for f in dataclasses.fields(section) if dataclasses.is_dataclass(section) else ():
+        value = getattr(section, f.name)
+        if dataclasses.is_dataclass(value) and callable(getattr(value, "validate", None)):
+            problems.extend(_problems(value, f"{path}{f.name}."))
+    return problems

@@ -246,6 +246,12 @@ def _unknown_key_problem(key: Any, path: str, fields: Sequence[str], keys: list[
     return f"unknown key {dotted!r}{hint} (valid keys{' in ' + path if path else ''}: {', '.join(fields)})"
 
 
+def _moved_key_problem(key: str, path: str, to: str) -> str:
+    """The problem for a key a section's ``MOVED_KEYS`` says has moved: where it lives now."""
+    dotted = f"{path}.{key}" if path else key
+    return f"{dotted} has moved to {to}: write it there (same value)"
+
+
 def _section(cls: type, value: Mapping[str, Any], path: str, problems: list[str], keys: list[str],
              base: Any) -> Any:
     """A nested section built from ``value``; :class:`_Invalid` (already recorded) if it cannot be."""
@@ -277,7 +283,9 @@ def _build(cls: type, data: dict[str, Any], path: str, problems: list[str], keys
     """
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     field_types = hints(cls)
-    problems.extend(_unknown_key_problem(k, path, list(fields), keys) for k in data if k not in fields)
+    moved: Mapping[str, str] = getattr(cls, "MOVED_KEYS", {})
+    problems.extend(_moved_key_problem(k, path, moved[k]) if k in moved else
+                    _unknown_key_problem(k, path, list(fields), keys) for k in data if k not in fields)
     kwargs: dict[str, Any] = {}
     complete = True
     refused: set[str] = set()

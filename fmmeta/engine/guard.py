@@ -46,9 +46,7 @@ class NonFiniteGuard:
 
     def close(self) -> None:
         """Closes the wrapped engine (see ``DeepSpeedEngine.close``)."""
-        close = getattr(self.inner, "close", None)
-        if close is not None:
-            close()
+        self.inner.close()
 
     def outer_step(self, grad_sum: Sequence[torch.Tensor], n_real_tasks: int) -> dict[str, float]:
         """Checks every rank's gradient, then steps, skips, or raises, the same on all ranks."""

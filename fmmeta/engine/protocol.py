@@ -102,3 +102,9 @@ class Engine(Protocol):
     def load_adapter(self, path: str | Path) -> None:
         """Loads adapter weights saved by :meth:`save_adapter` into :meth:`adapter_parameters`."""
         ...
+
+    def close(self) -> None:
+        """Releases the model (every rank must call it): under ZeRO-3 removes the framework's hooks,
+        so that the next engine can wrap the same model (the recipe trains one method after another
+        on one base, then evaluates on it). The adapter keeps its values."""
+        ...

@@ -8,7 +8,8 @@
 * ``adaptation``: a group of episodes adapted and scored together, each through its own fp32
   fast weights (what :func:`evaluate_methods` runs per group).
 * ``prefix_tree``: query sets laid out as token tries, each shared prefix encoded once.
-* :class:`EvalMethod` (``methods``): what one row of the report is and how it is scored.
+* :class:`EvalMethod` (``methods``): what one row of the report is and how it is scored;
+  :class:`EvalSettings` (``settings``): what the protocol holds fixed for every row.
 * :class:`EvalResult` (``result``): the records, mean and worst case over seeds, paired
   differences between methods on the same episodes.
 * ``lockstep``: the episodes split over ranks, every rank running the same passes.
@@ -20,6 +21,7 @@
   reported (what both recipes call).
 """
 
+from fmmeta.evaluation.adaptation import AdaptPlan
 from fmmeta.evaluation.held_out import evaluate_held_out, evaluate_methods, select_inner_lr
 from fmmeta.evaluation.intervals import Interval, bootstrap_interval
 from fmmeta.evaluation.methods import IN_CONTEXT, EvalMethod
@@ -38,10 +40,12 @@ from fmmeta.evaluation.result import (
     kind_of,
 )
 from fmmeta.evaluation.scoring import QueryScore, score_query
+from fmmeta.evaluation.settings import EvalSettings
 from fmmeta.evaluation.support_fit import FitPoint, support_fit
 
 __all__ = [
     "IN_CONTEXT",
+    "AdaptPlan",
     "Comparison",
     "EpisodeRecord",
     "EvalMethod",
@@ -49,6 +53,7 @@ __all__ = [
     "Interval",
     "bootstrap_interval",
     "EvalResult",
+    "EvalSettings",
     "LrSelection",
     "MetricSummary",
     "QueryScore",

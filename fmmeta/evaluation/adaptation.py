@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from fmmeta.algorithms.config import InnerLoopConfig
-from fmmeta.algorithms.inner_loop import InnerOptimizer, adapt_tasks
+from fmmeta.algorithms.inner_loop import InnerOptimizer, adapt_tasks, only_adapting
 from fmmeta.algorithms.passes import PackedBatch, Pass, answer_tokens_per_task, collate_pass
 from fmmeta.algorithms.task_lora import TaskLoRA, stack_adapters
 from fmmeta.evaluation.lockstep import Lockstep
@@ -86,17 +86,19 @@ def adapting(
     support: Sequence[Pass],
     n_answer: torch.Tensor,
     cfg: InnerLoopConfig,
-    lrs: Sequence[float] | None = None,
+    step_sizes: Sequence[float] | None = None,
     task_lrs: Sequence[float] | None = None,
     first: tuple[Sequence[Pass], torch.Tensor] | None = None,
+    adapted: Sequence[int] | None = None,
 ) -> Iterator[AdaptSteps]:
     """The model with ``T = len(n_answer)`` copies of the adapter at ``start`` as fp32 fast
     weights inside the block (one per episode adapted together); yields the function that takes
     one adaptation step of all of them on ``support`` (passes whose rows name their episode;
     ``None`` entries are dummy passes; ``n_answer[g]`` is episode ``g``'s support answer tokens).
-    ``lrs`` gives every adapter tensor its own step size, ``task_lrs`` every episode its own.
+    ``step_sizes`` gives every adapter tensor its own step size, ``task_lrs`` every episode its own.
     ``first``: the first step's passes and, per copy, the copy whose gradient it takes
-    (:func:`_first_step`).
+    (:func:`_first_step`). ``adapted``: the adapter tensors the steps update (indices; ``None``:
+    every one), as the method's inner loop adapts them in training.
 
     This is training's inner loop (:func:`~fmmeta.algorithms.inner_loop.adapt_tasks` over
     stacked weights routed by ``lora``), so each episode's trajectory is the one it has alone.
@@ -108,24 +110,32 @@ def adapting(
     if not n_answer.numel():  # no episodes on this rank: one idle task for the dummy passes
         n_answer, task_lrs = torch.zeros(1, dtype=torch.float64), None
     fast = stack_adapters([t.detach().to(p.device) for p, t in zip(params, start)], n_answer.numel())
-    opt = InnerOptimizer(cfg, fast, lrs, task_lrs=task_lrs)
+    with only_adapting(fast, adapted) as weights, lora.active(fast):
+        lora.rows = None
+        yield AdaptSteps(_stepper(model, lora, weights, support, n_answer, cfg, step_sizes, task_lrs, first), fast)
 
+
+def _stepper(model: nn.Module, lora: TaskLoRA, weights: list[torch.Tensor], support: Sequence[Pass],
+             n_answer: torch.Tensor, cfg: InnerLoopConfig, step_sizes: Sequence[float] | None,
+             task_lrs: Sequence[float] | None, first: tuple[Sequence[Pass], torch.Tensor] | None,
+             ) -> Callable[[], None]:
+    """The function that takes one adaptation step of ``weights`` (see :func:`adapting`), with
+    one inner optimizer that carries the trajectories from step to step."""
+    opt = InnerOptimizer(cfg, weights, step_sizes, task_lrs=task_lrs)
     pending = first
 
     def step() -> None:
         nonlocal pending
         if pending is None:
-            adapt_tasks(model, fast, support, n_answer, cfg, lora=lora, steps=1, optimizer=opt)
+            adapt_tasks(model, weights, support, n_answer, cfg, lora=lora, steps=1, optimizer=opt)
             return
         passes, source = pending
         pending = None
         copies = source.numel() == n_answer.numel()  # else a rank without episodes: one idle task
-        adapt_tasks(model, fast, passes, n_answer, cfg, lora=lora, steps=1, optimizer=opt,
+        adapt_tasks(model, weights, passes, n_answer, cfg, lora=lora, steps=1, optimizer=opt,
                     reduce=_copied_from(source) if copies else None)
 
-    with lora.active(fast):
-        lora.rows = None
-        yield AdaptSteps(step, fast)
+    return step
 
 
 def _first_step(episodes: Sequence[Episode], lockstep: Lockstep, pad_id: int, micro_batch_size: int,
@@ -177,51 +187,71 @@ def _score(
     return [(q.loss, q.accuracy, q.n, q.accuracy_per_token) for q in s or []]
 
 
+@dataclass(frozen=True, kw_only=True)
+class AdaptPlan:
+    """How one method's episodes are adapted and scored (what :func:`adapt_and_score` needs
+    besides the episodes, the model and the steps).
+
+    Attributes:
+        inner: the inner loop (its ``inner_lr`` is the method's lr unless ``step_sizes`` is given).
+        pad_id: the tokenizer's padding id.
+        micro_batch_size: rows of one episode per support pass, and queries per scoring pass.
+        step_sizes: one step size per adapter tensor (Meta-SGD's learned ones); ``None``: the lr.
+        adapted: the adapter tensors the steps update (indices; ``None``: every one).
+        icl_max_length: score every query with the support prepended as demonstrations, cut to
+            this many tokens; ``None``: plain queries.
+        support_icl_max_length: adapt on support rows in the in-context format, cut to this many
+            tokens; ``None``: plain support rows.
+    """
+
+    inner: InnerLoopConfig
+    pad_id: int
+    micro_batch_size: int
+    step_sizes: Sequence[float] | None = None
+    adapted: Sequence[int] | None = None
+    icl_max_length: int | None = None
+    support_icl_max_length: int | None = None
+
+
 def adapt_and_score(
     model: nn.Module,
     lora: TaskLoRA,
     params: Sequence[torch.Tensor],
     start: Sequence[torch.Tensor],
     episodes: Sequence[Episode],
-    cfg: InnerLoopConfig,
+    plan: AdaptPlan,
     steps: int,
-    pad_id: int,
-    micro_batch_size: int,
     lockstep: Lockstep,
     *,
-    icl_max_length: int | None = None,
-    support_icl_max_length: int | None = None,
     score_steps: Collection[int] | None = None,
-    lrs: Sequence[float] | None = None,
     task_lrs: Sequence[float] | None = None,
 ) -> list[Scored]:
-    """Adapts the episodes together, step by step from ``start``; returns per episode
-    ``(step, loss, accuracy, n, accuracy_per_token)`` per scored step.
+    """Adapts the episodes together, step by step from ``start``, as ``plan`` says; returns per
+    episode ``(step, loss, accuracy, n, accuracy_per_token)`` per scored step.
 
     One inner optimizer carries the trajectories across the steps (:func:`adapting`), so stepping
     and scoring in between gives exactly the weights of ``steps`` steps in a row. No episodes
-    runs only the dummy passes that keep this rank in step with the others. With
-    ``icl_max_length`` every query is scored with the support prepended as demonstrations, with
-    ``support_icl_max_length`` the support rows adapted on are in the in-context format too;
-    ``score_steps`` limits scoring to those steps (``None``: every step; the last one always);
-    ``lrs`` gives every adapter tensor its own step size, ``task_lrs`` every episode its own, and
-    then an episode may be given once per lr: the first step's gradient, the same for every lr, is
-    computed once per distinct episode (:func:`_first_step`).
+    runs only the dummy passes that keep this rank in step with the others. ``score_steps`` limits
+    scoring to those steps (``None``: every step; the last one always); ``task_lrs`` gives every
+    episode its own lr, and then an episode may be given once per lr: the first step's gradient,
+    the same for every lr, is computed once per distinct episode (:func:`_first_step`).
     """
     out: list[Scored] = [[] for _ in episodes]
-    support = (lockstep.support(support_passes(episodes, pad_id, micro_batch_size, support_icl_max_length,
+    cfg, support_icl = plan.inner, plan.support_icl_max_length
+    support = (lockstep.support(support_passes(episodes, plan.pad_id, plan.micro_batch_size, support_icl,
                                                padding_free=cfg.padding_free)) if steps else [])
     n_answer = answer_tokens_per_task(support, len(episodes))
     # Every rank decides alike (on task_lrs, not on what its group holds): the first step's
     # passes are padded in lockstep like the others.
-    first = (_first_step(episodes, lockstep, pad_id, micro_batch_size, support_icl_max_length, cfg.padding_free)
+    first = (_first_step(episodes, lockstep, plan.pad_id, plan.micro_batch_size, support_icl, cfg.padding_free)
              if task_lrs is not None and steps else None)
-    with adapting(model, lora, params, start, support, n_answer, cfg, lrs, task_lrs, first) as adapt_step:
+    with adapting(model, lora, params, start, support, n_answer, cfg, plan.step_sizes, task_lrs, first,
+                  plan.adapted) as adapt_step:
         for step in range(steps + 1):
             if step > 0:
                 adapt_step()
             if score_steps is None or step in score_steps or step == steps:
-                scored = _score(model, lora, episodes, micro_batch_size, lockstep, icl_max_length)
+                scored = _score(model, lora, episodes, plan.micro_batch_size, lockstep, plan.icl_max_length)
                 for o, sc in zip(out, scored):
                     o.append((step, *sc))
     return out
@@ -243,5 +273,5 @@ def by_length(episodes: Sequence[Episode]) -> list[int]:
     return sorted(range(len(episodes)), key=key)
 
 
-__all__ = ["SUPPORT_PASS_TOKENS", "AdaptSteps", "Scored", "adapt_and_score", "adapting", "by_length", "groups_of",
+__all__ = ["SUPPORT_PASS_TOKENS", "AdaptPlan", "AdaptSteps", "Scored", "adapt_and_score", "adapting", "by_length", "groups_of",
            "support_passes"]

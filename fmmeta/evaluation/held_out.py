@@ -40,13 +40,14 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import torch
 from torch import nn
 
-from fmmeta.algorithms.config import DEFAULT_LR_GRID, InnerLoopConfig
+from fmmeta.algorithms.config import InnerLoopConfig
 from fmmeta.algorithms.inner_loop import restore, snapshot
 from fmmeta.algorithms.task_lora import TaskLoRA
-from fmmeta.evaluation.adaptation import Scored, adapt_and_score, by_length, groups_of
+from fmmeta.evaluation.adaptation import AdaptPlan, Scored, adapt_and_score, by_length, groups_of
 from fmmeta.evaluation.lockstep import Lockstep, OneRank, Ranks, per_method
-from fmmeta.evaluation.methods import MethodSpec, needs_lr, prepare_methods
+from fmmeta.evaluation.methods import EvalMethod, MethodSpec, needs_lr, prepare_methods
 from fmmeta.evaluation.result import EpisodeRecord, EvalResult, LrSelection, chance_of, kind_of
+from fmmeta.evaluation.settings import EvalSettings
 from fmmeta.progress import Progress
 from fmmeta.tasks.episode import Episode
 from fmmeta.workers import Workers
@@ -54,10 +55,8 @@ from fmmeta.workers import Workers
 logger = logging.getLogger(__name__)
 
 
-def _check_draws(episodes_per_seed: Sequence[Sequence[Episode]], max_steps: int, min_seeds: int) -> None:
-    """Refuses a step budget or episode draws that give no mean and worst case to report."""
-    if max_steps < 0:
-        raise ValueError(f"max_steps={max_steps} is invalid: must be >= 0 (0 = no adaptation)")
+def _check_draws(episodes_per_seed: Sequence[Sequence[Episode]], min_seeds: int) -> None:
+    """Refuses episode draws that give no mean and worst case to report."""
     if len(episodes_per_seed) < min_seeds:
         raise ValueError(
             f"episodes_per_seed has {len(episodes_per_seed)} seed(s): at least min_seeds={min_seeds} "
@@ -126,6 +125,14 @@ def _records(method: str, flat: list[tuple[int, int, Episode]], order: list[int]
     ]
 
 
+def _plan(settings: EvalSettings, spec: EvalMethod, inner: InnerLoopConfig) -> AdaptPlan:
+    """How ``spec``'s method adapts and is scored, with ``inner`` (its chosen lr)."""
+    icl, support_icl = (settings.icl_max_length if f else None for f in (spec.demonstrations, spec.in_context_support))
+    return AdaptPlan(inner=inner, pad_id=settings.pad_id, micro_batch_size=settings.micro_batch_size,
+                     step_sizes=spec.step_sizes, adapted=spec.adapted, icl_max_length=icl,
+                     support_icl_max_length=support_icl)
+
+
 def _adapt_group(model: nn.Module, lora: TaskLoRA, params: Sequence[torch.Tensor],
                  start: Sequence[torch.Tensor], group: list[Episode] | None, **kwargs: Any) -> list[Scored]:
     """One group of episodes adapted and scored together (``None``: a rank's empty turn)."""
@@ -148,23 +155,17 @@ def evaluate_methods(
     params: Sequence[torch.Tensor],
     methods: Mapping[str, MethodSpec],
     episodes_per_seed: Sequence[Sequence[Episode]],
-    inner: InnerLoopConfig,
-    max_steps: int,
-    pad_id: int,
+    settings: EvalSettings,
     *,
     inner_lrs: Mapping[str, float] | None = None,
-    micro_batch_size: int = 8,
-    min_seeds: int = 3,
     lr_selection: LrSelection | None = None,
+    families: Mapping[str, str] | None = None,
     progress: bool = False,
     ranks: Ranks | None = None,
     workers: Workers | None = None,
-    families: Mapping[str, str] | None = None,
-    icl_max_length: int = 1024,
-    score_steps: Sequence[int] | None = None,
-    episodes_per_pass: int = 16,
 ) -> EvalResult:
-    """Adapts each method on each held-out episode for 0..``max_steps`` steps and scores the query.
+    """Adapts each method on each held-out episode for 0..``settings.max_steps`` steps and scores
+    the query.
 
     Every method sees the very same episodes (so differences between methods are paired).
 
@@ -175,74 +176,56 @@ def evaluate_methods(
             ``params`` (``None`` = ``params`` as they are now, e.g. the base model's zero-B LoRA;
             see :func:`as_eval_method`: the name ``"in_context"`` scores with demonstrations).
         episodes_per_seed: ``episodes_per_seed[s]`` are the held-out episodes of seed ``s``.
-        inner: the inner loop shared by all methods (its ``inner_lr`` is the default lr).
-        max_steps: largest number of adaptation steps to score (>= 0).
-        pad_id: padding token id.
-        inner_lrs: adaptation lr per method (from :func:`select_inner_lr`); missing = ``inner.inner_lr``.
-        micro_batch_size: support rows, and queries (with their candidates, as one row), of one
-            episode per forward pass.
-        min_seeds: fewest episode draws accepted (3 by default; a worst case over fewer says little).
+        settings: how every method is adapted and scored (:class:`EvalSettings`).
+        inner_lrs: adaptation lr per method (from :func:`select_inner_lr`); missing = the inner
+            loop's ``inner_lr``.
         lr_selection: recorded in the result so the report can show how lrs were chosen.
+        families: task name -> its family in the suite; the report then also has a table per family.
         progress: show a tqdm bar over (method, episode) pairs (turn on for rank 0 only).
         ranks: split the episodes over the ranks of this engine (every rank must call, with the
             same arguments); the result is the same on every rank and equals one process's.
         workers: in a one-process run, forked processes that share the groups of episodes of
             every method (:class:`~fmmeta.workers.Workers`); the result equals one process's.
-        families: task name -> its family in the suite; the report then also has a table per family.
-        icl_max_length: longest in-context query (demonstrations + query) in tokens; longer ones
-            lose their oldest demonstration tokens.
-        score_steps: the adaptation steps to score, each in 0..``max_steps`` (``max_steps``, the
-            headline step, is always scored); ``None`` scores every step. Scoring a query costs
-            about as much as an adaptation step, so a long adaptation scored at a few steps
-            costs about half as much to evaluate.
-        episodes_per_pass: episodes adapted and scored together, each through its own fp32
-            fast weights (:class:`~fmmeta.algorithms.task_lora.TaskLoRA`): a pass holds their
-            rows side by side. Every score equals the one-episode-at-a-time score up to float
-            rounding; few-shot passes are small, so bigger ones cost less per token.
 
     Returns:
         All records and their summary.
 
     Raises:
-        ValueError: on too few seeds, an empty seed, a bad ``max_steps`` or a state that does not
+        ValueError: on too few seeds, an empty seed, invalid settings or a state that does not
             fit ``params``.
 
     Example:
-        >>> sel = select_inner_lr(model, params, methods, val_episodes, inner, steps=3, pad_id=0)
-        >>> res = evaluate_methods(model, params, methods, test_episodes_per_seed, inner, 3, 0,
+        >>> sel = select_inner_lr(model, params, methods, validation_episodes, settings)
+        >>> res = evaluate_methods(model, params, methods, held_out_episodes_per_seed, settings,
         ...                        inner_lrs=sel.chosen, lr_selection=sel)      # doctest: +SKIP
     """
-    _check_draws(episodes_per_seed, max_steps, min_seeds)
-    if score_steps is not None and any(not 0 <= s <= max_steps for s in score_steps):
-        raise ValueError(
-            f"score_steps={list(score_steps)} is invalid: each step must be in 0..max_steps={max_steps}"
-        )
+    settings.check()
+    _check_draws(episodes_per_seed, settings.min_seeds)
     specs = prepare_methods(params, methods)
+    inner = settings.inner
     lrs = {m: (inner_lrs or {}).get(m, inner.inner_lr) for m in needs_lr(specs)}
     ranks = ranks or OneRank()
     lockstep = Lockstep(model, params, ranks)
     lora = TaskLoRA(model, params)
-    flat, order, groups = _groups(episodes_per_seed, episodes_per_pass)
+    flat, order, groups = _groups(episodes_per_seed, settings.episodes_per_pass)
     total = len(specs) * len(flat)
     with _eval_mode(model, params) as theta, _progress(progress, total, "evaluating", ranks.rank) as advance:
         scorers: dict[str, Callable[[list[Episode] | None], list[Scored]]] = {}
         for method, spec in specs.items():
             start = theta if spec.state is None else [t.detach() for t in spec.state]
-            cfg = dataclasses.replace(inner, inner_lr=lrs.get(method, inner.inner_lr))
-            icl, support_icl = (icl_max_length if f else None for f in (spec.demonstrations, spec.in_context_support))
             logger.info("evaluating %s (lr %s) on %d seeds", method,
                         "learned" if spec.step_sizes is not None else lrs.get(method), len(episodes_per_seed))
+            plan = _plan(settings, spec, dataclasses.replace(inner, inner_lr=lrs.get(method, inner.inner_lr)))
             scorers[method] = functools.partial(
-                _adapt_group, model, lora, params, start, cfg=cfg, steps=max_steps if spec.adapt else 0,
-                pad_id=pad_id, micro_batch_size=micro_batch_size, lockstep=lockstep, icl_max_length=icl,
-                support_icl_max_length=support_icl, score_steps=score_steps, lrs=spec.step_sizes,
+                _adapt_group, model, lora, params, start, plan=plan,
+                steps=settings.max_steps if spec.adapt else 0, lockstep=lockstep, score_steps=settings.score_steps,
             )
         done = per_method(ranks, workers, groups, scorers, on_result=advance)
     records = [r for method in specs for r in _records(method, flat, order, done[method], families or {})]
     return EvalResult(
         records=records,
         methods=list(specs),
-        max_steps=max_steps,
+        max_steps=settings.max_steps,
         n_seeds=len(episodes_per_seed),
         inner_lrs=lrs,
         inner=inner,
@@ -257,50 +240,37 @@ def select_inner_lr(
     params: Sequence[torch.Tensor],
     methods: Mapping[str, MethodSpec],
     validation_episodes: Sequence[Episode],
-    inner: InnerLoopConfig,
+    settings: EvalSettings,
     *,
-    steps: int,
-    pad_id: int,
-    lr_grid: Sequence[float] = DEFAULT_LR_GRID,
-    micro_batch_size: int = 8,
     ranks: Ranks | None = None,
     workers: Workers | None = None,
-    icl_max_length: int = 1024,
-    episodes_per_pass: int = 16,
 ) -> LrSelection:
     """Chooses each method's adaptation lr on validation episodes (never held-out ones).
 
-    For every method that adapts and every lr of the grid, adapts ``steps`` steps on each
-    validation episode's support and measures the mean query loss, scored as the method is scored
-    (with demonstrations where it uses them); the lr with the lowest loss wins (loss, not accuracy:
-    it is smooth on small query sets; ties go to the smaller lr; a diverged, non-finite loss counts
-    as ``inf``). Methods that do not adapt (in-context demonstrations) and methods with learned
-    per-tensor step sizes get no lr.
+    For every method that adapts and every lr of ``settings.lr_grid``, adapts ``max_steps`` steps
+    on each validation episode's support and measures the mean query loss, scored as the method is
+    scored (with demonstrations where it uses them); the lr with the lowest loss wins (loss, not
+    accuracy: it is smooth on small query sets; ties go to the smaller lr; a diverged, non-finite
+    loss counts as ``inf``). Methods that do not adapt (in-context demonstrations) and methods
+    with learned per-tensor step sizes get no lr.
 
     Args:
         model: the causal LM; params: its adapter tensors, restored exactly on return.
         methods: as for :func:`evaluate_methods`.
         validation_episodes: episodes of validation tasks (disjoint from the held-out tasks).
-        inner: the shared inner loop; only its lr is varied.
-        steps: adaptation steps to choose the lr for (the largest step count reported).
-        pad_id: padding token id.
-        lr_grid: candidate lrs, each > 0.
-        micro_batch_size: as for :func:`evaluate_methods`.
+        settings: as for :func:`evaluate_methods`; only the inner loop's lr is varied.
         ranks, workers: split the episodes (as for :func:`evaluate_methods`).
-        icl_max_length, episodes_per_pass: as for :func:`evaluate_methods`.
 
     Raises:
-        ValueError: on no validation episodes, an empty grid or a non-positive lr.
+        ValueError: on no validation episodes or invalid settings (an empty grid, a non-positive lr).
     """
     if len(validation_episodes) == 0:
         raise ValueError(
             "validation_episodes is empty: lr selection needs validation episodes "
-            "(tasks kept out of both meta-training and the held-out test set)"
+            "(tasks kept out of both meta-training and the held-out set)"
         )
-    if len(lr_grid) == 0 or any(not lr > 0 for lr in lr_grid):
-        raise ValueError(f"lr_grid={list(lr_grid)} is invalid: give one or more lrs, each > 0")
-    if steps < 0:
-        raise ValueError(f"steps={steps} is invalid: must be >= 0")
+    settings.check()
+    steps, lr_grid = settings.max_steps, settings.lr_grid
     specs = prepare_methods(params, methods)
     ranks = ranks or OneRank()
     lockstep = Lockstep(model, params, ranks)
@@ -315,13 +285,11 @@ def select_inner_lr(
         for method in needs_lr(specs):
             spec = specs[method]
             start = theta if spec.state is None else [t.detach() for t in spec.state]
-            icl, support_icl = (icl_max_length if f else None for f in (spec.demonstrations, spec.in_context_support))
             scorers[method] = functools.partial(
-                _final_losses, model, lora, params, start, cfg=inner, steps=steps, pad_id=pad_id,
-                micro_batch_size=micro_batch_size, lockstep=lockstep, icl_max_length=icl,
-                support_icl_max_length=support_icl,
+                _final_losses, model, lora, params, start, plan=_plan(settings, spec, settings.inner),
+                steps=steps, lockstep=lockstep,
             )
-        done = per_method(ranks, workers, groups_of(pairs, episodes_per_pass), scorers, on_result=advance)
+        done = per_method(ranks, workers, groups_of(pairs, settings.episodes_per_pass), scorers, on_result=advance)
     for method in scorers:
         losses = [x for g in done[method] for x in g]
         table: dict[float, float] = {}
@@ -341,21 +309,13 @@ def evaluate_held_out(
     params: Sequence[torch.Tensor],
     methods: Mapping[str, MethodSpec],
     validation_episodes: Sequence[Episode],
-    test_episodes_per_seed: Sequence[Sequence[Episode]],
-    inner: InnerLoopConfig,
-    max_steps: int,
-    pad_id: int,
+    held_out_episodes_per_seed: Sequence[Sequence[Episode]],
+    settings: EvalSettings,
     *,
-    lr_grid: Sequence[float] = DEFAULT_LR_GRID,
-    micro_batch_size: int = 8,
-    min_seeds: int = 3,
+    families: Mapping[str, str] | None = None,
     progress: bool = False,
     ranks: Ranks | None = None,
     workers: Workers | None = None,
-    families: Mapping[str, str] | None = None,
-    icl_max_length: int = 1024,
-    score_steps: Sequence[int] | None = None,
-    episodes_per_pass: int = 16,
 ) -> EvalResult:
     """Chooses lrs on validation tasks, then evaluates on held-out tasks: the whole honest protocol.
 
@@ -363,38 +323,30 @@ def evaluate_held_out(
     refused (the held-out numbers would no longer be held out).
 
     Args:
-        model, params, methods, inner, max_steps, pad_id, micro_batch_size, min_seeds, progress,
-            ranks, workers, families, icl_max_length, score_steps, episodes_per_pass: as for
+        model, params, methods, settings, families, progress, ranks, workers: as for
             :func:`evaluate_methods`.
-        validation_episodes: episodes of validation tasks, for :func:`select_inner_lr`.
-        test_episodes_per_seed: held-out episodes, one list per seed of episode draws.
-        lr_grid: candidate adaptation lrs; each method's is chosen at ``max_steps`` steps.
+        validation_episodes: episodes of validation tasks, for :func:`select_inner_lr` (each
+            method's lr is chosen at ``settings.max_steps`` steps).
+        held_out_episodes_per_seed: held-out episodes, one list per seed of episode draws.
 
     Raises:
         ValueError: if a task name appears in both ``validation_episodes`` and the test episodes,
             and on the errors of :func:`select_inner_lr` and :func:`evaluate_methods`.
 
     Example:
+        >>> settings = EvalSettings(inner=InnerLoopConfig(), max_steps=3, pad_id=0)
         >>> res = evaluate_held_out(model, params, {"base": None, "fomaml": phi},
-        ...                         val_eps, test_eps_per_seed, InnerLoopConfig(), 3, pad_id=0)
+        ...                         validation_episodes, held_out_episodes_per_seed, settings)
         >>> write_report(res, "out/eval")                                      # doctest: +SKIP
     """
-    val_tasks = {ep.task for ep in validation_episodes}
-    test_tasks = {ep.task for eps in test_episodes_per_seed for ep in eps}
-    shared = sorted(val_tasks & test_tasks)
+    validation_tasks = {ep.task for ep in validation_episodes}
+    held_out_tasks = {ep.task for eps in held_out_episodes_per_seed for ep in eps}
+    shared = sorted(validation_tasks & held_out_tasks)
     if shared:
         raise ValueError(
             f"tasks {shared} are both validation and held-out tasks: the lr would be tuned on the "
-            "test set; split the task suite so validation and held-out tasks are disjoint"
+            "held-out set; split the task suite so validation and held-out tasks are disjoint"
         )
-    sel = select_inner_lr(
-        model, params, methods, validation_episodes, inner,
-        steps=max_steps, pad_id=pad_id, lr_grid=lr_grid, micro_batch_size=micro_batch_size,
-        ranks=ranks, workers=workers, icl_max_length=icl_max_length, episodes_per_pass=episodes_per_pass,
-    )
-    return evaluate_methods(
-        model, params, methods, test_episodes_per_seed, inner, max_steps, pad_id,
-        inner_lrs=sel.chosen, micro_batch_size=micro_batch_size, min_seeds=min_seeds,
-        lr_selection=sel, progress=progress, ranks=ranks, workers=workers, families=families,
-        icl_max_length=icl_max_length, score_steps=score_steps, episodes_per_pass=episodes_per_pass,
-    )
+    sel = select_inner_lr(model, params, methods, validation_episodes, settings, ranks=ranks, workers=workers)
+    return evaluate_methods(model, params, methods, held_out_episodes_per_seed, settings, inner_lrs=sel.chosen,
+                            lr_selection=sel, families=families, progress=progress, ranks=ranks, workers=workers)

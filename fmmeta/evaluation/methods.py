@@ -12,8 +12,10 @@ from typing import Mapping, Sequence
 
 import torch
 
-from fmmeta.algorithms.inner_loop import check_lrs
+from fmmeta.algorithms.inner_loop import check_step_sizes
 
+BASE = "base"
+"""Name of the row of the initial adapter (LoRA B = 0): no meta-training."""
 IN_CONTEXT = "in_context"
 """Name of the method that uses the support set as demonstrations instead of adapting on it."""
 MULTITASK = "multitask"
@@ -38,6 +40,8 @@ class EvalMethod:
         step_sizes: one adaptation step size per adapter tensor, learned in meta-training
             (``metasgd``, :func:`~fmmeta.algorithms.meta_sgd.load_step_sizes`); used as they are,
             so no lr is chosen from the grid for this method. ``None``: a single lr.
+        adapted: the adapter tensors adaptation updates, as indices in the adapter's order (ANIL
+            adapts its top layers' only, as it was meta-trained); ``None``: every one.
     """
 
     state: Sequence[torch.Tensor] | None = None
@@ -45,6 +49,7 @@ class EvalMethod:
     adapt: bool = True
     in_context_support: bool = False
     step_sizes: Sequence[float] | None = None
+    adapted: Sequence[int] | None = None
 
 
 def as_eval_method(name: str, value: EvalMethod | Sequence[torch.Tensor] | None) -> EvalMethod:
@@ -77,7 +82,7 @@ def prepare_methods(
     _check_states(params, specs)
     for name, spec in specs.items():
         if spec.step_sizes is not None:
-            check_lrs(spec.step_sizes, len(params))  # one positive, finite lr per adapter tensor
+            check_step_sizes(spec.step_sizes, len(params))  # one positive, finite lr per adapter tensor
     return specs
 
 

@@ -18,14 +18,16 @@ import numpy as np
 import torch
 
 from fmmeta.algorithms.answer_loss import check_lines
-from fmmeta.algorithms.build import BUDGET_RULES, adapts_in_context
+from fmmeta.algorithms.build import METHODS, method_of
 from fmmeta.algorithms.meta_sgd import load_step_sizes
 from fmmeta.engine.protocol import Engine
 from fmmeta.errors import UserInputError
 from fmmeta.evaluation.held_out import evaluate_held_out
-from fmmeta.evaluation.methods import IN_CONTEXT, EvalMethod
+from fmmeta.evaluation.methods import BASE, IN_CONTEXT, EvalMethod
 from fmmeta.evaluation.report import format_markdown, write_report
 from fmmeta.evaluation.result import EpisodeRecord, EvalResult, merge_replicates
+from fmmeta.evaluation.settings import EvalSettings
+from fmmeta.models.build import adapter_names
 from fmmeta.recipe_config import RecipeConfig
 from fmmeta.tasks.episode import Episode
 from fmmeta.tasks.task import Task
@@ -64,7 +66,7 @@ def evaluation_tasks(tasks: Sequence[Task], query: int | None) -> list[Task]:
     return out
 
 
-def adapter_tensors(model: torch.nn.Module, folder: Path) -> list[torch.Tensor]:
+def read_adapter_state(model: torch.nn.Module, folder: Path) -> list[torch.Tensor]:
     """The adapter saved in ``folder`` (peft format) as tensors in the model's parameter order.
 
     The model's adapter tensors must be resident (an engine keeps them so); they are put back.
@@ -105,33 +107,39 @@ def adapter_tensors(model: torch.nn.Module, folder: Path) -> list[torch.Tensor]:
 def eval_methods(
     cfg: RecipeConfig,
     states: Mapping[str, list[torch.Tensor] | None],
+    names: Sequence[str],
     step_sizes: Mapping[str, list[float]] | None = None,
     in_context: Collection[str] | None = None,
 ) -> dict[str, EvalMethod]:
-    """The report's rows: each state adapted and scored plainly (at its learned step sizes where
-    ``step_sizes`` has them), except MetaICL's, which is scored with its demonstrations and no
-    adaptation, and the methods meta-trained on in-context rows (``algorithm.inner_format``), which
-    adapt and are scored in that format; in-context demonstrations on the base (``eval.in_context``); and
-    ``<method>+demos`` for every method of ``eval.with_demonstrations`` (adapted, then scored with
-    the demonstrations). ``in_context`` names the methods trained on in-context rows when they were
-    not all trained as ``cfg.algorithm`` says (a study's chosen adapters); ``None``: as it says."""
+    """The report's rows, each scored as its method says (:class:`~fmmeta.algorithms.build.Method`):
+    adapted on the support (the adapter tensors it adapts in training, named ``names``; at its
+    learned step sizes where ``step_sizes`` has them) and scored plainly; adapted and scored on
+    in-context rows where it was meta-trained on them (``algorithm.inner_format``); or, for a
+    method scored with demonstrations (MetaICL), scored with them and no adaptation. A row that is
+    no method (``base``, an adapter a user names) adapts plainly; with ``eval.in_context`` the base
+    is also scored with in-context demonstrations; and ``<method>+demos`` for every method of
+    ``eval.with_demonstrations`` (adapted, then scored with the demonstrations). ``in_context``
+    names the methods trained on in-context rows when they were not all trained as
+    ``cfg.algorithm`` says (a study's chosen adapters); ``None``: as it says."""
     learned = step_sizes or {}
     rows: dict[str, EvalMethod] = {}
     for name, state in states.items():
-        if name == "base" and cfg.eval.in_context:
-            rows["base"] = EvalMethod(state)
-            rows[IN_CONTEXT] = EvalMethod(state, demonstrations=True, adapt=False)
-        elif name == "metaicl":
+        method = method_of(name)
+        adapted = None if method is None else method.adapted_tensors(cfg.algorithm, names)
+        if method is not None and method.scoring == "demonstrations":
             rows[name] = EvalMethod(state, demonstrations=True, adapt=False)
-        elif (adapts_in_context(name, cfg.algorithm) if in_context is None else name in in_context):
-            # scored in the format it was trained in
-            rows[name] = EvalMethod(state, demonstrations=True, in_context_support=True,
-                                    step_sizes=learned.get(name))
-        else:
-            rows[name] = EvalMethod(state, step_sizes=learned.get(name))
+            continue
+        trained_in_context = (method is not None and method.adapts_in_context(cfg.algorithm)
+                              if in_context is None else name in in_context)
+        rows[name] = EvalMethod(state, demonstrations=trained_in_context, in_context_support=trained_in_context,
+                                step_sizes=learned.get(name), adapted=adapted)
+        if name == BASE and cfg.eval.in_context:
+            rows[IN_CONTEXT] = EvalMethod(state, demonstrations=True, adapt=False)
     for name in cfg.eval.with_demonstrations:
-        rows[f"{name}+demos"] = EvalMethod(states[name], demonstrations=True,
-                                           step_sizes=learned.get(name))
+        method = method_of(name)
+        rows[f"{name}+demos"] = EvalMethod(
+            states[name], demonstrations=True, step_sizes=learned.get(name),
+            adapted=None if method is None else method.adapted_tensors(cfg.algorithm, names))
     return rows
 
 
@@ -161,16 +169,26 @@ def _replicate_states(model: torch.nn.Module, params: Sequence[torch.Tensor], re
                       ) -> tuple[dict[str, list[torch.Tensor] | None], dict[str, list[float]]]:
     """A replicate's adapter states (``"base"``: its initial adapter) and learned step sizes."""
     states: dict[str, list[torch.Tensor] | None] = {
-        "base": None if replicate.initial is None else [t.to(p.dtype) for t, p in zip(replicate.initial, params)]
+        BASE: None if replicate.initial is None else [t.to(p.dtype) for t, p in zip(replicate.initial, params)]
     }
     learned: dict[str, list[float]] = {}
-    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    names = adapter_names(model)
     for name, folder in replicate.adapters.items():
-        states[name] = adapter_tensors(model, Path(folder))
+        states[name] = read_adapter_state(model, Path(folder))
         sizes = load_step_sizes(folder, names)
         if sizes is not None:
             learned[name] = sizes
     return states, learned
+
+
+def eval_settings(cfg: RecipeConfig, pad_id: int, *, min_seeds: int = 3) -> EvalSettings:
+    """The run's ``eval`` and ``algorithm`` sections as the evaluation's settings: the inner loop
+    meta-training used, ``eval.max_steps`` steps, the lr grid, pass sizes and steps scored."""
+    e = cfg.eval
+    return EvalSettings(inner=cfg.algorithm.inner_loop, max_steps=e.max_steps, pad_id=pad_id, lr_grid=e.lr_grid,
+                        micro_batch_size=e.micro_batch_size, min_seeds=min_seeds,
+                        icl_max_length=cfg.algorithm.icl_max_length, score_steps=e.score_steps or None,
+                        episodes_per_pass=e.episodes_per_pass)
 
 
 def budget_notes(cfg: RecipeConfig) -> list[str]:
@@ -184,8 +202,8 @@ def budget_notes(cfg: RecipeConfig) -> list[str]:
            "initial adapter, episode draws, dropout), each scored on the same held-out episodes."
            if r > 1 else ".")
     ]
-    notes += [f"{m}: {BUDGET_RULES[m].format(k=a.inner_steps)}" for m in cfg.methods if m in BUDGET_RULES]
-    in_context = [m for m in cfg.methods if adapts_in_context(m, cfg.algorithm)]
+    notes += [f"{m}: {METHODS[m].budget_rule(a)}" for m in cfg.methods if m in METHODS]
+    in_context = [m for m in cfg.methods if m in METHODS and METHODS[m].adapts_in_context(a)]
     if in_context:
         notes.append(f"{', '.join(in_context)}: adapted on in-context rows (algorithm.inner_format="
                      "in_context: each support row with the other support examples as demonstrations), "
@@ -248,12 +266,13 @@ def evaluate_run(
     if cfg.algorithm.padding_free:  # adaptation's passes are laid out in lines too
         check_lines(model)
     seed, query = cfg.tasks.seed, cfg.eval.query
-    val = draw_episodes(evaluation_tasks(suite.validation, query), seed, 0, cfg.eval.val_episodes_per_task)
+    validation = draw_episodes(evaluation_tasks(suite.validation, query), seed, 0, cfg.eval.val_episodes_per_task)
     held_out = evaluation_tasks(suite.held_out, query)
-    test = [draw_episodes(held_out, seed, 1 + s, cfg.eval.episodes_per_task) for s in range(cfg.eval.seeds)]
+    held_out_draws = [draw_episodes(held_out, seed, 1 + s, cfg.eval.episodes_per_task) for s in range(cfg.eval.seeds)]
     results: list[EvalResult] = []
     for r, replicate in enumerate(replicates):
-        methods = eval_methods(cfg, *_replicate_states(model, params, replicate), in_context)
+        states, learned = _replicate_states(model, params, replicate)
+        methods = eval_methods(cfg, states, adapter_names(model), learned, in_context)
         # In-context demonstrations score the initial adapter, whose B = 0 makes LoRA add exactly
         # nothing: every replicate's scores are replicate 0's, bit for bit, so they are copied.
         shared = [IN_CONTEXT] if r > 0 and IN_CONTEXT in methods else []
@@ -262,15 +281,13 @@ def evaluate_run(
             "episodes)", ", ".join(m for m in methods if m not in shared),
             f" of replicate {r} ({r + 1}/{len(replicates)}, training seed {replicate.cfg.train.seed})"
             if len(replicates) > 1 else "",
-            len(suite.held_out), cfg.eval.seeds, cfg.eval.episodes_per_task, len(val),
+            len(suite.held_out), cfg.eval.seeds, cfg.eval.episodes_per_task, len(validation),
         )
         result = evaluate_held_out(
-            model, params, {m: e for m, e in methods.items() if m not in shared}, val, test,
-            cfg.algorithm.inner_loop, cfg.eval.max_steps, tokenizer.pad_token_id, lr_grid=cfg.eval.lr_grid,
-            micro_batch_size=cfg.eval.micro_batch_size, min_seeds=min(3, cfg.eval.seeds),
-            ranks=engine, workers=workers, icl_max_length=cfg.algorithm.icl_max_length,
+            model, params, {m: e for m, e in methods.items() if m not in shared}, validation, held_out_draws,
+            eval_settings(cfg, tokenizer.pad_token_id, min_seeds=min(3, cfg.eval.seeds)),
             families=report_families(suite.held_out, cfg.tasks.split.held_out_families),
-            score_steps=cfg.eval.score_steps or None, episodes_per_pass=cfg.eval.episodes_per_pass,
+            ranks=engine, workers=workers,
         )
         results.append(_with_rows_of(result, results[0], shared) if shared else result)
     result = merge_replicates(results, [rep.cfg.train.seed for rep in replicates])

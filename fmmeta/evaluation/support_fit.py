@@ -61,7 +61,7 @@ def support_fit(
     0..``steps``; ``steps`` always). ``params`` and the model's mode are restored on return.
 
     Example:
-        >>> curve = support_fit(model, params, val_episodes, InnerLoopConfig(inner_lr=0.1), 6,
+        >>> curve = support_fit(model, params, validation_episodes, InnerLoopConfig(inner_lr=0.1), 6,
         ...                     tokenizer.pad_token_id, score_steps=[0, 2])  # doctest: +SKIP
         >>> curve[-1].support_accuracy, curve[-1].query_accuracy            # doctest: +SKIP
     """

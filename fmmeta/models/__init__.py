@@ -6,6 +6,7 @@ from fmmeta.models.build import (
     ModelBuildError,
     ModelOrigin,
     PartitionedInit,
+    adapter_names,
     add_lora,
     build_model_and_tokenizer,
     count_parameters,
@@ -17,6 +18,7 @@ from fmmeta.models.build import (
 )
 
 __all__ = [
+    "adapter_names",
     "EMBEDDED_GGUF_FILE",
     "EMBEDDED_PACKAGE",
     "ModelOrigin",

@@ -41,6 +41,7 @@ __all__ = [
     "ModelOrigin",
     "ModelBuildError",
     "PartitionedInit",
+    "adapter_names",
     "add_lora",
     "build_model_and_tokenizer",
     "count_parameters",
@@ -278,9 +279,10 @@ def build_model_and_tokenizer(
     Args:
         cfg: the model section.
         partitioned: build under ZeRO-3 so no rank ever holds the whole model (from
-            ``fmmeta.engine.partition.partitioned_build``; ``None`` builds it whole). Tiny and
-            ``from_pretrained`` models are partitioned as they are built or loaded; a GGUF file is
-            de-quantized into a whole model on every rank by transformers, then partitioned.
+            ``fmmeta.engine.partition.partitioned_build``, which ``EngineFactory.build_base`` calls;
+            ``None`` builds it whole). Tiny and ``from_pretrained`` models are partitioned as they
+            are built or loaded; a GGUF file is de-quantized into a whole model on every rank by
+            transformers, then partitioned.
 
     Returns:
         ``(model, tokenizer)``: the model in ``cfg.dtype`` on CPU, in train mode, with
@@ -476,6 +478,13 @@ def count_parameters(model: nn.Module) -> tuple[int, int]:
         if param.requires_grad:
             trainable += n
     return trainable, total
+
+
+def adapter_names(model: nn.Module) -> list[str]:
+    """The names of the adapter tensors (the trainable ones), in ``named_parameters`` order: the
+    order of every engine's ``adapter_parameters()``, of saved step sizes and of a method's
+    adapted tensors."""
+    return [n for n, p in model.named_parameters() if p.requires_grad]
 
 
 def lora_shapes(model: nn.Module) -> dict[str, list[int]]:

@@ -5,7 +5,7 @@ from fmmeta.sampling.plan import DUMMY_PASS, MetaBatchPlan, PackedPass, RankPlan
 from fmmeta.sampling.planner import PlanStats, assign_tasks, plan_meta_batch, plan_stats
 from fmmeta.sampling.prefetch import Prefetched, Prefetcher
 from fmmeta.sampling.rows_plan import fast_weight_megabytes, plan_cost, plan_placed, plan_rows_across_ranks
-from fmmeta.sampling.sampler import CostAwareSampler, SamplerConfig
+from fmmeta.sampling.sampler import CostAwareSampler, PoolTooSmallError, SamplerConfig, check_pool_size
 from fmmeta.sampling.source import (
     EpisodeSource,
     Observation,
@@ -26,6 +26,7 @@ __all__ = [
     "PackedPass",
     "PassObservation",
     "PlanStats",
+    "PoolTooSmallError",
     "PoolView",
     "Prefetched",
     "Prefetcher",
@@ -35,6 +36,7 @@ __all__ = [
     "TaskObservation",
     "TaskSlot",
     "assign_tasks",
+    "check_pool_size",
     "fast_weight_megabytes",
     "observation_from_dict",
     "plan_meta_batch",

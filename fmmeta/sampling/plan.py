@@ -258,12 +258,22 @@ class PricedPlan:
         return inner_steps * self.support + self.query
 
 
+def ascending_widths(buckets: Sequence[object]) -> bool:
+    """Whether ``buckets`` are distinct integer widths >= 1 in ascending order (``sampler.length_buckets``)."""
+    ints = [b for b in buckets if isinstance(b, int) and not isinstance(b, bool) and b >= 1]
+    return len(ints) == len(buckets) and ints == sorted(set(ints))
+
+
 def bucketed(plan: MetaBatchPlan, buckets: Sequence[int]) -> MetaBatchPlan:
     """``plan`` with every pass's width raised to the smallest of ``buckets`` that holds it and
     the buckets recorded on each rank (collation pads to them): the plan's padded tokens and
     cost-model features then price the shapes that will run. The packing itself was decided on
     the rows' own widths (a pass can hold up to a bucket's spacing more padded tokens than
-    ``tokens_per_pass``). No buckets: ``plan`` itself."""
+    ``tokens_per_pass``). No buckets: ``plan`` itself.
+
+    Fixed widths are what a static-shape compiled graph or a CUDA graph reuses; engine.compile's
+    layers take dynamic shapes, so on a CPU a new width costs them no graph, and buckets only add
+    padded tokens (e.g. [64, 128, 256, 512] pays up to 2x on a short row)."""
     if not buckets:
         return plan
     keep = tuple(buckets)

@@ -26,8 +26,9 @@ from typing import Any
 import numpy as np
 
 from fmmeta.config import raise_if_invalid
+from fmmeta.errors import UserInputError
 from fmmeta.sampling.cost import CostModel
-from fmmeta.sampling.plan import MetaBatchPlan, bucketed
+from fmmeta.sampling.plan import MetaBatchPlan, ascending_widths, bucketed
 from fmmeta.sampling.rows_plan import PLACEMENTS, plan_placed
 from fmmeta.sampling.source import (
     EpisodeSource,
@@ -113,12 +114,7 @@ class SamplerConfig:
     balance_tol: float = 1e-3
     """Stop improving rank balance within this fraction of the lower bound (>= 0)."""
     length_buckets: tuple[int, ...] = ()
-    """Widths (tokens, ascending, each >= 1) every training pass is padded up to: the smallest
-    that holds the pass (a padded row, or a padding-free line); a longer pass keeps its own
-    width. Fixed shapes are what a static-shape compiled graph or a CUDA graph reuses. Empty
-    (the default): each pass's own width. engine.compile's layers compile dynamic shapes, so
-    on a CPU a new width costs no new graph there and buckets only add padded tokens (up to a
-    bucket's spacing per row; e.g. [64, 128, 256, 512] pays up to 2x on short rows)."""
+    """Widths (ascending, >= 1) training passes pad up to (fmmeta.sampling.plan.bucketed); [] = own."""
 
     def validate(self) -> list[str]:
         """Range and choice checks, one problem per field."""
@@ -151,9 +147,8 @@ class SamplerConfig:
             need(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0, key, "must be a finite number >= 0")
         need(0.0 <= self.cost_damping < 1.0, "cost_damping", "must be in [0, 1)")
         need(self.balance_tol >= 0, "balance_tol", "must be >= 0")
-        need(all(is_int(b) and b >= 1 for b in self.length_buckets)
-             and list(self.length_buckets) == sorted(set(self.length_buckets)), "length_buckets",
-             "need ascending distinct integer widths >= 1", "e.g. [64, 128, 256, 512], or [] for none")
+        need(ascending_widths(self.length_buckets), "length_buckets", "need ascending distinct integer widths >= 1",
+             "e.g. [64, 128, 256, 512], or [] for none")
         return problems
 
     def build_strategy(self) -> Strategy:
@@ -177,20 +172,37 @@ class _Probe:
     mean_length: np.ndarray
 
 
+class PoolTooSmallError(UserInputError, ValueError):
+    """``sampler.meta_batch_size`` exceeds the meta-training pool: the user's config and task
+    suite, so a :class:`~fmmeta.errors.UserInputError` (a recipe exits 2 with the message); also a
+    ``ValueError``, as the sampler's other argument checks are."""
+
+
+def check_pool_size(config: SamplerConfig, n_tasks: int) -> None:
+    """Refuses a meta-batch larger than the pool of ``n_tasks`` meta-training tasks.
+
+    Drawing with replacement would put one task into a meta-batch twice, weighting it double
+    without anyone having asked for it. The sampler checks it; the train recipe calls it too as
+    soon as the suite is built, so the refusal comes before anything is written or trained.
+
+    Raises:
+        PoolTooSmallError: naming both numbers and the fix.
+    """
+    if config.meta_batch_size > n_tasks:
+        raise PoolTooSmallError(
+            f"sampler.meta_batch_size={config.meta_batch_size} is larger than the "
+            f"meta-training pool ({n_tasks} tasks), so a meta-batch would hold a task "
+            f"twice: set sampler.meta_batch_size to at most {n_tasks}, or add tasks"
+        )
+
+
 def _check_arguments(sources: Sequence[EpisodeSource], config: SamplerConfig, *, world_size: int,
                      seed: int, support_draws: int) -> None:
     """Refuses a sampler that could not plan honest meta-batches, each problem with its fix."""
     raise_if_invalid(config)
     if not sources:
         raise ValueError("CostAwareSampler got no sources: pass at least one task")
-    if config.meta_batch_size > len(sources):
-        # Drawing with replacement would put one task into a meta-batch twice, weighting it
-        # double without anyone having asked for it: refuse instead.
-        raise ValueError(
-            f"sampler.meta_batch_size={config.meta_batch_size} is larger than the "
-            f"meta-training pool ({len(sources)} tasks), so a meta-batch would hold a task "
-            f"twice: set sampler.meta_batch_size to at most {len(sources)}, or add tasks"
-        )
+    check_pool_size(config, len(sources))
     if not (isinstance(world_size, int) and world_size >= 1):
         raise ValueError(f"world_size={world_size!r} is invalid: must be an integer >= 1")
     if not (isinstance(seed, int) and seed >= 0):
@@ -485,4 +497,4 @@ def critical_passes(passes: Sequence[PassObservation], cost_model: CostModel) ->
     return [best[k][2] for k in sorted(best)]
 
 
-__all__ = ["CostAwareSampler", "SamplerConfig", "critical_passes"]
+__all__ = ["CostAwareSampler", "PoolTooSmallError", "SamplerConfig", "check_pool_size", "critical_passes"]

@@ -13,12 +13,15 @@ searched for that method, in the sections the recipe uses::
         optim: {outer_lr: {low: 1.0e-3, high: 1.0e-2, log: true}}
       reptile:
         optim: {outer_lr: {low: 1.0e-3, high: 3.0e-2, log: true}}   # Reptile's interpolation rate
+      metasgd:
+        settings: {step_size_lr: {low: 0.01, high: 0.1, log: true}}  # algorithm.metasgd.step_size_lr
       multitask: {}                                                 # the baseline, as configured
 
 Why the searched keys are a closed list: a study is only honest if every trial is scored by the
 same protocol on the same tasks, so keys that change the evaluation (``eval.*``), the task split
 (``tasks.*``), the model or the adapter's shape are not searchable; :data:`SEARCHED` holds those
-that only change how an adapter is meta-trained. Reptile's interpolation rate is its
+that only change how an adapter is meta-trained, and a method's own settings (``settings``: the keys
+of its section ``algorithm.<method>``, typed by that section). Reptile's interpolation rate is its
 ``optim.outer_lr``: the outer step on ``theta - phi`` (epsilon of the Reptile paper under an SGD
 outer step; fmmeta's outer AdamW normalises it).
 """
@@ -29,24 +32,26 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
+from fmmeta.algorithms.build import method_of
 from fmmeta.config import ConfigError, load_config
+from fmmeta.config.schema import hints
 from fmmeta.recipe_config import RecipeConfig
 from fmmeta.shipped import shipped_path
 
 __all__ = ["SEARCHED", "AlgorithmSpace", "MethodSpace", "OptimSpace", "Range", "StudyConfig",
-           "TrainSpace", "recipe_config", "recipe_problems", "searched_keys"]
+           "TrainSpace", "key_type", "recipe_config", "recipe_problems", "searched_keys"]
 
 SEARCHED: dict[str, type] = {
     "algorithm.inner_steps": int,
     "algorithm.inner_lr": float,
     "algorithm.inner_format": str,
-    "algorithm.step_size_lr": float,
     "optim.outer_lr": float,
     "train.meta_steps": int,
 }
-"""Every key a study may search, with its type in the train recipe's config."""
+"""Every shared key a study may search, with its type in the train recipe's config (a method's
+own settings are searched too: :func:`key_type`)."""
 
 SET_BY_STUDY = ("output_dir", "methods", "eval.enabled", "train.resume", "train.meta_steps")
 """Train-recipe keys the study sets for each trial; ``overrides`` may not set them (the value
@@ -98,11 +103,12 @@ class AlgorithmSpace:
     """Inner steps on the support set per task in meta-training (int)."""
     inner_lr: Range | None = None
     """Inner learning rate in meta-training."""
-    step_size_lr: Range | None = None
-    """metasgd only: Adam lr of its learned step sizes."""
     inner_format: Range | None = None
     """Rows the inner loop adapts on: choices among ``plain`` and ``in_context`` (FOMAML, Meta-SGD,
     Reptile); a trial is scored on validation in the format it trained in."""
+
+    MOVED_KEYS: ClassVar[dict[str, str]] = {"step_size_lr": "space.metasgd.settings.step_size_lr"}
+    """Keys that became a method's own setting."""
 
 
 @dataclass(kw_only=True)
@@ -131,18 +137,55 @@ class MethodSpace:
     """Searched keys of the optim section."""
     train: TrainSpace = field(default_factory=TrainSpace)
     """Searched keys of the train section."""
+    settings: dict[str, Range] = field(default_factory=dict)
+    """Searched keys of the method's own section, ``algorithm.<method>.<key>`` (e.g. metasgd's
+    ``step_size_lr``, anil's ``layers``)."""
 
 
-def searched_keys(space: MethodSpace) -> dict[str, Range]:
-    """Dotted key (``algorithm.inner_lr``) -> its range, for the keys ``space`` searches."""
+def searched_keys(space: MethodSpace, method: str) -> dict[str, Range]:
+    """Dotted key (``algorithm.inner_lr``, ``algorithm.metasgd.step_size_lr``) -> its range, for
+    the keys ``space`` searches for ``method``."""
     out: dict[str, Range] = {}
     for section in dataclasses.fields(space):
         part = getattr(space, section.name)
+        if isinstance(part, dict):
+            out.update({f"algorithm.{method}.{k}": v for k, v in part.items()})
+            continue
         for f in dataclasses.fields(part):
             value = getattr(part, f.name)
             if value is not None:
                 out[f"{section.name}.{f.name}"] = value
     return out
+
+
+def key_type(key: str) -> type:
+    """The type of a searched key in the train recipe's config: a shared key's from
+    :data:`SEARCHED`, a method's own setting's from its section (``algorithm.<method>.<key>``).
+
+    Raises:
+        KeyError: a key no study searches.
+    """
+    if key in SEARCHED:
+        return SEARCHED[key]
+    section, method, name = key.split(".", 2)
+    registered = method_of(method)
+    settings = registered.settings if section == "algorithm" and registered is not None else None
+    tp = hints(settings).get(name) if settings is not None else None
+    if not isinstance(tp, type):
+        raise KeyError(key)
+    return tp
+
+
+def _settings_problems(method: str, space: MethodSpace) -> list[str]:
+    """Refuses searched settings the method does not have (or a method with none)."""
+    if not space.settings:
+        return []
+    registered = method_of(method)
+    settings = registered.settings if registered is not None else None
+    known = [f.name for f in dataclasses.fields(settings)] if settings is not None else []
+    return [f"space.{method}.settings.{name} is invalid: {method} has "
+            + (f"the settings {known}" if known else "no settings of its own") + "; remove it"
+            for name in space.settings if name not in known]
 
 
 @dataclass(kw_only=True)
@@ -197,11 +240,11 @@ class StudyConfig:
             problems.append("space={} is invalid: name one or more methods to study, e.g. "
                             "space: {fomaml: {algorithm: {inner_lr: {low: 0.01, high: 0.3}}}}")
         for method, space in self.space.items():
-            for key, rng in searched_keys(space).items():
-                problems.extend(_type_problems(f"space.{method}.{key}", SEARCHED[key], rng))
-            if space.algorithm.step_size_lr is not None and method != "metasgd":
-                problems.append(f"space.{method}.algorithm.step_size_lr is invalid: only metasgd "
-                                "learns step sizes; remove it")
+            settings = _settings_problems(method, space)
+            problems.extend(settings)
+            for key, rng in searched_keys(space, method).items():
+                if not settings or not key.startswith(f"algorithm.{method}."):
+                    problems.extend(_type_problems(f"space.{method}.{key}", key_type(key), rng))
         for i, item in enumerate(self.overrides):
             key = item.partition("=")[0].strip()
             if key in SET_BY_STUDY:
@@ -263,7 +306,7 @@ def _plain(key: str, value: float | str) -> str:
     """A drawn value as an override: ints of int keys without a decimal point, words as they are."""
     if isinstance(value, str):
         return value
-    return str(int(value)) if SEARCHED[key] is int else repr(float(value))
+    return str(int(value)) if key_type(key) is int else repr(float(value))
 
 
 def recipe_problems(study: StudyConfig) -> list[str]:
@@ -281,7 +324,7 @@ def recipe_problems(study: StudyConfig) -> list[str]:
     problems: list[str] = []
     for method, space in study.space.items():
         checks: list[tuple[str, dict[str, float | str]]] = [(f"space.{method}", {})]
-        for key, rng in searched_keys(space).items():
+        for key, rng in searched_keys(space, method).items():
             checks.extend((f"space.{method}.{key}={_plain(key, v)}", {key: v}) for v in rng.values())
         for where, values in checks:
             steps = int(float(values.get("train.meta_steps", study.meta_steps)))

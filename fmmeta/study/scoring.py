@@ -20,24 +20,24 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from fmmeta.algorithms import load_step_sizes
-from fmmeta.algorithms.build import adapts_in_context
+from fmmeta.algorithms.build import METHODS
 from fmmeta.algorithms.config import AlgorithmConfig
-from fmmeta.engine.build import build_engine
-from fmmeta.engine.partition import partitioned_build
+from fmmeta.engine import EngineFactory
 from fmmeta.errors import UserInputError
 from fmmeta.evaluation.held_out import evaluate_methods, select_inner_lr
 from fmmeta.evaluation.replicated import replicated_interval
 from fmmeta.evaluation.result import OVERALL, EvalResult
 from fmmeta.evaluation.run import (
     Replicate,
-    adapter_tensors,
     draw_episodes,
     eval_methods,
+    eval_settings,
     evaluate_run,
     evaluation_tasks,
+    read_adapter_state,
     report_families,
 )
-from fmmeta.models import add_lora, build_model_and_tokenizer, initial_adapter
+from fmmeta.models import adapter_names, add_lora, initial_adapter
 from fmmeta.recipe_config import RecipeConfig
 from fmmeta.tasks.config import build_task_set
 from fmmeta.workers import Workers
@@ -61,8 +61,9 @@ class Scorer:
         self.cfg = cfg
         self.seeds = seeds
         self.episodes_per_task = episodes_per_task
-        partitioned = partitioned_build(cfg.engine, cfg.optim, precision=cfg.precision)
-        base, self.tokenizer = build_model_and_tokenizer(cfg.model, partitioned=partitioned)
+        # Kept as long as the model: under ZeRO-3 the partitioned base depends on it.
+        self.engines = EngineFactory(cfg.engine, cfg.optim, precision=cfg.precision)
+        base, self.tokenizer = self.engines.build_base(cfg.model)
         self.suite = build_task_set(cfg.tasks, self.tokenizer)
         if not self.suite.validation:
             raise UserInputError("the task suite has no validation tasks: a study chooses on them; "
@@ -74,7 +75,7 @@ class Scorer:
             raise UserInputError(f"family={family!r} is invalid: the validation tasks have "
                                  f"{sorted(families | kinds)}; choose one of them")
         self.model = add_lora(base, cfg.lora, seed=cfg.train.seed)
-        self.engine = build_engine(cfg.engine, self.model, cfg.optim, precision=cfg.precision)
+        self.engine = self.engines.engine(self.model)
         self.workers = Workers.from_setting(cfg.engine.workers)  # a study is one process
 
     def held_out_tasks(self) -> list[str]:
@@ -87,10 +88,18 @@ class Scorer:
                              per_task or self.cfg.eval.val_episodes_per_task)
 
     def _algorithm(self, drawn: Mapping[str, object] | None) -> AlgorithmConfig:
-        """The study's algorithm section with the ``algorithm.inner_format`` a trial drew, if it
-        drew one (``drawn``: the trial's searched values)."""
-        a, inner_format = self.cfg.algorithm, (drawn or {}).get("algorithm.inner_format")
-        return dataclasses.replace(a, inner_format=inner_format) if isinstance(inner_format, str) else a
+        """The study's algorithm section with what a trial drew that decides how it is scored
+        (``drawn``: the trial's searched values): its ``algorithm.inner_format`` and its method's
+        own settings (``algorithm.<method>.<key>``: ANIL's ``layers`` say which tensors adapt)."""
+        a = self.cfg.algorithm
+        for key, value in (drawn or {}).items():
+            parts = key.split(".")
+            if key == "algorithm.inner_format" and isinstance(value, str):
+                a = dataclasses.replace(a, inner_format=value)
+            elif len(parts) == 3 and parts[0] == "algorithm":
+                own = getattr(a, parts[1])
+                a = dataclasses.replace(a, **{parts[1]: dataclasses.replace(own, **{parts[2]: value})})
+        return a
 
     def validation(self, method: str, adapter_dir: Path, drawn: Mapping[str, object] | None = None) -> EvalResult:
         """``method``'s adapter in ``adapter_dir`` scored on validation tasks over ``seeds`` draws,
@@ -98,24 +107,18 @@ class Scorer:
         format it was trained in (``drawn``: the trial's searched values; ``None``: the study's)."""
         cfg = dataclasses.replace(self.cfg, eval=dataclasses.replace(self.cfg.eval, with_demonstrations=()),
                                   algorithm=self._algorithm(drawn))
-        names = [n for n, p in self.model.named_parameters() if p.requires_grad]
+        names = adapter_names(self.model)
         lrs = load_step_sizes(adapter_dir, names)
-        methods = eval_methods(cfg, {method: adapter_tensors(self.model, adapter_dir)},
+        methods = eval_methods(cfg, {method: read_adapter_state(self.model, adapter_dir)}, names,
                                {method: lrs} if lrs is not None else None)
         params = self.engine.adapter_parameters()
-        e, a = cfg.eval, cfg.algorithm
-        common: dict[str, Any] = dict(micro_batch_size=e.micro_batch_size, ranks=self.engine, workers=self.workers,
-                                      icl_max_length=a.icl_max_length, episodes_per_pass=e.episodes_per_pass)
-        pad = self.tokenizer.pad_token_id
-        selection = select_inner_lr(self.model, params, methods, self._validation_draw(0), a.inner_loop,
-                                    steps=e.max_steps, pad_id=pad, lr_grid=e.lr_grid, **common)
+        settings = eval_settings(cfg, self.tokenizer.pad_token_id)
+        selection = select_inner_lr(self.model, params, methods, self._validation_draw(0), settings,
+                                    ranks=self.engine, workers=self.workers)
         draws = [self._validation_draw(1 + s, self.episodes_per_task) for s in range(self.seeds)]
-        return evaluate_methods(
-            self.model, params, methods, draws, a.inner_loop, e.max_steps, pad,
-            inner_lrs=selection.chosen, lr_selection=selection, min_seeds=3,
-            families=report_families(self.suite.validation),
-            score_steps=e.score_steps or None, **common,
-        )
+        return evaluate_methods(self.model, params, methods, draws, settings, inner_lrs=selection.chosen,
+                                lr_selection=selection, families=report_families(self.suite.validation),
+                                ranks=self.engine, workers=self.workers)
 
     def held_out(self, replicates: Sequence[Mapping[str, Path]], report_dir: Path, notes: Sequence[str],
                  drawn: Mapping[str, Mapping[str, object]] | None = None) -> dict[str, Path]:
@@ -127,7 +130,7 @@ class Scorer:
         ``replicates[r]``: method -> adapter folder of training replicate ``r``, trained with
         ``train.seed + r`` from that seed's initial adapter (replicate 0: the chosen trials)."""
         chosen = drawn or {}
-        in_context = [m for m in replicates[0] if adapts_in_context(m, self._algorithm(chosen.get(m)))]
+        in_context = [m for m in replicates[0] if METHODS[m].adapts_in_context(self._algorithm(chosen.get(m)))]
         runs = []
         for r, adapters in enumerate(replicates):
             cfg = dataclasses.replace(self.cfg, train=dataclasses.replace(self.cfg.train, seed=self.cfg.train.seed + r))
@@ -137,10 +140,8 @@ class Scorer:
                             in_context=in_context, workers=self.workers)
 
     def close(self) -> None:
-        """Releases the engine (every engine has ``close``; the protocol does not name it)."""
-        close = getattr(self.engine, "close", None)
-        if callable(close):
-            close()
+        """Releases the engine."""
+        self.engine.close()
 
 
 def score_of(result: EvalResult, method: str, metric: str, family: str) -> float:

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from fmmeta.errors import UserInputError
-from fmmeta.study.config import SEARCHED, Range, StudyConfig
+from fmmeta.study.config import Range, StudyConfig, key_type
 
 __all__ = ["DIVERGED", "FOLDER", "STORAGE_FILE", "create_studies", "finished", "import_optuna", "next_folder",
            "open_study", "requeue_interrupted", "seed_sampler", "suggest"]
@@ -126,7 +126,7 @@ def suggest(trial: Any, keys: dict[str, Range]) -> dict[str, float | str]:
     """One value per searched key, drawn by Optuna (ints for int keys, words for word keys)."""
     values: dict[str, float | str] = {}
     for key, rng in keys.items():
-        whole = SEARCHED[key] is int
+        whole = key_type(key) is int
         if rng.choices:
             choices = [c if isinstance(c, str) else int(c) if whole else float(c) for c in rng.choices]
             values[key] = trial.suggest_categorical(key, choices)

@@ -103,8 +103,10 @@ def episodes(n: int, offset: int) -> list[Any]:
 
 
 def evaluate(engine: Any) -> dict[str, Any]:
+    import dataclasses
+
     from fmmeta.algorithms.config import InnerLoopConfig
-    from fmmeta.evaluation import EvalMethod, evaluate_held_out
+    from fmmeta.evaluation import EvalMethod, EvalSettings, evaluate_held_out
 
     params = engine.adapter_parameters()
     trained = [p.detach().clone() + 0.01 * torch.ones_like(p) for p in params]
@@ -113,13 +115,12 @@ def evaluate(engine: Any) -> dict[str, Any]:
     methods = {"base": None, "in_context": None, "trained": trained, "trained+demos": demos}
     val, test = episodes(5, 0), [episodes(3, 10 + 3 * s) for s in range(3)]
     inner = InnerLoopConfig(inner_steps=2, inner_lr=0.05)
-    result = evaluate_held_out(engine.model, params, methods, val, test, inner, 2, 0,
-                               lr_grid=(0.01, 0.05), micro_batch_size=1, ranks=engine)
+    settings = EvalSettings(inner=inner, max_steps=2, pad_id=0, lr_grid=(0.01, 0.05), micro_batch_size=1)
+    result = evaluate_held_out(engine.model, params, methods, val, test, settings, ranks=engine)
     # scoring fewer steps runs fewer passes; every rank must still run the same ones. Groups of
     # 2 episodes: rank 0 adapts two together while rank 1 adapts one (other pass counts).
-    few = evaluate_held_out(engine.model, params, methods, val, test, inner, 2, 0,
-                            lr_grid=(0.01, 0.05), micro_batch_size=1, ranks=engine, score_steps=(1,),
-                            episodes_per_pass=2)
+    few = evaluate_held_out(engine.model, params, methods, val, test,
+                            dataclasses.replace(settings, score_steps=(1,), episodes_per_pass=2), ranks=engine)
     return {**result.to_dict(), "few_records": few.to_dict()["records"]}
 
 

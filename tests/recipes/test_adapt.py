@@ -26,7 +26,7 @@ import yaml
 from tests.recipes import _recipe
 
 ADAPT = _recipe.REPO / "recipes" / "adapt.py"
-METHODS = ("base", "in_context", "fomaml", "metasgd", "reptile", "multitask", "metaicl")
+METHODS = ("base", "in_context", "fomaml", "metasgd", "reptile", "multitask", "metaicl", "anil")
 RTOL = 1e-5
 
 
@@ -34,8 +34,9 @@ RTOL = 1e-5
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The smoke run with every method, trained and evaluated (about 15 s)."""
     out = tmp_path_factory.mktemp("adapt") / "run"
-    _recipe.run("python", [f"output_dir={out}", "methods=[fomaml,metasgd,reptile,multitask,metaicl]"],
-                timeout_s=180)
+    # ANIL adapts the top one of the tiny model's layers (over both it would be FOMAML)
+    _recipe.run("python", [f"output_dir={out}", "methods=[fomaml,metasgd,reptile,multitask,metaicl,anil]",
+                           "algorithm.anil.layers=1"], timeout_s=180)
     return out
 
 
@@ -116,6 +117,14 @@ def test_adapt_reproduces_the_runs_evaluation_for_every_method(tiny_run: Path, t
                     assert r["correct"] == r["exact_match"], r
         summary = json.loads((out / "summary.json").read_text())
         assert summary["tasks"] == len(episodes) and summary["steps"] == step
+
+
+def test_the_report_has_a_row_and_a_budget_for_every_method(tiny_run: Path) -> None:
+    report = json.loads((tiny_run / "eval" / "eval.json").read_text())
+    assert set(METHODS) <= set(report["methods"])
+    text = (tiny_run / "eval" / "eval.md").read_text()
+    assert "anil: " in text and "adapting only the top 1 layers' adapter tensors" in text
+    assert "| anil |" in text
 
 
 SUPPORT = [{"input": "one", "output": "1"}, {"input": "two", "output": "2"}]

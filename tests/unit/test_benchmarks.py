@@ -53,6 +53,14 @@ def test_compiled_benchmark_runs_small() -> None:
 
 
 @pytest.mark.timeout(300)
+def test_anil_benchmark_runs_small() -> None:
+    out = _run("anil.py", "--tiny", "--reps", "1", "--threads", "1", "--layers", "1")
+    assert out["layers"] == 1 and out["model_layers"] == 2 and out["adapted_tensor_share"] == 0.5
+    assert all(out[k][m] > 0 for k in ("inner_step_s", "meta_step_s") for m in ("fomaml", "anil"))
+    assert out["inner_step_ratio"] > 0 and out["meta_step_ratio"] > 0
+
+
+@pytest.mark.timeout(300)
 def test_precision_benchmark_runs_small() -> None:
     out = _run("precision.py", "--tiny", "--reps", "1", "--threads", "1",
                "--methods", "fomaml", "reptile", "metaicl")

@@ -10,7 +10,7 @@ import pytest
 from fmmeta.algorithms.config import DEFAULT_LR_GRID, AlgorithmConfig, InnerLoopConfig
 from fmmeta.config import ConfigError, describe_config, load_config
 from fmmeta.config.describe import field_docs
-from fmmeta.evaluation.held_out import evaluate_held_out, select_inner_lr
+from fmmeta.evaluation.settings import EvalSettings
 from fmmeta.recipe_config import EvalConfig, RecipeConfig
 
 
@@ -40,5 +40,4 @@ def test_one_set_of_inner_loop_defaults_and_one_lr_grid() -> None:
     assert (InnerLoopConfig().inner_steps, InnerLoopConfig().inner_lr, InnerLoopConfig().inner_clip_norm) == (
         4, 0.1, 1.0)
     assert run.eval.lr_grid == EvalConfig().lr_grid == DEFAULT_LR_GRID
-    for fn in (select_inner_lr, evaluate_held_out):
-        assert inspect.signature(fn).parameters["lr_grid"].default == DEFAULT_LR_GRID
+    assert inspect.signature(EvalSettings).parameters["lr_grid"].default == DEFAULT_LR_GRID

@@ -10,7 +10,7 @@ import torch
 
 from fmmeta.algorithms.baselines import MultiTask
 from fmmeta.algorithms.build import build_algorithm
-from fmmeta.algorithms.config import AlgorithmConfig
+from fmmeta.algorithms.config import AlgorithmConfig, MultiTaskConfig, ReptileConfig
 from fmmeta.algorithms.first_order import FOMAML, Reptile
 from fmmeta.algorithms.inner_loop import snapshot
 from fmmeta.algorithms.protocol import RankResult
@@ -95,7 +95,8 @@ def test_reptile_gradient_is_theta_minus_phi(peft_factory, episodes) -> None:
 
 def test_reptile_query_step_folds_one_query_step(peft_factory, episodes) -> None:
     ep = episodes[0]
-    cfg = AlgorithmConfig(inner_steps=2, inner_lr=0.1, inner_clip_norm=None, reptile_query_step=True)
+    cfg = AlgorithmConfig(inner_steps=2, inner_lr=0.1, inner_clip_norm=None,
+                          reptile=ReptileConfig(query_step=True))
     model = peft_factory(0)
     res = _run(Reptile(cfg, PAD_ID), model, make_rank([ep], 2, 2))
     ref = peft_factory(0)
@@ -122,7 +123,7 @@ def test_multitask_is_pooled_gradient_at_theta_over_distinct_support_sets(peft_f
     assert _passes(res, make_rank([drawn], 2, 1)) == _passes(fomaml, make_rank([ep], 2, 1)) == 3 * 2 + 3
     _, q_loss = _hf_grad(peft_factory(0), ep.query)
     assert float(res.query_loss_after[0]) == pytest.approx(q_loss, rel=1e-5)
-    cheap = MultiTask(dataclasses.replace(cfg, multitask_match_passes=False), PAD_ID)
+    cheap = MultiTask(dataclasses.replace(cfg, multitask=MultiTaskConfig(match_passes=False)), PAD_ID)
     assert (cheap.support_draws, cheap.support_repeats) == (1, 1)
     res = _run(cheap, peft_factory(0), make_rank([ep], 2, 1))
     assert _passes(res, make_rank([ep], 2, 1)) == 2 + 3

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from fmmeta.algorithms.build import build_algorithm
-from fmmeta.algorithms.config import AlgorithmConfig, InnerLoopConfig
+from fmmeta.algorithms.config import AlgorithmConfig, InnerLoopConfig, MetaSGDConfig
 from fmmeta.algorithms.inner_loop import InnerOptimizer, adapt, restore, snapshot
 from fmmeta.algorithms.meta_sgd import MetaSGD, StepSizes, load_step_sizes, save_step_sizes
 from fmmeta.algorithms.meta_step import meta_step
@@ -170,7 +170,7 @@ def test_fixed_lrs_are_bitwise_the_default_and_per_tensor_lrs_apply(episodes) ->
         cfg = InnerLoopConfig(inner_steps=2, inner_lr=0.05, inner_optimizer=optimizer, inner_clip_norm=1.0)
         a, b = build_tiny_peft(0), build_tiny_peft(0)
         adapt(a, _params(a), support, cfg)
-        adapt(b, _params(b), support, cfg, lrs=[0.05] * len(_params(b)))
+        adapt(b, _params(b), support, cfg, step_sizes=[0.05] * len(_params(b)))
         assert all(torch.equal(x, y) for x, y in zip(_params(a), _params(b)))
     # one SGD step with per-tensor lrs moves each tensor by its own lr times the gradient
     model = build_tiny_peft(0)
@@ -178,26 +178,26 @@ def test_fixed_lrs_are_bitwise_the_default_and_per_tensor_lrs_apply(episodes) ->
     theta = snapshot(params)
     lrs = _lrs(len(params), 0.1)
     grads = [g.float() for g in _grad64(build_tiny_peft(0, torch.float64), ep.support)]
-    adapt(model, params, [collate(list(ep.support), PAD_ID)], InnerLoopConfig(inner_steps=1, inner_clip_norm=None), lrs=lrs)
+    adapt(model, params, [collate(list(ep.support), PAD_ID)], InnerLoopConfig(inner_steps=1, inner_clip_norm=None), step_sizes=lrs)
     for p, t, g, lr in zip(params, theta, grads, lrs):
         torch.testing.assert_close(p.detach(), t - lr * g, rtol=1e-5, atol=1e-7)
     restore(params, theta)
 
 
-def test_inner_lrs_are_checked() -> None:
+def test_step_sizes_are_checked() -> None:
     params = _params(build_tiny_peft(0))
     cfg = InnerLoopConfig()
-    with pytest.raises(ValueError, match="3 inner lrs for 8 adapter tensors"):
-        InnerOptimizer(cfg, params, lrs=[0.1] * 3)
+    with pytest.raises(ValueError, match="3 step sizes for 8 adapter tensors"):
+        InnerOptimizer(cfg, params, step_sizes=[0.1] * 3)
     with pytest.raises(ValueError, match="finite and > 0"):
-        InnerOptimizer(cfg, params, lrs=[0.1] * 7 + [-1.0])
+        InnerOptimizer(cfg, params, step_sizes=[0.1] * 7 + [-1.0])
     with pytest.raises(ValueError, match="not both"):
-        adapt(build_tiny_peft(0), params, [], cfg, optimizer=InnerOptimizer(cfg, params), lrs=[0.1] * 8)
+        adapt(build_tiny_peft(0), params, [], cfg, optimizer=InnerOptimizer(cfg, params), step_sizes=[0.1] * 8)
 
 
 def test_step_sizes_adam_matches_torch_adam() -> None:
-    sizes = StepSizes(init_lr=0.03, outer_lr=0.05)
-    assert sizes.lrs(4) == pytest.approx([0.03] * 4, rel=1e-6)
+    sizes = StepSizes(initial=0.03, step_size_lr=0.05)
+    assert sizes.values(4) == pytest.approx([0.03] * 4, rel=1e-6)
     ref = torch.full((4,), math.log(0.03), dtype=torch.float32, requires_grad=True)
     opt = torch.optim.Adam([ref], lr=0.05, betas=(0.9, 0.999), eps=1e-8)
     gen = torch.Generator().manual_seed(0)
@@ -209,14 +209,14 @@ def test_step_sizes_adam_matches_torch_adam() -> None:
     assert sizes.log_lr is not None
     torch.testing.assert_close(sizes.log_lr, ref.detach(), rtol=1e-6, atol=1e-7)
     # a JSON round trip restores every bit, and the restored copy continues identically
-    clone = StepSizes(init_lr=0.03, outer_lr=0.05)
+    clone = StepSizes(initial=0.03, step_size_lr=0.05)
     clone.load_state_dict(json.loads(json.dumps(sizes.state_dict())))
     g = torch.randn(4, generator=gen)
     sizes.step(g)
     clone.step(g)
     assert torch.equal(clone.log_lr, sizes.log_lr) and clone.t == sizes.t == 6
     with pytest.raises(ValueError, match="for 4 adapter tensors, the adapter has 5"):
-        sizes.lrs(5)
+        sizes.values(5)
     with pytest.raises(ValueError, match="log_lr, adam_m, adam_v and t"):
         clone.load_state_dict({"log_lr": [0.0]})
 
@@ -224,7 +224,7 @@ def test_step_sizes_adam_matches_torch_adam() -> None:
 def test_meta_step_updates_step_sizes_with_the_task_mean(episodes) -> None:
     """First meta-step: the adapter moves as FOMAML's (same lrs), and the step sizes take
     one Adam step on sum(task step-size gradients) / n_real_tasks."""
-    cfg = AlgorithmConfig(inner_steps=2, inner_lr=0.1, step_size_lr=0.02)
+    cfg = AlgorithmConfig(inner_steps=2, inner_lr=0.1, metasgd=MetaSGDConfig(step_size_lr=0.02))
     optim = OuterOptimConfig(outer_lr=1e-2)
     meta = build_algorithm("metasgd", cfg, PAD_ID)
     fomaml = build_algorithm("fomaml", AlgorithmConfig(inner_steps=2, inner_lr=0.1), PAD_ID)
@@ -243,7 +243,7 @@ def test_meta_step_updates_step_sizes_with_the_task_mean(episodes) -> None:
         # not bitwise: the initial step sizes are exp(fp32(log 0.1)), 0.1 to fp32 precision
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
     ref = StepSizes(0.1, 0.02)
-    ref.lrs(len(expected))
+    ref.values(len(expected))
     ref.step(expected / 3)
     assert meta.step_sizes.log_lr is not None and ref.log_lr is not None
     torch.testing.assert_close(meta.step_sizes.log_lr, ref.log_lr, rtol=1e-6, atol=1e-6)
@@ -270,7 +270,7 @@ def test_skipped_meta_step_leaves_step_sizes(episodes) -> None:
     assert meta.step_sizes.log_lr is not None
     assert torch.equal(meta.step_sizes.log_lr, torch.full_like(meta.step_sizes.log_lr, math.log(1e30)))
     with pytest.raises(ValueError, match="no step_size_grad"):
-        meta.outer_update(engine, RankResult([], torch.zeros(0), torch.zeros(0), [], None, 1, 1), 1,
+        meta.outer_update(engine, RankResult(grads=[], query_loss_before=torch.zeros(0), query_loss_after=torch.zeros(0), support_seconds=[], query_seconds=None, support_repeats=1, query_repeats=1), 1,
                           skipped=False)
 
 
@@ -294,7 +294,7 @@ def test_step_sizes_file_round_trip_and_errors(tmp_path: Path) -> None:
     path.write_text("{")
     with pytest.raises(ValueError, match="not a valid step-size file"):
         load_step_sizes(tmp_path)
-    with pytest.raises(ValueError, match="2 inner lrs for 8"):
+    with pytest.raises(ValueError, match="2 step sizes for 8"):
         save_step_sizes(tmp_path, names, [0.1, 0.1])
 
 
@@ -311,8 +311,8 @@ def test_adapters_saved_before_the_rename_still_load_their_step_sizes(tmp_path: 
 
 
 def test_config_accepts_metasgd_and_refuses_bad_step_size_lr() -> None:
-    assert AlgorithmConfig(step_size_lr=0.05).step_size_lr == 0.05
+    assert AlgorithmConfig(metasgd=MetaSGDConfig(step_size_lr=0.05)).metasgd.step_size_lr == 0.05
     for bad in (0.0, -0.1, math.inf):
-        assert any("step_size_lr=" in p for p in AlgorithmConfig(step_size_lr=bad).validate())
+        assert any("step_size_lr=" in p for p in MetaSGDConfig(step_size_lr=bad).validate())
         with pytest.raises(ConfigError, match="step_size_lr="):
-            build_algorithm("metasgd", AlgorithmConfig(step_size_lr=bad), PAD_ID)
+            build_algorithm("metasgd", AlgorithmConfig(metasgd=MetaSGDConfig(step_size_lr=bad)), PAD_ID)

@@ -13,9 +13,11 @@ from fmmeta.algorithms.config import InnerLoopConfig
 from fmmeta.algorithms.inner_loop import adapt, restore, snapshot
 from fmmeta.evaluation import (
     IN_CONTEXT,
+    AdaptPlan,
     EpisodeRecord,
     EvalMethod,
     EvalResult,
+    EvalSettings,
     evaluate_held_out,
     evaluate_methods,
     select_inner_lr,
@@ -25,6 +27,10 @@ from fmmeta.evaluation.scoring import score_query
 from fmmeta.tasks.episode import collate
 
 torch.set_num_threads(1)
+
+
+def _settings(inner: InnerLoopConfig, max_steps: int, **kw) -> EvalSettings:
+    return EvalSettings(inner=inner, max_steps=max_steps, pad_id=PAD, **kw)
 
 
 def _episodes(seed: int, n_seeds: int = 3, prefix: str = "test", **kw):
@@ -58,10 +64,8 @@ def test_records_equal_direct_adaptation_and_params_are_restored(optimizer: str)
     eps = _episodes(seed=2)
     inner = InnerLoopConfig(inner_steps=2, inner_lr=0.2, inner_optimizer=optimizer, inner_clip_norm=5.0)
     model.train()
-    res = evaluate_methods(
-        model, params, methods, eps, inner, 2, PAD, inner_lrs={"trained": 0.05}, micro_batch_size=8,
-        progress=True,
-    )
+    res = evaluate_methods(model, params, methods, eps, _settings(inner, 2, micro_batch_size=8),
+                           inner_lrs={"trained": 0.05}, progress=True)
     assert model.training  # mode restored
     for p, q in zip(params, before):
         assert torch.equal(p, q)
@@ -138,12 +142,12 @@ def test_lr_selection_never_touches_held_out_episodes() -> None:
     inner = InnerLoopConfig(inner_steps=1, inner_lr=0.1)
     grid = (0.01, 0.3)
 
-    alone = select_inner_lr(rec, params, methods, val, inner, steps=1, pad_id=PAD, lr_grid=grid)
+    alone = select_inner_lr(rec, params, methods, val, _settings(inner, 1, lr_grid=grid))
     n_select = len(rec.saw)
     assert n_select > 0 and not any(rec.saw)
     rec.saw.clear()
 
-    res = evaluate_held_out(rec, params, methods, val, test, inner, 1, PAD, lr_grid=grid)
+    res = evaluate_held_out(rec, params, methods, val, test, _settings(inner, 1, lr_grid=grid))
     # every selection pass ran before the first held-out pass, and none saw a held-out token
     assert rec.saw[:n_select] == [False] * n_select and all(rec.saw[n_select:])
     assert res.lr_selection is not None and res.lr_selection.chosen == alone.chosen
@@ -153,7 +157,7 @@ def test_lr_selection_never_touches_held_out_episodes() -> None:
         assert alone.chosen[m] == min(table, key=lambda lr: (table[lr], lr))
     # a held-out set that shares a task with validation is refused
     with pytest.raises(ValueError, match=r"tasks \['val_cls'\] are both validation and held-out"):
-        evaluate_held_out(rec, params, methods, val, [[val[0]]] * 3, inner, 1, PAD, lr_grid=grid)
+        evaluate_held_out(rec, params, methods, val, [[val[0]]] * 3, _settings(inner, 1, lr_grid=grid))
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
@@ -166,8 +170,7 @@ def test_lr_selection_table_equals_direct_validation_loss(optimizer: str) -> Non
     before = snapshot(params)
     val = _episodes(8, n_seeds=1, prefix="val")[0]
     inner = InnerLoopConfig(inner_steps=2, inner_lr=0.1, inner_optimizer=optimizer)
-    sel = select_inner_lr(model, params, {"base": None}, val, inner, steps=2, pad_id=PAD,
-                          lr_grid=(0.05, 1.0))
+    sel = select_inner_lr(model, params, {"base": None}, val, _settings(inner, 2, lr_grid=(0.05, 1.0)))
     for p, q in zip(params, before):
         assert torch.equal(p, q)
     for lr in (0.05, 1.0):
@@ -182,14 +185,14 @@ def test_invalid_evaluation_inputs_name_the_problem() -> None:
     eps = _episodes(10)
     inner = InnerLoopConfig()
     with pytest.raises(ValueError, match="min_seeds=3"):
-        evaluate_methods(model, params, {"base": None}, eps[:2], inner, 1, PAD)
+        evaluate_methods(model, params, {"base": None}, eps[:2], _settings(inner, 1))
     bad = [t[..., :1] for t in random_state(params, 1)]
     with pytest.raises(ValueError, match=r"methods\['x'\]\[0\] has shape"):
-        evaluate_methods(model, params, {"x": bad}, eps, inner, 1, PAD)
+        evaluate_methods(model, params, {"x": bad}, eps, _settings(inner, 1))
     with pytest.raises(ValueError, match="validation_episodes is empty"):
-        select_inner_lr(model, params, {"base": None}, [], inner, steps=1, pad_id=PAD)
+        select_inner_lr(model, params, {"base": None}, [], _settings(inner, 1))
     with pytest.raises(ValueError, match="lr_grid"):
-        select_inner_lr(model, params, {"base": None}, eps[0], inner, steps=1, pad_id=PAD, lr_grid=(0.0,))
+        select_inner_lr(model, params, {"base": None}, eps[0], _settings(inner, 1, lr_grid=(0.0,)))
 
 
 def test_every_method_sees_the_same_episodes_and_demonstrations_follow_adaptation() -> None:
@@ -208,7 +211,7 @@ def test_every_method_sees_the_same_episodes_and_demonstrations_follow_adaptatio
     }
     eps = _episodes(13)
     inner = InnerLoopConfig(inner_steps=2, inner_lr=0.1)
-    res = evaluate_methods(rec, params, methods, eps, inner, 2, PAD, icl_max_length=10_000,
+    res = evaluate_methods(rec, params, methods, eps, _settings(inner, 2, icl_max_length=10_000),
                            families={"test_cls": "fam_a", "test_gen": "fam_b"})
     keys = {m: {(r.seed, r.episode, r.task) for r in res.records if r.method == m} for m in methods}
     assert all(k == keys["base"] for k in keys.values()) and len(keys["base"]) == 6
@@ -257,18 +260,18 @@ def test_learned_step_sizes_are_used_as_they_are_and_not_tuned() -> None:
     val = _episodes(16, n_seeds=1, prefix="val")[0]
     test = _episodes(17)
     inner = InnerLoopConfig(inner_steps=2, inner_lr=0.1)
-    res = evaluate_held_out(model, params, methods, val, test, inner, 2, PAD, lr_grid=(0.01, 0.3))
+    res = evaluate_held_out(model, params, methods, val, test, _settings(inner, 2, lr_grid=(0.01, 0.3)))
     assert set(res.lr_selection.chosen) == {"plain"} and set(res.inner_lrs) == {"plain"}
     assert res.step_sizes == {"learned": learned}
     ep = test[0][1]
     restore(params, trained)
-    adapt(model, params, [collate(ep.support, PAD)], inner, steps=2, lrs=learned)
+    adapt(model, params, [collate(ep.support, PAD)], inner, steps=2, step_sizes=learned)
     ref = score_query(model, ep, PAD)
     rec = next(r for r in res.records if (r.method, r.seed, r.episode, r.step) == ("learned", 0, 1, 2))
     assert rec.loss == pytest.approx(ref.loss, rel=1e-5)
     restore(params, before)
-    with pytest.raises(ValueError, match="inner lrs"):
-        evaluate_methods(model, params, {"x": EvalMethod(trained, step_sizes=[0.1])}, test, inner, 1, PAD)
+    with pytest.raises(ValueError, match="step sizes for"):
+        evaluate_methods(model, params, {"x": EvalMethod(trained, step_sizes=[0.1])}, test, _settings(inner, 1))
     assert "learned step sizes, one per adapter tensor" in format_markdown(res)
 
 
@@ -280,8 +283,8 @@ def test_scoring_a_few_steps_gives_the_same_scores_at_those_steps() -> None:
     methods = {"base": None, "trained": random_state(params, seed=1)}
     eps = _episodes(seed=3)
     inner = InnerLoopConfig(inner_steps=3, inner_lr=0.2, inner_clip_norm=5.0)
-    every = evaluate_methods(model, params, methods, eps, inner, 3, PAD)
-    few = evaluate_methods(model, params, methods, eps, inner, 3, PAD, score_steps=(1,))
+    every = evaluate_methods(model, params, methods, eps, _settings(inner, 3))
+    few = evaluate_methods(model, params, methods, eps, _settings(inner, 3, score_steps=(1,)))
     assert few.scored_steps() == [1, 3] and every.scored_steps() == [0, 1, 2, 3]
     full = {(r.method, r.seed, r.episode, r.step): r for r in every.records}
     assert len(few.records) == len(every.records) // 2
@@ -290,7 +293,7 @@ def test_scoring_a_few_steps_gives_the_same_scores_at_those_steps() -> None:
     text = format_markdown(few)
     assert "(scored after [1, 3])" in text and "| 1 step | 3 steps |" in text and "0 steps" not in text
     with pytest.raises(ValueError, match="score_steps=\\[4\\] is invalid"):
-        evaluate_methods(model, params, methods, eps, inner, 3, PAD, score_steps=(4,))
+        evaluate_methods(model, params, methods, eps, _settings(inner, 3, score_steps=(4,)))
 
 
 @pytest.mark.parametrize(("optimizer", "padding_free"), [("sgd", False), ("adam", False), ("adam", True)])
@@ -320,8 +323,8 @@ def test_episodes_adapted_together_score_as_one_at_a_time(optimizer: str, paddin
 
     def run(per_pass: int, padding_free: bool = False) -> dict:
         cfg = dataclasses.replace(inner, padding_free=padding_free)
-        res = evaluate_methods(model, params, methods, eps, cfg, 2, PAD, micro_batch_size=2,
-                               episodes_per_pass=per_pass)
+        res = evaluate_methods(model, params, methods, eps,
+                               _settings(cfg, 2, micro_batch_size=2, episodes_per_pass=per_pass))
         return {(r.method, r.seed, r.episode, r.step): r for r in res.records}
 
     alone, together = run(1), run(2, padding_free)
@@ -370,24 +373,24 @@ def test_a_method_trained_in_context_adapts_and_is_scored_in_that_format() -> No
     eps = _episodes(23, n_seeds=3)
     formatted = [[ep.in_context(200) for ep in seed] for seed in eps]
     inner = InnerLoopConfig(inner_steps=2, inner_lr=0.1)
-    kw = dict(icl_max_length=200, families={"test_cls": "fam_a", "test_gen": "fam_b"})
+    settings, families = _settings(inner, 2, icl_max_length=200), {"test_cls": "fam_a", "test_gen": "fam_b"}
     ours = evaluate_methods(model, params, {"m": EvalMethod(trained, demonstrations=True, in_context_support=True)},
-                            eps, inner, 2, PAD, **kw)
-    ref = evaluate_methods(model, params, {"m": EvalMethod(trained)}, formatted, inner, 2, PAD, **kw)
+                            eps, settings, families=families)
+    ref = evaluate_methods(model, params, {"m": EvalMethod(trained)}, formatted, settings, families=families)
     assert len(ours.records) == len(ref.records) == 3 * 2 * 3
     for a, b in zip(ours.records, ref.records, strict=True):
         assert (a.seed, a.episode, a.step, a.accuracy) == (b.seed, b.episode, b.step, b.accuracy)
         assert a.loss == pytest.approx(b.loss, rel=1e-5)
     demos_only = evaluate_methods(model, params, {"m": EvalMethod(trained, demonstrations=True)},
-                                  eps, inner, 2, PAD, **kw)
+                                  eps, settings, families=families)
     after = [r.loss for r in ours.records if r.step == 2]
     assert max(abs(x - r.loss) for x, r in zip(after, [r for r in demos_only.records if r.step == 2])) > 1e-4
     val = [ep for seed in eps for ep in seed]
     grid = (0.05, 0.3)
     chose = select_inner_lr(model, params, {"m": EvalMethod(trained, demonstrations=True, in_context_support=True)},
-                            val, inner, steps=2, pad_id=PAD, lr_grid=grid, icl_max_length=200)
+                            val, _settings(inner, 2, lr_grid=grid, icl_max_length=200))
     chose_ref = select_inner_lr(model, params, {"m": EvalMethod(trained)}, [ep.in_context(200) for ep in val],
-                                inner, steps=2, pad_id=PAD, lr_grid=grid)
+                                _settings(inner, 2, lr_grid=grid))
     for lr in grid:
         assert chose.val_loss["m"][lr] == pytest.approx(chose_ref.val_loss["m"][lr], rel=1e-5)
 
@@ -421,7 +424,8 @@ def test_the_lr_choice_takes_each_episodes_first_gradient_once(padding_free: boo
     def final_losses(episodes: list) -> tuple[list[float], int]:
         rows.clear()
         scored = adapt_and_score(model, TaskLoRA(model, params), params, [p.detach() for p in params], episodes,
-                                 cfg, 2, PAD, 2, Lockstep(model, params, OneRank()), score_steps=(),
+                                 AdaptPlan(inner=cfg, pad_id=PAD, micro_batch_size=2), 2,
+                                 Lockstep(model, params, OneRank()), score_steps=(),
                                  task_lrs=[lr for lr in grid for _ in eps])
         return [sc[0][1] for sc in scored], sum(rows)
 

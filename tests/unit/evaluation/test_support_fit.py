@@ -12,7 +12,7 @@ from eval_helpers import PAD, lora_params, random_episode, random_state, tiny_lo
 
 from fmmeta.algorithms.config import InnerLoopConfig
 from fmmeta.algorithms.inner_loop import adapt, restore, snapshot
-from fmmeta.evaluation import evaluate_methods, score_query, support_fit
+from fmmeta.evaluation import EvalSettings, evaluate_methods, score_query, support_fit
 from fmmeta.tasks.episode import collate
 
 torch.set_num_threads(1)
@@ -44,7 +44,7 @@ def test_fit_curve_equals_direct_adaptation_and_the_evaluation() -> None:
     # fitting happens: the support loss falls from step 1 to step 3
     assert curve[1].support_loss < curve[0].support_loss
     restore(params, theta)
-    res = evaluate_methods(model, params, {"m": None}, [eps] * 3, inner, 3, PAD)
+    res = evaluate_methods(model, params, {"m": None}, [eps] * 3, EvalSettings(inner=inner, max_steps=3, pad_id=PAD))
     final = [r for r in res.records if r.seed == 0 and r.step == 3]
     assert curve[1].query_loss == pytest.approx(sum(r.loss for r in final) / 4, rel=1e-5)
 

@@ -10,7 +10,7 @@ import yaml
 
 from fmmeta.config import ConfigError, load_config
 from fmmeta.study import StudyConfig, recipe_problems, searched_keys
-from fmmeta.study.config import trial_overrides
+from fmmeta.study.config import key_type, trial_overrides
 
 REPO = Path(__file__).resolve().parents[3]
 SMOKE = str(REPO / "recipes" / "configs" / "smoke.yaml")
@@ -31,8 +31,8 @@ def _problems(tmp_path: Path, declaration: dict) -> list[str]:
 def test_the_shipped_example_declares_a_valid_study() -> None:
     study = load_config(StudyConfig, REPO / "recipes" / "configs" / "study_smoke.yaml")
     assert list(study.space) == ["fomaml", "reptile", "multitask"]
-    assert set(searched_keys(study.space["fomaml"])) == {"algorithm.inner_lr", "algorithm.inner_steps"}
-    assert searched_keys(study.space["reptile"])["optim.outer_lr"].log is True
+    assert set(searched_keys(study.space["fomaml"], "fomaml")) == {"algorithm.inner_lr", "algorithm.inner_steps"}
+    assert searched_keys(study.space["reptile"], "reptile")["optim.outer_lr"].log is True
     assert recipe_problems(study) == []
 
 
@@ -74,7 +74,7 @@ def test_study_level_problems_are_reported_together(tmp_path: Path) -> None:
     problems = _problems(tmp_path, {
         "seeds": 2, "trials": 0, "overrides": ["methods=[fomaml]", "train.meta_steps=9"],
         "space": {"fomaml": {"train": {"meta_steps": {"choices": [2.5, 4]}},
-                             "algorithm": {"step_size_lr": {"low": 0.01, "high": 0.1}}}},
+                             "settings": {"step_size_lr": {"low": 0.01, "high": 0.1}}}},
     })
     text = "\n".join(problems)
     assert "seeds=2 is invalid: must be >= 3" in text
@@ -82,8 +82,27 @@ def test_study_level_problems_are_reported_together(tmp_path: Path) -> None:
     assert "overrides[0]='methods=[fomaml]' is invalid: the study sets methods" in text
     assert "overrides[1]='train.meta_steps=9' is invalid" in text
     assert "space.fomaml.train.meta_steps=[2.5, 4.0] is invalid" in text and "whole number" in text
-    assert "space.fomaml.algorithm.step_size_lr is invalid: only metasgd" in text
+    assert "space.fomaml.settings.step_size_lr is invalid: fomaml has no settings of its own" in text
     assert len(problems) == 6, problems
+
+
+def test_a_methods_own_settings_are_searched_under_its_section(tmp_path: Path) -> None:
+    study = _load(tmp_path, {"space": {"metasgd": {"settings": {"step_size_lr": {"low": 0.01, "high": 0.1}}}}})
+    keys = searched_keys(study.space["metasgd"], "metasgd")
+    assert list(keys) == ["algorithm.metasgd.step_size_lr"] and key_type(*keys) is float
+    anil = _load(tmp_path, {"space": {"anil": {"settings": {"layers": {"choices": [0, 2]}}}}})
+    assert key_type("algorithm.anil.layers") is int
+    assert recipe_problems(anil) == ["space.anil.algorithm.anil.layers=0: the train recipe refuses it: "
+                                     "algorithm.anil.layers=0 is invalid: must be >= 1 (the top decoder layers "
+                                     "the inner loop adapts; ANIL's paper adapts only the head)"]
+    problems = _problems(tmp_path, {"space": {
+        "metasgd": {"settings": {"step_size": {"low": 0.01, "high": 0.1}}},
+        "reptile": {"algorithm": {"step_size_lr": {"low": 0.01, "high": 0.1}}}}})
+    assert problems == [
+        "space.reptile.algorithm.step_size_lr has moved to space.metasgd.settings.step_size_lr: write it "
+        "there (same value)",
+        "space.metasgd.settings.step_size is invalid: metasgd has the settings ['step_size_lr']; remove it",
+    ], problems
 
 
 def test_an_empty_space_is_refused(tmp_path: Path) -> None:
@@ -137,7 +156,7 @@ def test_fmmeta_study_refuses_a_bad_declaration_with_exit_2(tmp_path: Path, caps
 
 def test_inner_format_is_searched_by_its_words(tmp_path: Path) -> None:
     study = _load(tmp_path, {"space": {"fomaml": {"algorithm": {"inner_format": {"choices": ["plain", "in_context"]}}}}})
-    assert searched_keys(study.space["fomaml"])["algorithm.inner_format"].choices == ("plain", "in_context")
+    assert searched_keys(study.space["fomaml"], "fomaml")["algorithm.inner_format"].choices == ("plain", "in_context")
     assert recipe_problems(study) == []
     argv = trial_overrides(study, "fomaml", {"algorithm.inner_format": "in_context"}, 4, tmp_path / "t")
     assert "algorithm.inner_format=in_context" in argv

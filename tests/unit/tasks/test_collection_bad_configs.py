@@ -264,7 +264,8 @@ def test_recipe_refuses_a_bad_collection_before_building_the_model(
     def no_model(*args, **kwargs):
         raise AssertionError("a model was built before the config was checked")
 
-    monkeypatch.setattr(train, "build_model_and_tokenizer", no_model)
+    # The recipe builds the model through the engine face (EngineFactory.build_base).
+    monkeypatch.setattr("fmmeta.engine.factory.build_model_and_tokenizer", no_model)
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump({"tasks": {"collection": _with(tmp_path, 0, output_column="answer")}}))
     assert train.main(["--config", str(path), f"output_dir={tmp_path / 'run'}"]) == 2

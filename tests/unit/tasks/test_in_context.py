@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fmmeta.algorithms.build import adapts_in_context
+from fmmeta.algorithms.build import METHODS
 from fmmeta.algorithms.config import AlgorithmConfig
 from fmmeta.config import ConfigError, raise_if_invalid
 from fmmeta.tasks import ClassificationTask, EpisodeSpec
@@ -39,8 +39,8 @@ def test_an_in_context_task_draws_the_plain_episode_formatted() -> None:
 def test_only_the_adapting_methods_adapt_in_context() -> None:
     cfg = AlgorithmConfig(inner_format="in_context")
     assert [m for m in ("fomaml", "metasgd", "reptile", "multitask", "metaicl")
-            if adapts_in_context(m, cfg)] == ["fomaml", "metasgd", "reptile"]
-    assert not adapts_in_context("fomaml", AlgorithmConfig())
+            if METHODS[m].adapts_in_context(cfg)] == ["fomaml", "metasgd", "reptile"]
+    assert not METHODS["fomaml"].adapts_in_context(AlgorithmConfig())
 
 
 def test_an_unknown_inner_format_is_refused_with_the_choices() -> None:
