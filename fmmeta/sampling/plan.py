@@ -22,6 +22,7 @@ step (:mod:`fmmeta.sampling.rows_plan` explains why and what it costs).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 from collections.abc import Callable
@@ -279,8 +280,9 @@ def bucketed(plan: MetaBatchPlan, buckets: Sequence[int]) -> MetaBatchPlan:
     keep = tuple(buckets)
 
     def widen(passes: tuple[PackedPass, ...]) -> tuple[PackedPass, ...]:
-        return tuple(p if p.is_dummy else PackedPass(p.slots, p.examples, padded_length(p.width, None, keep),
-                                                     p.n_tokens) for p in passes)
+        return tuple(p if p.is_dummy else dataclasses.replace(p, width=padded_length(p.width, None, keep))
+                     for p in passes)
 
-    ranks = tuple(RankPlan(r.slots, widen(r.support), widen(r.query), r.shared, keep) for r in plan.ranks)
-    return MetaBatchPlan(plan.step, ranks, plan.n_real_tasks, plan.placement, dict(plan.predicted))
+    ranks = tuple(dataclasses.replace(r, support=widen(r.support), query=widen(r.query), length_buckets=keep)
+                  for r in plan.ranks)
+    return dataclasses.replace(plan, ranks=ranks, predicted=dict(plan.predicted))

@@ -129,6 +129,17 @@ def test_the_cache_goes_into_the_run_folder_unless_the_environment_names_one(
     assert use_cache_dir(tmp_path / "run2") == tmp_path / "mine"
 
 
+def test_the_default_cache_is_the_venvs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Every run and resume of a checkout shares one cache: its venv's (none outside a venv)."""
+    from fmmeta.engine.compiled import venv_cache_dir
+
+    monkeypatch.setattr("sys.prefix", str(tmp_path / ".venv"))
+    monkeypatch.setattr("sys.base_prefix", "/usr")
+    assert venv_cache_dir() == tmp_path / ".venv" / CACHE_FOLDER
+    monkeypatch.setattr("sys.base_prefix", str(tmp_path / ".venv"))
+    assert venv_cache_dir() is None
+
+
 def test_a_model_without_a_repeated_block_is_refused() -> None:
     assert len(decoder_layers(build_tiny_peft())) == 2
     with pytest.raises(ValueError, match="engine.compile: false"):
