@@ -26,6 +26,7 @@ from fmmeta.engine.compiled import (
     decoder_layers,
     use_cache_dir,
 )
+from fmmeta.evaluation.support_fit import support_fit
 
 from ._tiny import PAD_ID, build_tiny_peft, make_episode, make_mixed_rank, make_rank
 from .reference import trainable
@@ -57,8 +58,8 @@ def _close(compiled: list[torch.Tensor], eager: list[torch.Tensor]) -> None:
 
 
 def test_compiled_meta_steps_and_adaptation_equal_eager_in_fp32() -> None:
-    """Meta-steps (losses before and after adapting, meta-gradients) and a one-adapter
-    adaptation as evaluation runs it: compiled layers give eager's figures to 1e-5 in fp32. On
+    """Meta-steps (losses before and after adapting, meta-gradients), a one-adapter adaptation
+    and evaluation's adaptation and scoring: compiled layers give eager's figures to 1e-5 in fp32. On
     the recipe's padding-free lines (which fall back to padded rows where lines save little, so
     both kinds of pass run)."""
     padding_free = True
@@ -76,9 +77,12 @@ def test_compiled_meta_steps_and_adaptation_equal_eager_in_fp32() -> None:
         for work in works:
             r = algo.rank_gradient(model, params, work)
             out += [*r.grads, r.query_loss_after, r.query_loss_before]
-        adapt(model, params, support, algo.cfg.inner_loop, steps=2)  # evaluation's adaptation
+        adapt(model, params, support, algo.cfg.inner_loop, steps=2)  # one adapter, in place
         out += [p.detach().clone() for p in params]
         restore(params, theta)
+        # evaluation's adaptation: stacked fast weights through TaskLoRA, then scoring (no grad)
+        fit = support_fit(model, params, [episode], algo.cfg.inner_loop, 2, PAD_ID, score_steps=[2])
+        out += [torch.tensor([f.support_loss, f.query_loss], dtype=torch.float64) for f in fit]
         return out
 
     eager = run()
