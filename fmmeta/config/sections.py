@@ -276,8 +276,8 @@ class EngineConfig:
     adaptation (fmmeta.engine.compiled): the same losses as eager to float rounding, faster
     passes after a first compile that the venv keeps (.venv/inductor_cache, or
     TORCHINDUCTOR_CACHE_DIR) for a resume or a second run; the telemetry reports graphs and
-    compile seconds. Off by default: on the 2-core CPU the default run's training is shorter
-    than its compiling (docs/design.md, "Compiled layers")."""
+    compile seconds. Off until a benchmark shows it pays for the default run (on the 2-core CPU
+    its training was shorter than its compiling; docs/design.md, "Compiled layers")."""
 
     def validate(self) -> list[str]:
         """Range checks; a DeepSpeed config path must exist."""

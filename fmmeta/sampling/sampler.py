@@ -114,7 +114,7 @@ class SamplerConfig:
     balance_tol: float = 1e-3
     """Stop improving rank balance within this fraction of the lower bound (>= 0)."""
     length_buckets: tuple[int, ...] = ()
-    """Widths (ascending, >= 1) training passes pad up to (fmmeta.sampling.plan.bucketed); [] = own."""
+    """Ascending widths (>= 1) each training pass is padded up to, for static-shape graphs; [] = its own width."""
 
     def validate(self) -> list[str]:
         """Range and choice checks, one problem per field."""
