@@ -265,12 +265,22 @@ def ascending_widths(buckets: Sequence[object]) -> bool:
     return len(ints) == len(buckets) and ints == sorted(set(ints))
 
 
+def bucket_widths(lengths: np.ndarray, buckets: Sequence[int]) -> np.ndarray:
+    """Each length raised to the smallest of ``buckets`` (ascending) that holds it; a length past
+    the last bucket stays (:func:`~fmmeta.tasks.episode.padded_length`, vectorised). What the
+    planners pack and price when ``sampler.length_buckets`` is set: the widths that will run."""
+    if not buckets:
+        return lengths
+    b = np.asarray(buckets, dtype=lengths.dtype)
+    at = np.searchsorted(b, lengths, side="left")
+    return np.where(at < b.size, b[np.minimum(at, b.size - 1)], lengths)
+
+
 def bucketed(plan: MetaBatchPlan, buckets: Sequence[int]) -> MetaBatchPlan:
-    """``plan`` with every pass's width raised to the smallest of ``buckets`` that holds it and
-    the buckets recorded on each rank (collation pads to them): the plan's padded tokens and
-    cost-model features then price the shapes that will run. The packing itself was decided on
-    the rows' own widths (a pass can hold up to a bucket's spacing more padded tokens than
-    ``tokens_per_pass``). No buckets: ``plan`` itself.
+    """``plan``, packed by the planners on bucket widths (:func:`bucket_widths`), with the buckets
+    recorded on each rank (collation pads to them), every pass's width a bucket and its
+    ``n_tokens`` the real tokens of its rows again (the planners counted the widths). No
+    buckets: ``plan`` itself.
 
     Fixed widths are what a static-shape compiled graph or a CUDA graph reuses; engine.compile's
     layers take dynamic shapes, so on a CPU a new width costs them no graph, and buckets only add
@@ -279,10 +289,12 @@ def bucketed(plan: MetaBatchPlan, buckets: Sequence[int]) -> MetaBatchPlan:
         return plan
     keep = tuple(buckets)
 
-    def widen(passes: tuple[PackedPass, ...]) -> tuple[PackedPass, ...]:
-        return tuple(p if p.is_dummy else dataclasses.replace(p, width=padded_length(p.width, None, keep))
-                     for p in passes)
+    def widen(r: RankPlan, query: bool) -> tuple[PackedPass, ...]:
+        return tuple(p if p.is_dummy else dataclasses.replace(
+            p, width=padded_length(p.width, None, keep),
+            n_tokens=sum(ex.n_tokens for ex in p.rows(r.slots, query=query)))
+            for p in (r.query if query else r.support))
 
-    ranks = tuple(dataclasses.replace(r, support=widen(r.support), query=widen(r.query), length_buckets=keep)
+    ranks = tuple(dataclasses.replace(r, support=widen(r, False), query=widen(r, True), length_buckets=keep)
                   for r in plan.ranks)
     return dataclasses.replace(plan, ranks=ranks, predicted=dict(plan.predicted))

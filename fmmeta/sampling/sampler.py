@@ -359,7 +359,7 @@ class CostAwareSampler:
             on_uneven=self.config.on_uneven,  # type: ignore[arg-type]
             tol=self.config.balance_tol,
             placement=self.config.placement,  # type: ignore[arg-type]
-            fast_weight_numel=self.fast_weight_numel,
+            fast_weight_numel=self.fast_weight_numel, length_buckets=self.config.length_buckets,
             lockstep=self.lockstep,
         )
         self._last_step = max(self._last_step, step)

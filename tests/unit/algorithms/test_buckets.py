@@ -50,13 +50,34 @@ def test_bucketed_passes_give_the_same_meta_gradient_in_fp32(padding_free: bool)
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_the_sampler_plans_bucket_widths_and_refuses_buckets_out_of_order() -> None:
-    cfg = SamplerConfig(meta_batch_size=4, length_buckets=(64, 128, 256, 1024))
-    sampler = CostAwareSampler(lognormal_pool(20, seed=2), cfg, world_size=2, seed=0, support_repeats=2)
-    plan = sampler.sample(0)
-    passes = [p for r in plan.ranks for p in r.support + r.query if not p.is_dummy]
-    assert passes and all(p.width in cfg.length_buckets for p in passes)
-    assert all(r.length_buckets == cfg.length_buckets for r in plan.ranks)
+@pytest.mark.parametrize("placement", ["tasks", "rows"])
+def test_the_sampler_packs_at_bucket_widths_within_the_budget(placement: str) -> None:
+    """The planners pack and price every row at its bucket width, so a pass of several rows stays
+    within tokens_per_pass at the widths that run, and each pass still counts its real tokens."""
+    buckets = (64, 128, 256, 1024)
+
+    def plan(length_buckets: tuple[int, ...]):
+        cfg = SamplerConfig(meta_batch_size=4, tokens_per_pass=400, placement=placement,
+                            length_buckets=length_buckets)
+        sampler = CostAwareSampler(lognormal_pool(20, seed=2), cfg, world_size=2, seed=0, support_repeats=2)
+        return sampler.sample(0)
+
+    wide, plain = plan(buckets), plan(())
+    passes = [p for r in wide.ranks for p in r.support + r.query if not p.is_dummy]
+    assert passes and all(p.width in buckets for p in passes)
+    assert all(p.n_rows * p.width <= 400 for p in passes if p.n_rows > 1)  # packed at own widths: up to 640
+    assert all(r.length_buckets == buckets for r in wide.ranks)
+
+    def real(p) -> tuple[int, int]:
+        return sum(q.n_tokens for r in p.ranks for q in r.support + r.query), \
+            sum(ex.n_tokens for r in p.ranks for q in r.support for ex in q.rows(r.slots, query=False))
+
+    assert real(wide)[0] == real(wide)[1] + sum(
+        ex.n_tokens for r in wide.ranks for q in r.query for ex in q.rows(r.slots, query=True))
+    assert real(wide)[0] == real(plain)[0]  # the same tasks' tokens, counted as real ones
+
+
+def test_buckets_out_of_order_are_refused() -> None:
     assert SamplerConfig(length_buckets=(128, 64)).validate() == [
         "length_buckets=(128, 64) is invalid: need ascending distinct integer widths >= 1; "
         "e.g. [64, 128, 256, 512], or [] for none"]
