@@ -19,22 +19,28 @@ and, as the last line, one JSON object:
 
 With ``--meta-steps K`` (default 4; 0 skips it) it then measures what the recipe would see:
 real FOMAML meta-steps (the recipe's defaults: K meta-batches drawn by its sampler from the CLDR
-suite, padding-free lines) with every decoder layer compiled on its own ("regional" compiling:
-the layers share one code object, so one layer's graphs serve all of them). The first round
-over the K meta-batches compiles; later rounds alternate each meta-batch eager
-(``torch.compiler.set_stance("force_eager")``, the same model) and compiled. Under ``meta_step``:
+suite, padding-free lines) with every decoder layer compiled on its own ("regional" compiling,
+``engine.compile``'s path, :func:`fmmeta.engine.compiled.compile_layers`: the layers share one
+code object, so one layer's graphs serve all of them). The first round over the K meta-batches
+compiles; later rounds alternate each meta-batch eager (``torch.compiler.set_stance("force_eager")``,
+the same model) and compiled. Under ``meta_step``:
 
+* ``graphs_plain``: graphs a plain ``layer.compile(dynamic=True)`` compiles over the same round
+  (counted with dynamo's tracing only), the "before": a new graph wherever a guard fails, e.g. on
+  whether the first layer's input requires grad or on a module attribute's shape (the task
+  routing, the fast weights), which engine.compile's path removes (TaskLoRA's one-task index,
+  the other guard issue 49 found, is gone from both);
+* ``graphs`` (the "after": the first round with engine.compile's path), ``graphs_added_later``
+  (during the timed rounds: 0 when shapes and routing no longer recompile) and ``compile_s``;
+  what stays is one graph family per grad mode (the query loss before adapting runs without
+  gradient), attention mask or none, and a size of 1 (one row, one task);
 * ``first_round_s`` (compiling included) against ``eager_round_s``, the same meta-batches eager;
-* ``graphs``: the graphs compiled for the layers (dynamo's recompile limit raised to 64 so none
-  falls back to eager unseen): a new graph wherever a guard fails, e.g. on grad mode (the query
-  loss before adapting runs without gradient), on whether the layer's input requires grad (the
-  first layer's does not), on a row count or on the task index of a pass that holds one task;
 * ``seconds`` (median per meta-step, eager and compiled), ``speedup`` (their totals' ratio), ``mfu``
-  (as above, forward-only tokens at 2N) and ``grad_rel_error`` (compiled against eager, the
-  largest over the meta-batches).
+  (as above, forward-only tokens at 2N, side by side) and ``grad_rel_error`` (compiled against
+  eager, the largest over the meta-batches).
 
-The recipe keeps eager: the default run's training is shorter than its compiling, and each new
-shape or routing compiles again.
+The recipe keeps eager by default (``engine.compile: false``): the default run's training is
+shorter than its compiling on the 2-core CPU.
 
 Usage:
     python benchmarks/compiled.py [--tiny | --random] [--threads 1] [--reps 5] [--dtype bfloat16]
@@ -72,32 +78,27 @@ from common import (  # noqa: E402  (benchmarks/common.py)
 
 from fmmeta.algorithms.build import build_algorithm  # noqa: E402
 from fmmeta.config import LoraConfig  # noqa: E402
+from fmmeta.engine.compiled import RECOMPILE_LIMIT, compile_layers, decoder_layers, unique_graphs  # noqa: E402
 from fmmeta.recipe_config import RecipeConfig  # noqa: E402
 from fmmeta.tasks.config import build_task_set  # noqa: E402
 
-RECOMPILE_LIMIT = 64
-"""Dynamo's per-function graph limit while the meta-steps run (its default, 8, would send later
-shapes to eager without a word, and the figures would mix the two)."""
 
-
-def compile_layers(model: torch.nn.Module) -> int:
-    """Compiles, in place, every module of the model's repeated block class (transformers'
-    ``_no_split_modules``: the decoder layer); returns how many."""
-    hf = model.base_model.model
-    blocks = set(getattr(hf, "_no_split_modules", None) or ())
-    layers = [m for m in hf.modules() if type(m).__name__ in blocks]
-    if not layers:
-        raise ValueError(f"{type(hf).__name__} names no repeated block (_no_split_modules) to compile")
+def plain_graph_count(model: torch.nn.Module, works: list, algorithm: object, params: list) -> int:
+    """Graphs a plain per-layer ``layer.compile(dynamic=True)`` compiles over one round of the
+    meta-batches: what issue 49 found (a graph per grad mode, first-layer requires-grad, row count,
+    one-task index...), counted with dynamo's tracing only (backend "eager": the count is
+    dynamo's, inductor would compile the same graphs), then undone."""
+    layers = decoder_layers(model)
+    before = unique_graphs()
     for layer in layers:
-        layer.compile(dynamic=True)
-    return len(layers)
-
-
-def unique_graphs() -> int:
-    """Graphs dynamo has compiled in this process so far."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
+        layer.compile(backend="eager", dynamic=True)
+    for work in works:
+        algorithm.rank_gradient(model, params, work)  # type: ignore[attr-defined]
+    graphs = unique_graphs() - before
+    for layer in layers:
+        layer._compiled_call_impl = None  # back to eager; the engine.compile path compiles next
+    torch._dynamo.reset()
+    return graphs
 
 
 def meta_steps(args: argparse.Namespace, dtype: torch.dtype) -> dict:
@@ -122,22 +123,25 @@ def meta_steps(args: argparse.Namespace, dtype: torch.dtype) -> dict:
         return grads, time.perf_counter() - start, counter.model_flops(non_embedding)
 
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-    n_layers = compile_layers(model)
-    graphs_before = unique_graphs()
+    plain_graphs = plain_graph_count(model, works, algorithm, params)
+    compiled = compile_layers(model)  # engine.compile's path
     with torch.compiler.set_stance("force_eager"):
         eager = [run(w) for w in works]
     first = [run(w) for w in works]
-    graphs = unique_graphs() - graphs_before
+    graphs, compile_s = compiled.graphs, compiled.seconds
     times: dict[str, list[list[float]]] = {"eager": [[] for _ in works], "compiled": [[] for _ in works]}
     for _ in range(args.reps):
         for i, work in enumerate(works):
             with torch.compiler.set_stance("force_eager"):
                 times["eager"][i].append(run(work)[1])
             times["compiled"][i].append(run(work)[1])
+    added = compiled.graphs - graphs  # over the timed rounds: recompiles after the first
     per_step = {k: [statistics.median(t) for t in v] for k, v in times.items()}
     flops = sum(f for _, _, f in eager)
     return {
-        "meta_batches": len(works), "layers_compiled": n_layers, "graphs": graphs,
+        "meta_batches": len(works), "layers_compiled": compiled.layers,
+        "graphs_plain": plain_graphs, "graphs": graphs, "graphs_added_later": added,
+        "compile_s": round(compile_s, 1),
         "first_round_s": round(sum(s for _, s, _ in first), 1),
         "eager_round_s": round(sum(s for _, s, _ in eager), 1),
         "seconds": {k: round(statistics.median(v), 4) for k, v in per_step.items()},
@@ -202,8 +206,9 @@ def main() -> None:
     steps = meta_steps(args, dtype) if args.meta_steps > 0 else None
     if steps is not None:
         print(f"meta-steps ({steps['meta_batches']} FOMAML meta-batches, {steps['layers_compiled']} layers "
-              f"compiled): first round {steps['first_round_s']}s against {steps['eager_round_s']}s eager, "
-              f"{steps['graphs']} graphs; then {steps['seconds']['eager']:.3f}s eager, "
+              f"compiled): first round {steps['first_round_s']}s ({steps['compile_s']}s compiling) against "
+              f"{steps['eager_round_s']}s eager; graphs: {steps['graphs_plain']} with a plain layer.compile, "
+              f"{steps['graphs']} with engine.compile's, {steps['graphs_added_later']} more later; then {steps['seconds']['eager']:.3f}s eager, "
               f"{steps['seconds']['compiled']:.3f}s compiled per meta-step ({steps['speedup']}x), MFU "
               f"{steps['mfu']['eager']} / {steps['mfu']['compiled']}; gradient error {steps['grad_rel_error']:.2e}")
     print(json.dumps({"device": args.device, "model": model_name(args), "dtype": args.dtype,

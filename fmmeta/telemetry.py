@@ -27,6 +27,7 @@ from typing import Any
 
 from fmmeta.algorithms.gather import GatheredStep
 from fmmeta.atomic import locked, replace_text
+from fmmeta.engine.compiled import compile_summary
 from fmmeta.strict_json import dumps_strict
 
 __all__ = ["RankWatch", "SlowRank", "save_telemetry"]
@@ -158,6 +159,7 @@ class RankWatch:
             "meta_steps": self._steps, "peak_memory": self._peak_kind, "ranks": ranks,
             "slow_rank": asdict(self.slow_rank) if self.slow_rank else None,
             "slow_rank_rule": {"window": self.window, "margin": self.margin},
+            **compile_summary(),  # engine.compile: graphs and seconds compiling, this process
         }
 
     def log_summary(self) -> None:
@@ -173,6 +175,9 @@ class RankWatch:
                         r["collective_s"], r["data_wait_s"], r["tokens"], r["peak_memory_mb"])
         if s["slow_rank"] is None and len(s["ranks"]) > 1:
             logger.info("  no rank was persistently slower than the others")
+        if "compile_graphs" in s:
+            logger.info("  engine.compile: %d graphs over %d decoder layers, %.1fs compiling in this process",
+                        s["compile_graphs"], s["compile_layers"], s["compile_seconds"])
 
 
 def save_telemetry(path: Path, method: str, summary: dict[str, Any]) -> None:

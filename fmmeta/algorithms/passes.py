@@ -60,18 +60,21 @@ Pass = PackedBatch | None
 
 
 def collate_pass(examples: Sequence[Example], pad_id: int, pad_to_multiple_of: int | None = None,
-                 *, padding_free: bool = False) -> Batch:
-    """The examples padded to one length, or packed into padding-free lines."""
-    return (collate_lines if padding_free else collate)(examples, pad_id, pad_to_multiple_of)
+                 *, padding_free: bool = False, buckets: Sequence[int] = ()) -> Batch:
+    """The examples padded to one length, or packed into padding-free lines (widths raised to
+    ``buckets``, :func:`~fmmeta.tasks.episode.padded_length`)."""
+    return (collate_lines if padding_free else collate)(examples, pad_id, pad_to_multiple_of, buckets)
 
 
 def pack_pass(p: PackedPass, slots: Sequence[TaskSlot], pad_id: int, *, query: bool,
-              pad_to_multiple_of: int | None = None, padding_free: bool = False) -> Pass:
+              pad_to_multiple_of: int | None = None, padding_free: bool = False,
+              buckets: Sequence[int] = ()) -> Pass:
     """Collates a plan's :class:`~fmmeta.sampling.plan.PackedPass` (``None`` for a dummy pass)."""
     if p.is_dummy:
         return None
     examples = p.rows(tuple(slots), query=query)
-    return PackedBatch(collate_pass(examples, pad_id, pad_to_multiple_of, padding_free=padding_free),
+    return PackedBatch(collate_pass(examples, pad_id, pad_to_multiple_of, padding_free=padding_free,
+                                    buckets=buckets),
                        torch.tensor(p.slots, dtype=torch.long))
 
 
@@ -186,6 +189,11 @@ def run_passes(
                         acc.add_(gi)
         _sync(device)
         seconds.append(time.perf_counter() - t0)
+    if lora is not None:
+        # A route belongs to its pass: a forward after the sweep (e.g. scoring the adapted task
+        # with rows of another shape) runs as task 0, as it did when a one-task route was a
+        # Python int that fit any shape.
+        lora.rows = None
     if grad and grads is None:  # no passes at all
         grads = [torch.zeros_like(w) for w in weights]
     return PassResult(grads, sums, seconds)

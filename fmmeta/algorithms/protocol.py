@@ -83,12 +83,13 @@ def answer_tokens_of_sets(sets: Sequence[Sequence[Example]]) -> torch.Tensor:
 def prepare_rank(plan: RankPlan, pad_id: int, *, pad_to_multiple_of: int | None = None,
                  padding_free: bool = False) -> RankWork:
     """Collates a rank's plan into tensors (cheap enough to run in the prefetcher's thread):
-    each pass padded to its longest row, or packed into padding-free lines."""
+    each pass padded to its longest row, or packed into padding-free lines, widths raised to the
+    plan's :attr:`~fmmeta.sampling.plan.RankPlan.length_buckets`."""
     n = len(plan.slots)
 
     def collated(passes: Sequence[PackedPass], query: bool) -> list[Pass]:
         return [pack_pass(p, plan.slots, pad_id, query=query, pad_to_multiple_of=pad_to_multiple_of,
-                          padding_free=padding_free) for p in passes]
+                          padding_free=padding_free, buckets=plan.length_buckets) for p in passes]
 
     support, query = collated(plan.support, False), collated(plan.query, True)
     if plan.shared:

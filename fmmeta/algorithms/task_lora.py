@@ -12,9 +12,12 @@ scaling``. While :meth:`TaskLoRA.active` is entered, the ``forward`` of every tr
 ``lora_A``/``lora_B`` module is replaced on the instance by a row-wise matmul with the stacked
 weight: ``x[i] @ W[rows[i]].T``. Dropout, scaling, the base layer and every framework hook
 (DeepSpeed's ZeRO-3 gathers) run unchanged, because ``nn.Module.__call__`` still runs them.
-A pass whose rows all belong to one task takes a plain matmul with that task's slice; a pass of
-padding-free lines, whose rows hold several tasks' examples, routes each token instead
-(:meth:`TaskLoRA._per_token`).
+Every pass takes the same route whatever tasks its rows hold: each row's task weight gathered by
+the row -> task tensor, then one batched matmul (a pass of padding-free lines, whose rows hold
+several tasks' examples, routes each token instead; :meth:`TaskLoRA._routed`). The routing
+tensors are built when :attr:`TaskLoRA.rows` is set, outside the model's forward, so a compiled
+decoder layer (``engine.compile``) sees only tensors: an earlier fast path for one-task passes
+chose the task's slice by a Python int, and each int was a new graph.
 """
 
 from __future__ import annotations
@@ -86,9 +89,11 @@ class TaskLoRA:
                     )
         if not self._modules:
             raise ValueError("the model has no trainable LoRA layers: wrap it with fmmeta.models.add_lora")
+        self._device: torch.device = params[0].device if params else torch.device("cpu")
+        self._n_tasks: int | None = None  # of the fast weights while active
         self._rows: torch.Tensor | None = None
-        self._single: int | None = 0
-        self._one_hot: torch.Tensor | None = None  # [tokens, T] of a per-token ``rows``, built once per pass
+        self._route: torch.Tensor | None = None  # ``rows`` on the weights' device
+        self._one_hot: torch.Tensor | None = None  # fp32 ``[B, L, T]`` of a task per token
 
     @property
     def rows(self) -> torch.Tensor | None:
@@ -99,16 +104,24 @@ class TaskLoRA:
     @rows.setter
     def rows(self, rows: torch.Tensor | None) -> None:
         self._rows = rows
+        self._build_routes()
+
+    def _build_routes(self) -> None:
+        """The tensors the LoRA forward reads, made here, outside any compiled region: ``rows``
+        on the weights' device and, for a task per token, its one-hot ``[tokens, T]`` (it needs
+        the fast weights' task count, so it is rebuilt on :meth:`active`)."""
+        rows = self._rows
+        self._route = None if rows is None or rows.numel() == 0 else rows.to(self._device)
         self._one_hot = None
-        if rows is None or rows.numel() == 0:
-            self._single = 0
-        else:
-            lo, hi = int(rows.min()), int(rows.max())
-            self._single = lo if lo == hi else None
+        if self._route is not None and self._route.dim() == 2 and self._n_tasks is not None:
+            self._one_hot = torch.nn.functional.one_hot(self._route, self._n_tasks).float()
 
     @contextlib.contextmanager
     def active(self, fast: Sequence[torch.Tensor]) -> Iterator["TaskLoRA"]:
         """Routes every LoRA matmul through ``fast`` (one ``[T, *shape]`` tensor per parameter)."""
+        if fast:
+            self._n_tasks, self._device = int(fast[0].shape[0]), fast[0].device
+        self._build_routes()
         try:
             for module, i in self._modules:
                 module.forward = self._forward_with(fast[i])  # instance attribute: hooks still run
@@ -116,52 +129,50 @@ class TaskLoRA:
         finally:
             for module, _ in self._modules:
                 module.__dict__.pop("forward", None)
+            self._n_tasks = None
+            self.rows = None  # a route outlives no fast weights (the next may hold fewer tasks)
 
     def _forward_with(self, weight: torch.Tensor):  # noqa: ANN202 - a bound closure
         def forward(x: torch.Tensor) -> torch.Tensor:
             # Fast weights are fp32 (see stack_adapters); each pass casts them to the
             # activations' dtype, and autograd returns their gradient in fp32.
             w = weight if weight.dtype == x.dtype else weight.to(x.dtype)
-            single = self._single
-            if single is not None:
-                return torch.matmul(x, w[single].transpose(0, 1))
-            rows = self._rows
-            assert rows is not None  # _single is None only for a multi-task rows tensor
-            if rows.dim() == 2:
-                return self._per_token(x, w)
-            if x.dim() != 3 or x.shape[0] != rows.shape[0]:
-                raise ValueError(
-                    f"task-batched LoRA expects [rows, length, features] inputs with {rows.shape[0]} "
-                    f"rows, got {tuple(x.shape)}"
-                )
-            per_row = w.index_select(0, rows.to(w.device))  # [B, out, in]
-            return torch.bmm(x, per_row.transpose(1, 2))
+            if self._route is None:  # every row is task 0 (dummy passes, one adapter)
+                return torch.matmul(x, w[0].transpose(0, 1))
+            return self._routed(x, w)
 
         return forward
 
-    def _per_token(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """``x[i, t] @ w[rows[i, t]].T`` as two dense ops: a LoRA factor is thin (rank ``r``), so
-        all ``T`` tasks' products cost ``T`` times a thin matmul, far less than the base layer's.
-        A (``in -> r``) computes every task's output and keeps each token's own; B (``r -> out``)
+    def _routed(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """``x[i, t] @ w[rows[i]].T`` (a task per row) or ``x[i, t] @ w[rows[i, t]].T`` (per
+        token), with no branch on the tasks' values, so one compiled graph serves a pass of one
+        task and one of many. A task per row gathers each row's weight and runs one batched
+        matmul (in eager, 2-3x faster than the per-token form below at 8 tasks, rank 8, hidden
+        576; equal to peft's own matmul to 1e-6 in fp32). A task per token takes two dense ops: a
+        LoRA factor is thin (rank ``r``), so all ``T`` tasks' products cost ``T`` times a thin
+        matmul, far less than the base layer's. A (``in -> r``) computes every task's output and
+        keeps each token's own (a product with a one-hot, which is exact); B (``r -> out``)
         places each token's input in its task's block of a ``[T * r]`` vector and multiplies once."""
-        rows = self._rows
-        assert rows is not None
-        if x.shape[:-1] != rows.shape:
-            raise ValueError(f"task-batched LoRA with a task per token expects inputs of shape "
-                             f"{tuple(rows.shape)} + [features], got {tuple(x.shape)}")
+        rows = self._route
+        assert rows is not None  # the caller routes None to task 0
+        per_token = rows.dim() == 2
+        if x.dim() != 3 or (x.shape[:-1] if per_token else x.shape[:1]) != rows.shape:
+            raise ValueError(
+                f"task-batched LoRA expects [rows, length, features] inputs routed by a task per "
+                f"{'token' if per_token else 'row'} of shape {tuple(rows.shape)}, got {tuple(x.shape)}"
+            )
+        if not per_token:
+            return torch.bmm(x, w.index_select(0, rows).transpose(1, 2))  # [B, out, in] gathered
+        one_hot = self._one_hot
+        if one_hot is None:
+            raise ValueError("a per-token task route is set but its one-hot is not: set rows inside active()")
         n_tasks, n_out, n_in = w.shape
-        if self._one_hot is None or self._one_hot.shape[1] != n_tasks or self._one_hot.dtype != x.dtype:
-            self._one_hot = torch.nn.functional.one_hot(
-                rows.reshape(-1).to(x.device), n_tasks).to(x.dtype)
-        pick = self._one_hot.unsqueeze(-1)  # [N, T, 1]
-        flat = x.reshape(-1, n_in)
+        pick = one_hot.to(x.dtype).unsqueeze(-1)  # [B, L, T, 1]
         if n_out <= n_in:
-            every = (flat @ w.reshape(n_tasks * n_out, n_in).transpose(0, 1)).view(-1, n_tasks, n_out)
-            out = (every * pick).sum(dim=1)
-        else:
-            blocks = (flat.unsqueeze(1) * pick).reshape(-1, n_tasks * n_in)
-            out = blocks @ w.transpose(1, 2).reshape(n_tasks * n_in, n_out)
-        return out.view(*x.shape[:-1], n_out)
+            every = (x @ w.reshape(n_tasks * n_out, n_in).transpose(0, 1)).unflatten(-1, (n_tasks, n_out))
+            return (every * pick).sum(dim=-2)
+        blocks = (x.unsqueeze(-2) * pick).flatten(-2)  # [B, L, T * in]
+        return blocks @ w.transpose(1, 2).reshape(n_tasks * n_in, n_out)
 
 
 def stack_adapters(params: Sequence[torch.Tensor], n_tasks: int) -> list[torch.Tensor]:

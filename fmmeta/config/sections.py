@@ -271,6 +271,13 @@ class EngineConfig:
     of the threads (1.41x the throughput of one 2-thread process on 2 cores). "auto" = one per
     thread torch may use (OMP_NUM_THREADS), at most one per method; 1 under a distributed launch
     or on a GPU (a CUDA context does not survive the fork). 1 = everything in one process."""
+    compile: bool = False
+    """Compile every decoder layer with torch.compile (inductor) for training and evaluation's
+    adaptation (fmmeta.engine.compiled): the same losses as eager to float rounding, faster
+    passes after a first compile that the venv keeps (.venv/inductor_cache, or
+    TORCHINDUCTOR_CACHE_DIR) for a resume or a second run; the telemetry reports graphs and
+    compile seconds. Off until a benchmark shows it pays for the default run (on the 2-core CPU
+    its training was shorter than its compiling; docs/design.md, "Compiled layers")."""
 
     def validate(self) -> list[str]:
         """Range checks; a DeepSpeed config path must exist."""

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from fmmeta.config import EngineConfig
+from fmmeta.engine.compiled import compile_model
 from fmmeta.engine.distributed import (
     default_backend,
     refuse_bare_multiprocess_launch,
@@ -86,6 +87,8 @@ def build_engine(
         >>> engine = build_engine(EngineConfig(kind="local"), peft_model, OuterOptimConfig(), precision="fp32")
     """
     kind = resolve_engine_kind(cfg)
+    if cfg.compile:  # in place, before any wrapper: every later forward runs the compiled layers
+        compile_model(model)
     if kind == "local":
         from fmmeta.engine.local import LocalEngine
 

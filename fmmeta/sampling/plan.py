@@ -22,6 +22,7 @@ step (:mod:`fmmeta.sampling.rows_plan` explains why and what it costs).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 from collections.abc import Callable
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Literal, Sequence, TypeVar
 
 import numpy as np
 
-from fmmeta.tasks.episode import Episode, Example
+from fmmeta.tasks.episode import Episode, Example, padded_length
 
 if TYPE_CHECKING:
     from fmmeta.sampling.cost import CostModel
@@ -143,12 +144,15 @@ class RankPlan:
         query: query passes, run once after the inner steps.
         shared: the rows-across-ranks placement: this rank runs only a share of its slots' rows,
             and every inner step sums the tasks' gradients over all ranks.
+        length_buckets: ascending widths every pass is padded up to (``sampler.length_buckets``;
+            the passes' ``width`` already says the bucket); empty: each pass's own width.
     """
 
     slots: tuple[TaskSlot, ...]
     support: tuple[PackedPass, ...]
     query: tuple[PackedPass, ...]
     shared: bool = False
+    length_buckets: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -253,3 +257,44 @@ class PricedPlan:
     def price(self, inner_steps: int) -> float:
         """What :meth:`MetaBatchPlan.compute_cost` gives the built plan with ``lockstep=True``."""
         return inner_steps * self.support + self.query
+
+
+def ascending_widths(buckets: Sequence[object]) -> bool:
+    """Whether ``buckets`` are distinct integer widths >= 1 in ascending order (``sampler.length_buckets``)."""
+    ints = [b for b in buckets if isinstance(b, int) and not isinstance(b, bool) and b >= 1]
+    return len(ints) == len(buckets) and ints == sorted(set(ints))
+
+
+def bucket_widths(lengths: np.ndarray, buckets: Sequence[int]) -> np.ndarray:
+    """Each length raised to the smallest of ``buckets`` (ascending) that holds it; a length past
+    the last bucket stays (:func:`~fmmeta.tasks.episode.padded_length`, vectorised). What the
+    planners pack and price when ``sampler.length_buckets`` is set: the widths that will run."""
+    if not buckets:
+        return lengths
+    b = np.asarray(buckets, dtype=lengths.dtype)
+    at = np.searchsorted(b, lengths, side="left")
+    return np.where(at < b.size, b[np.minimum(at, b.size - 1)], lengths)
+
+
+def bucketed(plan: MetaBatchPlan, buckets: Sequence[int]) -> MetaBatchPlan:
+    """``plan``, packed by the planners on bucket widths (:func:`bucket_widths`), with the buckets
+    recorded on each rank (collation pads to them), every pass's width a bucket and its
+    ``n_tokens`` the real tokens of its rows again (the planners counted the widths). No
+    buckets: ``plan`` itself.
+
+    Fixed widths are what a static-shape compiled graph or a CUDA graph reuses; engine.compile's
+    layers take dynamic shapes, so on a CPU a new width costs them no graph, and buckets only add
+    padded tokens (e.g. [64, 128, 256, 512] pays up to 2x on a short row)."""
+    if not buckets:
+        return plan
+    keep = tuple(buckets)
+
+    def widen(r: RankPlan, query: bool) -> tuple[PackedPass, ...]:
+        return tuple(p if p.is_dummy else dataclasses.replace(
+            p, width=padded_length(p.width, None, keep),
+            n_tokens=sum(ex.n_tokens for ex in p.rows(r.slots, query=query)))
+            for p in (r.query if query else r.support))
+
+    ranks = tuple(dataclasses.replace(r, support=widen(r, False), query=widen(r, True), length_buckets=keep)
+                  for r in plan.ranks)
+    return dataclasses.replace(plan, ranks=ranks, predicted=dict(plan.predicted))

@@ -34,7 +34,16 @@ import numpy as np
 
 from fmmeta.sampling.cost import CostModel
 from fmmeta.sampling.lengths import gc_paused, set_lengths
-from fmmeta.sampling.plan import DUMMY_PASS, MetaBatchPlan, PackedPass, PricedPlan, RankPlan, TaskSlot, _make_many
+from fmmeta.sampling.plan import (
+    DUMMY_PASS,
+    MetaBatchPlan,
+    PackedPass,
+    PricedPlan,
+    RankPlan,
+    TaskSlot,
+    _make_many,
+    bucket_widths,
+)
 from fmmeta.sampling.planner import OnUneven, _check_arguments, _plan
 from fmmeta.sampling.sorting import lex_order
 from fmmeta.tasks.episode import Episode
@@ -203,6 +212,7 @@ def plan_placed(
     placement: PlacementChoice = "auto",
     fast_weight_numel: int = 0,
     lockstep: bool = True,
+    length_buckets: Sequence[int] = (),
 ) -> MetaBatchPlan:
     """The meta-batch's plan under ``placement``: :func:`~fmmeta.sampling.planner.plan_meta_batch`
     (``"tasks"``), :func:`plan_rows_across_ranks` (``"rows"``), or with ``"auto"`` both, and the
@@ -217,6 +227,8 @@ def plan_placed(
             that adapt nothing), for pricing the rows placement's all-reduces.
         lockstep: price plans as ZeRO-3 runs them (ranks meet at every pass); ``False`` for
             engines whose ranks meet only at collectives (local, ZeRO-0/1/2).
+        length_buckets: plan (pack, budget, price) every row at its bucket width, the width it
+            will run at (``sampler.length_buckets``; the sampler then records them on the plan).
         (the others: as :func:`~fmmeta.sampling.planner.plan_meta_batch`, which checks them.)
     """
     if placement not in PLACEMENTS:
@@ -224,6 +236,7 @@ def plan_placed(
     priced: dict[str, PricedPlan] = {}
     with gc_paused():  # one collection afterwards for the plan's objects
         known = set_lengths([ep.support for ep in episodes] + [ep.query for ep in episodes])
+        known = (bucket_widths(known[0], length_buckets), known[1])
         if world_size == 1 or placement != "rows":
             _check_arguments(len(episodes), task_ids, world_size, micro_batch_size, tokens_per_pass, on_uneven)
             priced["tasks"] = _plan(episodes, task_ids, step, world_size, micro_batch_size, inner_steps,

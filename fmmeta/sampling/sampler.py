@@ -28,7 +28,7 @@ import numpy as np
 from fmmeta.config import raise_if_invalid
 from fmmeta.errors import UserInputError
 from fmmeta.sampling.cost import CostModel
-from fmmeta.sampling.plan import MetaBatchPlan
+from fmmeta.sampling.plan import MetaBatchPlan, ascending_widths, bucketed
 from fmmeta.sampling.rows_plan import PLACEMENTS, plan_placed
 from fmmeta.sampling.source import (
     EpisodeSource,
@@ -113,6 +113,8 @@ class SamplerConfig:
     """Fraction of old cost coefficients kept per fit, in [0, 1)."""
     balance_tol: float = 1e-3
     """Stop improving rank balance within this fraction of the lower bound (>= 0)."""
+    length_buckets: tuple[int, ...] = ()
+    """Ascending widths (>= 1) each training pass is padded up to, for static-shape graphs; [] = its own width."""
 
     def validate(self) -> list[str]:
         """Range and choice checks, one problem per field."""
@@ -145,6 +147,8 @@ class SamplerConfig:
             need(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0, key, "must be a finite number >= 0")
         need(0.0 <= self.cost_damping < 1.0, "cost_damping", "must be in [0, 1)")
         need(self.balance_tol >= 0, "balance_tol", "must be >= 0")
+        need(ascending_widths(self.length_buckets), "length_buckets", "need ascending distinct integer widths >= 1",
+             "e.g. [64, 128, 256, 512], or [] for none")
         return problems
 
     def build_strategy(self) -> Strategy:
@@ -355,11 +359,11 @@ class CostAwareSampler:
             on_uneven=self.config.on_uneven,  # type: ignore[arg-type]
             tol=self.config.balance_tol,
             placement=self.config.placement,  # type: ignore[arg-type]
-            fast_weight_numel=self.fast_weight_numel,
+            fast_weight_numel=self.fast_weight_numel, length_buckets=self.config.length_buckets,
             lockstep=self.lockstep,
         )
         self._last_step = max(self._last_step, step)
-        return plan
+        return bucketed(plan, self.config.length_buckets)
 
     def _episode(self, task: int, step: int, i: int) -> Episode:
         """The ``i``-th episode of ``step`` (task ``task``), with ``support_draws`` support sets."""
@@ -434,7 +438,7 @@ class CostAwareSampler:
             "seed": self.seed,
             "world_size": self.world_size,
             "task_names": [s.name for s in self.sources],
-            "config": {f.name: getattr(self.config, f.name) for f in fields(self.config)},
+            "config": {f.name: _plain(getattr(self.config, f.name)) for f in fields(self.config)},
             "last_step": self._last_step,
             "loss": [None if math.isnan(v) else float(v) for v in self._loss.tolist()],
             "n_observed": [int(v) for v in self._n_observed.tolist()],

@@ -206,14 +206,23 @@ class Lines:
         return Lines(self.position_ids.to(device), self.token_rows.to(device), self.n_rows)
 
 
-def padded_length(n: int, pad_to_multiple_of: int | None) -> int:
-    """``n`` rounded up to a multiple of ``pad_to_multiple_of`` (``None``: ``n`` itself)."""
+def padded_length(n: int, pad_to_multiple_of: int | None, buckets: Sequence[int] = ()) -> int:
+    """``n`` raised to the smallest of ``buckets`` (ascending widths) that holds it, if one does,
+    then rounded up to a multiple of ``pad_to_multiple_of`` (``None``: no rounding).
+
+    Buckets give a run's passes a few fixed widths (``sampler.length_buckets``): a compiled graph
+    or a CUDA graph of a fixed shape is then reused instead of being made for every width."""
+    for b in buckets:
+        if b >= n:
+            n = b
+            break
     step = pad_to_multiple_of or 1
     return -(-n // step) * step
 
 
 def collate(
-    examples: Sequence[Example], pad_id: int, pad_to_multiple_of: int | None = None
+    examples: Sequence[Example], pad_id: int, pad_to_multiple_of: int | None = None,
+    buckets: Sequence[int] = (),
 ) -> Batch:
     """Pads ``examples`` into one :class:`Batch` with labels on answer tokens only.
 
@@ -221,13 +230,15 @@ def collate(
         examples: at least one example.
         pad_id: token id used for padding (never labelled).
         pad_to_multiple_of: round the padded length up to this multiple (tensor-core friendly).
+        buckets: ascending widths; the padded length is the smallest that holds the longest
+            example (:func:`padded_length`).
 
     Raises:
         ValueError: if ``examples`` is empty.
     """
     if not examples:
         raise ValueError("collate() got no examples: a micro-batch needs at least one sequence")
-    width = padded_length(max(ex.n_tokens for ex in examples), pad_to_multiple_of)
+    width = padded_length(max(ex.n_tokens for ex in examples), pad_to_multiple_of, buckets)
     # Fill numpy buffers row by row and convert once: one tensor per batch, not per row.
     n = len(examples)
     ids = np.full((n, width), pad_id, dtype=np.int64)

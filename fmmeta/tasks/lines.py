@@ -50,14 +50,14 @@ def first_fit(lengths: Sequence[int], width: int) -> list[list[int]]:
     return lines
 
 
-def line_layout(lengths: Sequence[int], pad_to_multiple_of: int | None = None
-                ) -> tuple[int, list[list[int]]]:
+def line_layout(lengths: Sequence[int], pad_to_multiple_of: int | None = None,
+                buckets: Sequence[int] = ()) -> tuple[int, list[list[int]]]:
     """``(width, lines)`` with the fewest padded tokens (lines x width) over the widths tried:
     for every line count ``L``, the narrowest width that could hold the tokens in ``L`` lines."""
     if not lengths:
         raise ValueError("line_layout() got no examples: a pass needs at least one sequence")
     longest, total = max(lengths), sum(lengths)
-    widths = sorted({padded_length(max(longest, -(-total // n)), pad_to_multiple_of)
+    widths = sorted({padded_length(max(longest, -(-total // n)), pad_to_multiple_of, buckets)
                      for n in range(1, len(lengths) + 1)})
     widest = max(widths[0], MAX_WIDTH_FACTOR * longest)
     best: tuple[int, int, list[list[int]]] | None = None
@@ -69,7 +69,8 @@ def line_layout(lengths: Sequence[int], pad_to_multiple_of: int | None = None
     return best[1], best[2]
 
 
-def collate_lines(examples: Sequence[Example], pad_id: int, pad_to_multiple_of: int | None = None) -> Batch:
+def collate_lines(examples: Sequence[Example], pad_id: int, pad_to_multiple_of: int | None = None,
+                  buckets: Sequence[int] = ()) -> Batch:
     """Packs ``examples`` into padding-free lines (see the module docstring), or pads them
     (:func:`~fmmeta.tasks.episode.collate`) where lines save under :data:`MIN_SAVING`.
 
@@ -77,9 +78,10 @@ def collate_lines(examples: Sequence[Example], pad_id: int, pad_to_multiple_of: 
         ValueError: if ``examples`` is empty.
     """
     lengths = [ex.n_tokens for ex in examples]
-    width, layout = line_layout(lengths, pad_to_multiple_of)
-    if len(layout) * width > (1 - MIN_SAVING) * len(lengths) * padded_length(max(lengths), pad_to_multiple_of):
-        return collate(examples, pad_id, pad_to_multiple_of)
+    width, layout = line_layout(lengths, pad_to_multiple_of, buckets)
+    padded = padded_length(max(lengths), pad_to_multiple_of, buckets)
+    if len(layout) * width > (1 - MIN_SAVING) * len(lengths) * padded:
+        return collate(examples, pad_id, pad_to_multiple_of, buckets)
     shape = (len(layout), width)
     ids = np.full(shape, pad_id, dtype=np.int64)
     labels = np.full(shape, IGNORE_INDEX, dtype=np.int64)

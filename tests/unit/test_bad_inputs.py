@@ -124,6 +124,10 @@ CONFIG_CASES = {
         ["sampler.placement=row", "sampler.cost_r=-1"],
         ["sampler.placement='row' is invalid: allowed: auto, tasks, rows",
          "sampler.cost_r=-1.0 is invalid: must be a finite number >= 0"]),
+    "length_buckets_not_ascending": (
+        ["sampler.length_buckets=[128, 64]"],
+        ["sampler.length_buckets=(128, 64) is invalid: need ascending distinct integer widths >= 1",
+         "e.g. [64, 128, 256, 512], or [] for none"]),
     "unknown_inner_format": (["algorithm.inner_format=icl"],
                              ["algorithm.inner_format='icl' is invalid: allowed ['plain', 'in_context']"]),
     "method_listed_twice": (["methods=[fomaml,fomaml]"],

@@ -135,7 +135,9 @@ def test_one_task_per_pass_vs_packed_same_weights_after_steps(peft_factory, epis
         meta_step(e2, algo, make_plan([make_mixed_rank(episodes, 7)], step))
     moved = 0.0
     for a, b, t in zip(e1.adapter_parameters(), e2.adapter_parameters(), snapshot(_params(peft_factory(0)))):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+        # fp32, and the gradients add up over 1-row passes in one layout, 7-row ones in the
+        # other: an element near 0 may move by a few ulps of the tensor's scale (4e-7 at 0.02)
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
         moved = max(moved, float((a - t).abs().max()))
     assert moved > 1e-3
 

@@ -106,7 +106,7 @@ def test_adam_inner_loop_keeps_per_task_moments(uneven_episodes) -> None:
 
 
 def test_single_task_pass_takes_the_same_route_as_mixed(uneven_episodes) -> None:
-    """TaskLoRA's one-task fast path and its row-gathered path give the same logits."""
+    """A one-task pass and a mixed one give a row the same logits (one gathered route for both)."""
     model = build_tiny_peft(dtype=torch.float64)
     params = trainable(model)
     lora = TaskLoRA(model, params)
@@ -126,6 +126,30 @@ def test_single_task_pass_takes_the_same_route_as_mixed(uneven_episodes) -> None
     torch.testing.assert_close(single[0], mixed[0])
     torch.testing.assert_close(at_theta, plain)
     assert not torch.allclose(single[1], plain[1])
+
+
+@pytest.mark.parametrize("padding_free", [False, True])
+def test_gathered_route_equals_a_plain_matmul_with_the_tasks_slice_in_fp32(padding_free: bool) -> None:
+    """The row -> task gather every pass now takes (no Python branch on the task index, so a
+    compiled layer keeps one graph) computes what the former one-task fast path did: peft's own
+    forward with that task's weights in the adapter, in fp32 to 1e-6."""
+    model = build_tiny_peft(dtype=torch.float32)
+    params = trainable(model)
+    lora = TaskLoRA(model, params)
+    fast = stack_adapters(params, 3)
+    with torch.no_grad():
+        for i, f in enumerate(fast):
+            f[2].add_(torch.randn(f[2].shape, generator=torch.Generator().manual_seed(i)) * 0.1)
+    ids = torch.randint(1, 100, (3, 6), generator=torch.Generator().manual_seed(0))
+    rows = torch.full((3, 6) if padding_free else (3,), 2)
+    with torch.no_grad(), lora.active(fast):
+        lora.rows = rows
+        routed = model(input_ids=ids).logits
+    with torch.no_grad():
+        for p, f in zip(params, fast):
+            p.copy_(f[2])
+        plain = model(input_ids=ids).logits  # peft's own matmul with task 2's weights
+    torch.testing.assert_close(routed, plain, rtol=1e-6, atol=1e-6)
 
 
 def test_task_gradient_slices_are_independent(uneven_episodes) -> None:
