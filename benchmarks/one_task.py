@@ -255,7 +255,7 @@ def plan_one_task_per_pass(
     step: int,
     world_size: int,
     micro_batch_size: int,
-    inner_steps: int,
+    support_repeats: int,
     cost_model: CostModel,
     rng: np.random.Generator,
     tol: float = 1e-3,
@@ -267,7 +267,7 @@ def plan_one_task_per_pass(
 
     Example:
         >>> plan = plan_one_task_per_pass(eps, ids, step=0, world_size=2, micro_batch_size=4,
-        ...                               inner_steps=1, cost_model=CostModel(),
+        ...                               support_repeats=1, cost_model=CostModel(),
         ...                               rng=np.random.default_rng(0))
     """
     n = len(episodes)
@@ -284,8 +284,8 @@ def plan_one_task_per_pass(
         dummy = cost_model.dummy_pass_cost
         set_cost = both.real_cost + both.n_dummy * dummy
         costs = np.empty(total)
-        costs[:n] = inner_steps * set_cost[:n] + set_cost[n:]
-        costs[n:] = (inner_steps * k_s + k_q) * dummy
+        costs[:n] = support_repeats * set_cost[:n] + set_cost[n:]
+        costs[n:] = (support_repeats * k_s + k_q) * dummy
         assign = assign_balanced(costs, world_size, tol=tol)
         assign = assign[rng.permutation(world_size)]
         assign = np.take_along_axis(assign, np.argsort(rng.random(assign.shape), axis=1), axis=1)

@@ -102,7 +102,7 @@ except ImportError:  # pragma: no cover - depends on the installed transformers
 
 WORLD = 8
 MICRO_BATCH = 4
-INNER_STEPS = 3
+SUPPORT_REPEATS = 3
 ADAPTER_NUMEL = 460_800  # the default LoRA on SmolLM2-135M: one task's fast weights
 METHODS = ("fmmeta", "fmmeta_rows", "fmmeta_auto", "fmmeta_one_task", "random", "length_grouped")
 
@@ -144,7 +144,7 @@ def _baseline_plan(
     def cost(i: int) -> float:
         ep, (s, q) = episodes[i], orders[i]
         price = lambda p: float(np.dot(p.features, cost_model.coefficients))
-        return (INNER_STEPS * sum(map(price, _chunk_passes(0, s, ep.support, k_s)))
+        return (SUPPORT_REPEATS * sum(map(price, _chunk_passes(0, s, ep.support, k_s)))
                 + sum(map(price, _chunk_passes(0, q, ep.query, k_q))))
 
     costs = np.array([cost(i) for i in range(len(episodes))])
@@ -163,7 +163,7 @@ def _baseline_plan(
 def _placement(pool: list[SyntheticTask], tasks_per_rank: int, steps: int, seed: int) -> dict:
     cm = CostModel()
     cfg = SamplerConfig(meta_batch_size=WORLD * tasks_per_rank, micro_batch_size=MICRO_BATCH, placement="tasks")
-    sampler = CostAwareSampler(pool, cfg, world_size=WORLD, seed=seed, support_repeats=INNER_STEPS)
+    sampler = CostAwareSampler(pool, cfg, world_size=WORLD, seed=seed, support_repeats=SUPPORT_REPEATS)
     rng = np.random.default_rng([seed, 99])
     gen = torch.Generator().manual_seed(seed)
 
@@ -192,19 +192,19 @@ def _placement(pool: list[SyntheticTask], tasks_per_rank: int, steps: int, seed:
         plans = {
             "fmmeta": packed,
             "fmmeta_rows": plan_rows_across_ranks(eps, ids, budget=budget, cost_model=cm, **placed),
-            "fmmeta_auto": plan_placed(eps, ids, micro_batch_size=MICRO_BATCH, inner_steps=INNER_STEPS,
+            "fmmeta_auto": plan_placed(eps, ids, micro_batch_size=MICRO_BATCH, support_repeats=SUPPORT_REPEATS,
                                        cost_model=cm, fast_weight_numel=ADAPTER_NUMEL, **placed),
             "fmmeta_one_task": plan_one_task_per_pass(
-                eps, ids, step=step, world_size=WORLD, micro_batch_size=MICRO_BATCH, inner_steps=INNER_STEPS,
+                eps, ids, step=step, world_size=WORLD, micro_batch_size=MICRO_BATCH, support_repeats=SUPPORT_REPEATS,
                 cost_model=cm, rng=np.random.default_rng([seed, step])),
             "random": _baseline_plan(eps, ids, step, random_deal, drawn_order, cm),
             "length_grouped": _baseline_plan(eps, ids, step, greedy_deal, grouped_order, cm),
         }
-        lb = plan_stats(packed, inner_steps=INNER_STEPS, cost_model=cm)
+        lb = plan_stats(packed, support_repeats=SUPPORT_REPEATS, cost_model=cm)
         floor.append(max(1.0, lb.largest_task / lb.lower_bound))
         for method, p in plans.items():
-            st = plan_stats(p, inner_steps=INNER_STEPS, cost_model=cm)
-            reduce = INNER_STEPS * cm.reduce_cost(p.n_real_tasks * ADAPTER_NUMEL) if p.placement == "rows" else 0.0
+            st = plan_stats(p, support_repeats=SUPPORT_REPEATS, cost_model=cm)
+            reduce = SUPPORT_REPEATS * cm.reduce_cost(p.n_real_tasks * ADAPTER_NUMEL) if p.placement == "rows" else 0.0
             a = acc[method]
             a["lockstep_over_lb"].append((st.lockstep + reduce) / lb.lower_bound)
             a["makespan_over_lb"].append((st.makespan + reduce) / lb.lower_bound)
@@ -225,7 +225,7 @@ def _tokens(plan: MetaBatchPlan) -> tuple[float, float]:
     """Real and processed tokens (padding and dummy passes included), support x inner steps."""
     real = padded = 0.0
     for r in plan.ranks:
-        for passes, w in ((r.support, INNER_STEPS), (r.query, 1)):
+        for passes, w in ((r.support, SUPPORT_REPEATS), (r.query, 1)):
             real += w * sum(p.n_tokens for p in passes)
             padded += w * sum(p.n_padded_tokens for p in passes)
     return real, padded
@@ -270,7 +270,7 @@ def _plan_ms(pool: list[SyntheticTask], seed: int, repeats: int, ranks: int, per
     that makes new example objects for every episode.
     """
     cfg = SamplerConfig(meta_batch_size=ranks * per_rank, micro_batch_size=MICRO_BATCH)
-    sampler = CostAwareSampler(pool, cfg, world_size=ranks, seed=seed, support_repeats=INNER_STEPS,
+    sampler = CostAwareSampler(pool, cfg, world_size=ranks, seed=seed, support_repeats=SUPPORT_REPEATS,
                                fast_weight_numel=ADAPTER_NUMEL)
     times: dict[str, list[float]] = {k: [] for k in ("wall", "cpu", "cold_wall", "cold_cpu", "sample",
                                                       "rows_cpu", "auto_cpu")}
@@ -283,13 +283,13 @@ def _plan_ms(pool: list[SyntheticTask], seed: int, repeats: int, ranks: int, per
                   "rng": np.random.default_rng([seed, step])}
         budget = MICRO_BATCH * max(x.n_tokens for e in eps for x in (*e.support, *e.query))
         def tasks() -> object:
-            return plan_meta_batch(eps, ids, micro_batch_size=MICRO_BATCH, inner_steps=INNER_STEPS, **common)
+            return plan_meta_batch(eps, ids, micro_batch_size=MICRO_BATCH, support_repeats=SUPPORT_REPEATS, **common)
 
         timed = {
             "": tasks,
             "cold_": tasks,  # with the length cache cleared just before
             "rows_": lambda: plan_rows_across_ranks(eps, ids, budget=budget, **common),
-            "auto_": lambda: plan_placed(eps, ids, micro_batch_size=MICRO_BATCH, inner_steps=INNER_STEPS,
+            "auto_": lambda: plan_placed(eps, ids, micro_batch_size=MICRO_BATCH, support_repeats=SUPPORT_REPEATS,
                                          fast_weight_numel=ADAPTER_NUMEL, **common),
         }
         for prefix, run in timed.items():
@@ -345,7 +345,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     result["plan_cpu_ms_bimodal"] = round(_plan_ms(bimodal_pool(max(args.tasks, n_plan), seed=args.seed),
                                                    *plan_case)["cpu"], 2)
     result["setup"] = {"tasks": args.tasks, "steps": args.steps, "ranks": WORLD, "micro_batch": MICRO_BATCH,
-                       "inner_steps": INNER_STEPS, "plan_ranks": args.plan_ranks,
+                       "support_repeats": SUPPORT_REPEATS, "plan_ranks": args.plan_ranks,
                        "plan_tasks_per_rank": args.plan_tasks_per_rank, "adapter_numel": ADAPTER_NUMEL,
                        "cost_r": CostModel().r}
     result["length_grouped_source"] = (

@@ -144,7 +144,7 @@ def _worker(args: argparse.Namespace) -> None:
                 "packed": packed,
                 "one_task_per_pass": plan_one_task_per_pass(
                     eps, ids, step=step, world_size=world, micro_batch_size=args.micro_batch,
-                    inner_steps=args.inner_steps, cost_model=cost_model, rng=np.random.default_rng([args.seed, step])),
+                    support_repeats=args.inner_steps, cost_model=cost_model, rng=np.random.default_rng([args.seed, step])),
                 "rows": plan_rows_across_ranks(eps, ids, step=step, world_size=world, budget=budget,
                                                cost_model=cost_model, rng=np.random.default_rng([args.seed, step])),
             }
@@ -157,9 +157,9 @@ def _worker(args: argparse.Namespace) -> None:
                 seconds = max(engine.all_gather_object(time.perf_counter() - t0))
                 if step > 0:  # step 0 warms up allocators and ZeRO-3's parameter trace
                     times[key].append(seconds)
-                    passes = plan_cost(plans[key], inner_steps=args.inner_steps, cost_model=cost_model,
+                    passes = plan_cost(plans[key], support_repeats=args.inner_steps, cost_model=cost_model,
                                        fast_weight_numel=0)
-                    price = plan_cost(plans[key], inner_steps=args.inner_steps, cost_model=cost_model,
+                    price = plan_cost(plans[key], support_repeats=args.inner_steps, cost_model=cost_model,
                                       fast_weight_numel=numel)
                     predicted[key].append(price)
                     passes_price[key].append(passes)

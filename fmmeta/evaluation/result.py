@@ -443,7 +443,9 @@ def summarise(records: Sequence[EpisodeRecord]) -> dict[str, dict[str, dict[int,
     # (method, family, step) -> seed -> records
     cells: dict[tuple[str, str, int], dict[int, list[EpisodeRecord]]] = {}
     for r in records:
-        for fam in {r.kind, r.family, OVERALL} - {""}:
+        # in a fixed order (a set's would follow string hashing, which differs per process, and
+        # eval.json's keys with it)
+        for fam in dict.fromkeys(f for f in (OVERALL, r.kind, r.family) if f):
             cells.setdefault((r.method, fam, r.step), {}).setdefault(r.seed, []).append(r)
     out: dict[str, dict[str, dict[int, MetricSummary]]] = {}
     for (method, fam, step), by_seed in cells.items():

@@ -203,9 +203,9 @@ class MetaBatchPlan:
             return self.ranks[0].slots
         return tuple(s for r in self.ranks for s in r.slots)
 
-    def compute_cost(self, cost_model: CostModel, *, inner_steps: int, lockstep: bool = True) -> float:
+    def compute_cost(self, cost_model: CostModel, *, support_repeats: int, lockstep: bool = True) -> float:
         """The passes' price (``a + b * padded tokens + c * sum len^2`` each; support passes run
-        ``inner_steps`` times), collectives aside.
+        ``support_repeats`` times), collectives aside.
 
         ``lockstep`` (ZeRO-3, where ranks meet inside every pass): per phase, the sum over pass
         indices of the costliest rank's pass. Otherwise ranks meet only where the placement makes
@@ -222,10 +222,10 @@ class MetaBatchPlan:
             cost.append(a + b * padded + c * squares if width.size else np.zeros((len(self.ranks), 1)))
         support, query = cost
         if lockstep:
-            return inner_steps * float(support.max(axis=0).sum()) + float(query.max(axis=0).sum())
+            return support_repeats * float(support.max(axis=0).sum()) + float(query.max(axis=0).sum())
         if self.placement == "rows":
-            return inner_steps * float(support.sum(axis=1).max()) + float(query.sum(axis=1).max())
-        return float((inner_steps * support.sum(axis=1) + query.sum(axis=1)).max())
+            return support_repeats * float(support.sum(axis=1).max()) + float(query.sum(axis=1).max())
+        return float((support_repeats * support.sum(axis=1) + query.sum(axis=1)).max())
 
     def digest(self) -> str:
         """SHA-256 of the plan's structure; equal on every rank when samplers agree."""
@@ -254,9 +254,9 @@ class PricedPlan:
     """The query passes' lockstep price."""
     build: Callable[[], MetaBatchPlan]
 
-    def price(self, inner_steps: int) -> float:
+    def price(self, support_repeats: int) -> float:
         """What :meth:`MetaBatchPlan.compute_cost` gives the built plan with ``lockstep=True``."""
-        return inner_steps * self.support + self.query
+        return support_repeats * self.support + self.query
 
 
 def ascending_widths(buckets: Sequence[object]) -> bool:

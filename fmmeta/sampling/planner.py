@@ -7,7 +7,7 @@ tasks of a meta-batch differ in size, however tasks are dealt (see ``benchmarks/
 Here a pass holds sequences of several tasks (the executor gives each row its own task's fast
 adapter), so passes can be filled to one token budget and every rank runs equally full passes.
 
-1. **Assignment.** A task's cost is its own work, unpadded: ``inner_steps`` x its support
+1. **Assignment.** A task's cost is its own work, unpadded: ``support_repeats`` x its support
    sequences plus its query sequences, each priced ``b * len + c * len^2`` by the cost model.
    Tasks go to ranks by LPT (largest first, to the least loaded rank), then single-task moves from
    the most to the least loaded rank while they lower the maximum. Task counts per rank may
@@ -301,7 +301,7 @@ def plan_meta_batch(
     step: int,
     world_size: int,
     micro_batch_size: int,
-    inner_steps: int,
+    support_repeats: int,
     cost_model: CostModel,
     rng: np.random.Generator,
     tokens_per_pass: int | None = None,
@@ -318,7 +318,8 @@ def plan_meta_batch(
         world_size: number of data-parallel ranks.
         micro_batch_size: with ``tokens_per_pass`` unset, the budget is ``micro_batch_size`` x the
             meta-batch's longest sequence (so a pass never holds more than one such batch).
-        inner_steps: inner steps per task (weights the support cost).
+        support_repeats: how often each support pass runs (the algorithm's inner steps; weights
+            the support cost).
         cost_model: prices sequences for the assignment.
         rng: shuffles the rank order (pass a generator derived from seed and step).
         tokens_per_pass: padded tokens per pass (peak activation memory follows it); a sequence
@@ -335,11 +336,11 @@ def plan_meta_batch(
 
     Example:
         >>> plan = plan_meta_batch(eps, ids, step=0, world_size=2, micro_batch_size=4,
-        ...                        inner_steps=1, cost_model=CostModel(), rng=np.random.default_rng(0))
+        ...                        support_repeats=1, cost_model=CostModel(), rng=np.random.default_rng(0))
     """
     _check_arguments(len(episodes), task_ids, world_size, micro_batch_size, tokens_per_pass, on_uneven)
     with gc_paused():
-        return _plan(episodes, task_ids, step, world_size, micro_batch_size, inner_steps,
+        return _plan(episodes, task_ids, step, world_size, micro_batch_size, support_repeats,
                      cost_model, rng, tokens_per_pass, tol, lengths).build()
 
 
@@ -372,7 +373,7 @@ def _plan(
     step: int,
     world_size: int,
     micro_batch_size: int,
-    inner_steps: int,
+    support_repeats: int,
     cost_model: CostModel,
     rng: np.random.Generator,
     tokens_per_pass: int | None,
@@ -385,7 +386,7 @@ def _plan(
     offsets = np.cumsum(counts) - counts
     row_work = _row_costs(lengths, cost_model)
     set_work = np.bincount(np.repeat(np.arange(2 * n), counts), weights=row_work, minlength=2 * n)
-    task_cost = inner_steps * set_work[:n] + set_work[n:]
+    task_cost = support_repeats * set_work[:n] + set_work[n:]
     budget = tokens_per_pass or micro_batch_size * int(lengths.max(initial=1))
     members = assign_tasks(task_cost, world_size, tol=tol)
     members = [members[r] for r in rng.permutation(world_size).tolist()]
@@ -447,7 +448,7 @@ def pass_cost(p: PackedPass, cost_model: CostModel) -> float:
     return float(np.dot(p.features, cost_model.coefficients))
 
 
-def plan_stats(plan: MetaBatchPlan, *, inner_steps: int, cost_model: CostModel) -> PlanStats:
+def plan_stats(plan: MetaBatchPlan, *, support_repeats: int, cost_model: CostModel) -> PlanStats:
     """Measures a plan's padding efficiency, per-rank and lockstep cost under ``cost_model``."""
     coef = np.array(cost_model.coefficients)
 
@@ -460,17 +461,17 @@ def plan_stats(plan: MetaBatchPlan, *, inner_steps: int, cost_model: CostModel) 
 
     s_cost, s_real, s_pad = phase("support")
     q_cost, q_real, q_pad = phase("query")
-    rank_costs = inner_steps * s_cost.sum(axis=1) + q_cost.sum(axis=1)
-    lockstep = inner_steps * s_cost.max(axis=0).sum() + q_cost.max(axis=0).sum()
+    rank_costs = support_repeats * s_cost.sum(axis=1) + q_cost.sum(axis=1)
+    lockstep = support_repeats * s_cost.max(axis=0).sum() + q_cost.max(axis=0).sum()
     _, b, c = cost_model.coefficients
 
     def own(examples: Sequence) -> float:
         lens = np.array([e.n_tokens for e in examples], dtype=np.float64)
         return float((b * lens + c * lens * lens).sum())
 
-    task_work = [inner_steps * own(s.episode.support) + own(s.episode.query) for s in plan.slots]
-    real = inner_steps * s_real + q_real
-    padded = inner_steps * s_pad + q_pad
+    task_work = [support_repeats * own(s.episode.support) + own(s.episode.query) for s in plan.slots]
+    real = support_repeats * s_real + q_real
+    padded = support_repeats * s_pad + q_pad
     return PlanStats(
         padding_efficiency=real / padded if padded else 1.0,
         makespan=float(rank_costs.max()),

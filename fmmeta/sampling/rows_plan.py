@@ -203,7 +203,7 @@ def plan_placed(
     step: int,
     world_size: int,
     micro_batch_size: int,
-    inner_steps: int,
+    support_repeats: int,
     cost_model: CostModel,
     rng: np.random.Generator,
     tokens_per_pass: int | None = None,
@@ -239,7 +239,7 @@ def plan_placed(
         known = (bucket_widths(known[0], length_buckets), known[1])
         if world_size == 1 or placement != "rows":
             _check_arguments(len(episodes), task_ids, world_size, micro_batch_size, tokens_per_pass, on_uneven)
-            priced["tasks"] = _plan(episodes, task_ids, step, world_size, micro_batch_size, inner_steps,
+            priced["tasks"] = _plan(episodes, task_ids, step, world_size, micro_batch_size, support_repeats,
                                     cost_model, rng, tokens_per_pass, tol, known)
             if world_size == 1 or placement == "tasks":
                 return priced["tasks"].build()
@@ -249,12 +249,12 @@ def plan_placed(
         # per-rank totals (ranks meeting less often) need the plans built.
         built: dict[str, MetaBatchPlan] = {}
         if lockstep:
-            reduce = _inner_reduce_price(len(episodes), inner_steps, cost_model, fast_weight_numel)
-            predicted = {name: p.price(inner_steps) + (reduce if name == "rows" else 0.0)
+            reduce = _inner_reduce_price(len(episodes), support_repeats, cost_model, fast_weight_numel)
+            predicted = {name: p.price(support_repeats) + (reduce if name == "rows" else 0.0)
                          for name, p in priced.items()}
         else:
             built = {name: p.build() for name, p in priced.items()}
-            predicted = {name: plan_cost(p, inner_steps=inner_steps, cost_model=cost_model,
+            predicted = {name: plan_cost(p, support_repeats=support_repeats, cost_model=cost_model,
                                          fast_weight_numel=fast_weight_numel, lockstep=False)
                          for name, p in built.items()}
         name = min(predicted, key=predicted.__getitem__)  # a tie keeps "tasks", listed first
@@ -262,20 +262,20 @@ def plan_placed(
     return dataclasses.replace(chosen, predicted=predicted)
 
 
-def plan_cost(plan: MetaBatchPlan, *, inner_steps: int, cost_model: CostModel,
+def plan_cost(plan: MetaBatchPlan, *, support_repeats: int, cost_model: CostModel,
               fast_weight_numel: int, lockstep: bool = True) -> float:
     """A plan's predicted price: its passes (:meth:`MetaBatchPlan.compute_cost`), plus for rows
     across ranks :func:`_inner_reduce_price`."""
-    passes = plan.compute_cost(cost_model, inner_steps=inner_steps, lockstep=lockstep)
+    passes = plan.compute_cost(cost_model, support_repeats=support_repeats, lockstep=lockstep)
     if plan.placement != "rows" or len(plan.ranks) == 1:
         return passes
-    return passes + _inner_reduce_price(plan.n_real_tasks, inner_steps, cost_model, fast_weight_numel)
+    return passes + _inner_reduce_price(plan.n_real_tasks, support_repeats, cost_model, fast_weight_numel)
 
 
-def _inner_reduce_price(n_tasks: int, inner_steps: int, cost_model: CostModel, fast_weight_numel: int) -> float:
-    """What rows across ranks adds to its passes: ``inner_steps`` all-reduces of every task's inner
+def _inner_reduce_price(n_tasks: int, support_repeats: int, cost_model: CostModel, fast_weight_numel: int) -> float:
+    """What rows across ranks adds to its passes: ``support_repeats`` all-reduces of every task's inner
     gradient (``n_tasks x fast_weight_numel`` floats)."""
-    return inner_steps * cost_model.reduce_cost(n_tasks * fast_weight_numel)
+    return support_repeats * cost_model.reduce_cost(n_tasks * fast_weight_numel)
 
 
 def fast_weight_megabytes(n_tasks: int, fast_weight_numel: int, *, adam: bool = False,

@@ -353,7 +353,7 @@ class CostAwareSampler:
             world_size=self.world_size,
             micro_batch_size=self.config.micro_batch_size,
             tokens_per_pass=self.config.tokens_per_pass or None,
-            inner_steps=self.support_repeats,
+            support_repeats=self.support_repeats,
             cost_model=self.cost_model,
             rng=self._rng(_STREAM_PLAN, step),
             on_uneven=self.config.on_uneven,  # type: ignore[arg-type]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from pathlib import Path
 
@@ -206,3 +207,23 @@ def test_tasks_where_no_method_leaves_chance_are_named_and_kept_out_of_the_headl
     assert f"{c.accuracy.estimate:+.3f}" in headline  # the comparison on 'easy' alone
     everything = [c for c in result.comparisons() if c.family == "classification"][0]
     assert f"{everything.accuracy.estimate:+.3f}" not in headline
+
+
+def test_summary_keys_come_in_the_same_order_in_every_process() -> None:
+    """eval.json's summary is the same bytes whatever the process's string hashing (it iterated
+    a set of family names, so two runs with equal scores wrote their keys in different orders)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import json\n"
+        "from fmmeta.evaluation.result import EpisodeRecord, summarise\n"
+        "records = [EpisodeRecord(method=m, seed=s, episode=0, task=t, kind=k, family=f, step=0, loss=1.0 + s,\n"
+        "                         accuracy=0.5, n=2) for m in ('a', 'b') for s in range(3)\n"
+        "           for t, k, f in (('t1', 'classification', 'fam-x'), ('t2', 'generation', 'fam-y'))]\n"
+        "print(json.dumps({m: list(v) for m, v in summarise(records).items()}))\n"
+    )
+    outputs = {subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": str(seed)},
+                              capture_output=True, text=True, check=True).stdout for seed in range(6)}
+    assert len(outputs) == 1, outputs
+    assert json.loads(outputs.pop())["a"] == ["overall", "classification", "fam-x", "generation", "fam-y"]

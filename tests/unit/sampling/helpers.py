@@ -8,7 +8,7 @@ from fmmeta.sampling.source import Observation, PassObservation, TaskObservation
 TRUE_COST = (0.003, 2e-5, 4e-8)  # "measured" seconds = a * passes + b * tokens + c * len^2
 
 
-def fake_observations(plan: MetaBatchPlan, inner_steps: int) -> list[Observation]:
+def fake_observations(plan: MetaBatchPlan, support_repeats: int) -> list[Observation]:
     """What every rank of a trainer would gather: one observation per task and one per pass
     (``meta_step``'s rule for which rank reports a task)."""
     out: list[Observation] = []

@@ -29,7 +29,7 @@ def _uneven_episodes(n: int, seed: int) -> list[Episode]:
 
 
 def _plan(eps: list[Episode], world_size: int, **kw):
-    args = dict(step=0, world_size=world_size, micro_batch_size=4, inner_steps=2, cost_model=CostModel(), rng=np.random.default_rng(0))
+    args = dict(step=0, world_size=world_size, micro_batch_size=4, support_repeats=2, cost_model=CostModel(), rng=np.random.default_rng(0))
     args.update(kw)
     return plan_one_task_per_pass(eps, list(range(len(eps))), **args)
 

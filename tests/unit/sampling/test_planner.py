@@ -30,7 +30,7 @@ def _uneven_episodes(n: int, seed: int) -> list[Episode]:
 
 
 def _plan(eps: list[Episode], world_size: int, **kw) -> MetaBatchPlan:
-    args = dict(step=0, world_size=world_size, micro_batch_size=4, inner_steps=2, cost_model=CostModel(),
+    args = dict(step=0, world_size=world_size, micro_batch_size=4, support_repeats=2, cost_model=CostModel(),
                 rng=np.random.default_rng(0))
     args.update(kw)
     return plan_meta_batch(eps, list(range(len(eps))), **args)
@@ -74,11 +74,11 @@ def test_passes_mix_tasks_and_ranks_may_hold_different_task_counts() -> None:
 
 def test_similar_lengths_share_a_pass() -> None:
     lengths = [200, 10, 210, 12, 205, 11, 9, 198]
-    plan = _plan([_episode("t", lengths, [5])], 1, inner_steps=1, tokens_per_pass=840)
+    plan = _plan([_episode("t", lengths, [5])], 1, support_repeats=1, tokens_per_pass=840)
     rank = plan.ranks[0]
     groups = sorted(sorted(x.n_tokens for x in p.rows(rank.slots, query=False)) for p in rank.support)
     assert [198, 200, 205, 210] in groups and [9, 10, 11, 12] in groups
-    assert plan_stats(plan, inner_steps=1, cost_model=CostModel()).padding_efficiency > 0.95
+    assert plan_stats(plan, support_repeats=1, cost_model=CostModel()).padding_efficiency > 0.95
 
 
 def test_a_sequence_longer_than_the_budget_gets_a_pass_of_its_own() -> None:
@@ -119,7 +119,7 @@ def test_plan_stats_lockstep_is_the_sum_over_passes_of_the_slowest_rank() -> Non
     b = RankPlan((TaskSlot(ep, 1),), (PackedPass((0,), (2,), 8, 8), PackedPass((0, 0), (0, 1), 4, 8)),
                  (DUMMY_PASS,))
     cm = CostModel(a=1.0, b=1.0, c=0.0)
-    stats = plan_stats(MetaBatchPlan(0, (a, b), 2), inner_steps=2, cost_model=cm)
+    stats = plan_stats(MetaBatchPlan(0, (a, b), 2), support_repeats=2, cost_model=cm)
     # support passes cost 9 and 9 on both ranks in either order; query 7 vs a dummy's 2
     assert stats.rank_costs == (2 * 18 + 7, 2 * 18 + 2)
     assert stats.lockstep == pytest.approx(2 * (9 + 9) + 7)
@@ -134,10 +134,10 @@ def test_packing_beats_one_task_per_pass_under_lockstep() -> None:
     for step in range(6):
         ids = rng.choice(len(pool), 32, replace=False).tolist()
         eps = [pool[i].sample_episode(np.random.default_rng([step, i])) for i in ids]
-        kw = dict(step=step, world_size=4, micro_batch_size=4, inner_steps=3, cost_model=cm,
+        kw = dict(step=step, world_size=4, micro_batch_size=4, support_repeats=3, cost_model=cm,
                   rng=np.random.default_rng(step))
-        packed.append(plan_stats(plan_meta_batch(eps, ids, **kw), inner_steps=3, cost_model=cm))
-        one.append(plan_stats(plan_one_task_per_pass(eps, ids, **kw), inner_steps=3, cost_model=cm))
+        packed.append(plan_stats(plan_meta_batch(eps, ids, **kw), support_repeats=3, cost_model=cm))
+        one.append(plan_stats(plan_one_task_per_pass(eps, ids, **kw), support_repeats=3, cost_model=cm))
     p = np.mean([s.lockstep for s in packed])
     o = np.mean([s.lockstep for s in one])
     assert p < 0.6 * o, (p, o)

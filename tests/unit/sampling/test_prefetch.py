@@ -25,7 +25,7 @@ def _run(pf: Prefetcher, steps: int, work_s: float = 0.0) -> list[str]:
         item = pf.get()
         out.append(item.plan.digest())
         time.sleep(work_s)
-        pf.observe(fake_observations(item.plan, inner_steps=2))
+        pf.observe(fake_observations(item.plan, support_repeats=2))
     return out
 
 
@@ -64,7 +64,7 @@ def test_background_and_serial_give_the_same_plans() -> None:
     for step in range(8):
         ref.append(plan.digest())
         nxt = s.sample(step + 1)
-        s.observe(fake_observations(plan, inner_steps=2))
+        s.observe(fake_observations(plan, support_repeats=2))
         plan = nxt
     assert threaded == serial == ref
 

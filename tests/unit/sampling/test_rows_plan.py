@@ -67,9 +67,9 @@ def test_rows_are_dealt_by_tokens_so_every_rank_gets_about_the_same_work() -> No
     assert max(tokens) - min(tokens) <= 250  # within one row
     per_rank_long = [sum(1 for p in r.support for t in p.slots if t == 0) for r in plan.ranks]
     assert per_rank_long == [4, 4, 4, 4]  # the long task is split over every rank
-    tasks = plan_meta_batch(eps, list(range(8)), step=3, world_size=4, micro_batch_size=4, inner_steps=2,
+    tasks = plan_meta_batch(eps, list(range(8)), step=3, world_size=4, micro_batch_size=4, support_repeats=2,
                             cost_model=CostModel(), rng=np.random.default_rng(0), tokens_per_pass=1000)
-    assert plan.compute_cost(CostModel(), inner_steps=2) < 0.5 * tasks.compute_cost(CostModel(), inner_steps=2)
+    assert plan.compute_cost(CostModel(), support_repeats=2) < 0.5 * tasks.compute_cost(CostModel(), support_repeats=2)
 
 
 def _lockstep(width: np.ndarray, pass_of: np.ndarray, seat_of: np.ndarray, cost: CostModel) -> float:
@@ -114,7 +114,7 @@ def test_the_aligned_cut_keeps_every_row_order_and_budget_and_prices_itself(seed
 
 
 def _placed(eps: list[Episode], world_size: int, **kw) -> MetaBatchPlan:
-    args = dict(step=0, world_size=world_size, micro_batch_size=8, inner_steps=3, cost_model=CostModel(),
+    args = dict(step=0, world_size=world_size, micro_batch_size=8, support_repeats=3, cost_model=CostModel(),
                 rng=np.random.default_rng(1), fast_weight_numel=460_800)
     args.update(kw)
     return plan_placed(eps, list(range(len(eps))), **args)
@@ -125,7 +125,7 @@ def test_auto_picks_the_cheaper_placement_and_reports_both_prices() -> None:
     plan = _placed(eps, 8)
     assert set(plan.predicted) == {"tasks", "rows"}
     assert plan.placement == min(plan.predicted, key=plan.predicted.__getitem__)
-    stats = plan_stats(plan, inner_steps=3, cost_model=CostModel())
+    stats = plan_stats(plan, support_repeats=3, cost_model=CostModel())
     assert stats.placement == plan.placement and dict(stats.predicted) == plan.predicted
     # An all-reduce priced out of reach leaves the tasks placement; a forced one is obeyed.
     assert _placed(eps, 8, cost_model=CostModel(r=1e9)).placement == "tasks"
@@ -141,12 +141,12 @@ def test_under_lockstep_the_planners_prices_are_the_built_plans_prices(seed: int
     cm, ids = CostModel(a=float(40 + 30 * seed)), list(range(12))
     plan = _placed(eps, 4, cost_model=cm)
     rng = np.random.default_rng(1)  # as _placed's: the tasks plan draws first, then the rows plan
-    tasks = plan_meta_batch(eps, ids, step=0, world_size=4, micro_batch_size=8, inner_steps=3,
+    tasks = plan_meta_batch(eps, ids, step=0, world_size=4, micro_batch_size=8, support_repeats=3,
                             cost_model=cm, rng=rng)
     budget = 8 * max(x.n_tokens for e in eps for x in (*e.support, *e.query))
     rows = plan_rows_across_ranks(eps, ids, step=0, world_size=4, budget=budget, cost_model=cm, rng=rng)
     for built in (tasks, rows):
-        want = plan_cost(built, inner_steps=3, cost_model=cm, fast_weight_numel=460_800)
+        want = plan_cost(built, support_repeats=3, cost_model=cm, fast_weight_numel=460_800)
         assert plan.predicted[built.placement] == pytest.approx(want, rel=1e-12)
     kept = tasks if plan.placement == "tasks" else rows
     assert plan.digest() == kept.digest() and plan.placement == min(plan.predicted, key=plan.predicted.__getitem__)
@@ -166,8 +166,8 @@ def test_bimodal_pool_at_two_tasks_per_rank_lockstep_falls_with_rows() -> None:
     tasks = _placed(eps, 8, placement="tasks")
     rows = _placed(eps, 8, placement="rows")
     cm = CostModel()
-    s_tasks = plan_stats(tasks, inner_steps=3, cost_model=cm)
-    s_rows = plan_stats(rows, inner_steps=3, cost_model=cm)
+    s_tasks = plan_stats(tasks, support_repeats=3, cost_model=cm)
+    s_rows = plan_stats(rows, support_repeats=3, cost_model=cm)
     assert s_rows.lockstep < 0.85 * s_tasks.lockstep
     assert s_rows.lockstep < s_tasks.largest_task  # what no whole-task plan can reach
 
@@ -202,14 +202,14 @@ def test_compute_cost_equals_the_passes_priced_one_by_one(world_size: int) -> No
     eps = _episodes(7, seed=world_size)
     cost = CostModel(a=50.0, c=0.002)
     tasks = plan_meta_batch(eps, list(range(7)), step=0, world_size=world_size, micro_batch_size=3,
-                            inner_steps=2, cost_model=cost, rng=np.random.default_rng(0))
+                            support_repeats=2, cost_model=cost, rng=np.random.default_rng(0))
     for plan in (tasks, _rows(eps, world_size)):
         support = [[pass_cost(p, cost) for p in r.support] for r in plan.ranks]
         query = [[pass_cost(p, cost) for p in r.query] for r in plan.ranks]
         lockstep = 2 * sum(map(max, zip(*support))) + sum(map(max, zip(*query)))
-        assert plan.compute_cost(cost, inner_steps=2) == pytest.approx(lockstep, rel=1e-12)
+        assert plan.compute_cost(cost, support_repeats=2) == pytest.approx(lockstep, rel=1e-12)
         if plan.placement == "rows":
             apart = 2 * max(map(sum, support)) + max(map(sum, query))
         else:
             apart = max(2 * sum(s) + sum(q) for s, q in zip(support, query))
-        assert plan.compute_cost(cost, inner_steps=2, lockstep=False) == pytest.approx(apart, rel=1e-12)
+        assert plan.compute_cost(cost, support_repeats=2, lockstep=False) == pytest.approx(apart, rel=1e-12)

@@ -43,7 +43,7 @@ def test_resume_reproduces_the_uninterrupted_run(strategy: str) -> None:
     for step in range(10):
         plan = ref.sample(step)
         digests.append(plan.digest())
-        ref.observe(fake_observations(plan, inner_steps=2))
+        ref.observe(fake_observations(plan, support_repeats=2))
         if step == 4:
             saved = json.dumps(ref.state_dict())  # plain JSON, no pickle
             costs_at_save = ref.cost_model.coefficients
@@ -54,7 +54,7 @@ def test_resume_reproduces_the_uninterrupted_run(strategy: str) -> None:
     for step in range(5, 10):
         plan = resumed.sample(step)
         assert plan.digest() == digests[step], step
-        resumed.observe(fake_observations(plan, inner_steps=2))
+        resumed.observe(fake_observations(plan, support_repeats=2))
     assert resumed.state_dict() == ref.state_dict()
     # control: a sampler that did not restore the state diverges (the state matters)
     if strategy == "hard":
@@ -64,7 +64,7 @@ def test_resume_reproduces_the_uninterrupted_run(strategy: str) -> None:
 
 def test_observation_order_does_not_matter() -> None:
     a, b = _sampler(strategy="hard"), _sampler(strategy="hard")
-    obs = fake_observations(a.sample(0), inner_steps=2)
+    obs = fake_observations(a.sample(0), support_repeats=2)
     b.sample(0)
     a.observe(obs)
     b.observe(list(reversed(obs)))
@@ -106,7 +106,7 @@ def test_consecutive_meta_batches_mean_lengths_are_uncorrelated() -> None:
 
 def test_state_dict_is_plain_json() -> None:
     s = _sampler(strategy="hard")
-    s.observe(fake_observations(s.sample(0), inner_steps=2))
+    s.observe(fake_observations(s.sample(0), support_repeats=2))
     state = s.state_dict()
     assert json.loads(json.dumps(state, allow_nan=False)) == state
     assert sum(v is not None for v in state["loss"]) == 6
@@ -155,7 +155,7 @@ def test_cost_fit_learns_from_the_critical_pass_of_each_index() -> None:
     naive = CostModel(damping=0.0)  # control: fitted on every rank's times
     for step in range(40):
         plan = s.sample(step)
-        obs = fake_observations(plan, inner_steps=2)
+        obs = fake_observations(plan, support_repeats=2)
         crit = {o.sort_key() for o in critical_passes([o for o in obs if isinstance(o, PassObservation)],
                                                        s.cost_model)}
         waited = [dataclasses.replace(o, seconds=o.seconds * 3.0)
