@@ -15,8 +15,13 @@ them masked away, backward twice the forward), plus the LM head at answer positi
 (4 x vocab x hidden per answer token; both loops run the head only there). MFU = counted FLOPs/s
 / the device's dense peak for the dtype (``--peak-tflops``; known for H100/H200/A100 in bf16).
 
+The baseline a user would pick instead, Hugging Face ``Trainer`` with the same peft LoRA model, runs
+the same passes' rows, one ``Trainer`` step per pass (``benchmarks/trainer_baseline.py`` says how
+it is configured); its MFU counts the LM head at every position, which it computes.
+
 Prints a few human lines and, as the last line, one JSON object: ``tokens_per_s`` and ``mfu`` of
-``meta_step`` and ``plain_loop``, and ``meta_step_vs_plain`` (time ratio, target <= 1.05 as on CPU).
+``meta_step``, ``plain_loop`` and ``hf_trainer``, ``meta_step_vs_plain`` (time ratio, target <=
+1.05 as on CPU) and ``plain_vs_hf_trainer`` (tokens/s ratio, target >= 1.0).
 
 Both loops measured 0.11 MFU on an H200 (2026-12-04), low for a 1B model; two options are there to
 find out why. ``--intermediate`` sets the MLP width (default ``hidden * 8 // 3``, 5461 at hidden
@@ -45,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import meta_step as bench  # noqa: E402  (benchmarks/meta_step.py: model, episodes, plans, loop)
+from trainer_baseline import trainer_flops_per_token, trainer_step_seconds  # noqa: E402
 
 from fmmeta.algorithms.build import build_algorithm  # noqa: E402
 from fmmeta.algorithms.config import AlgorithmConfig  # noqa: E402
@@ -188,6 +194,17 @@ def main() -> None:
         print(f"{name:10s} median {med * 1000:9.1f} ms  {tokens / med:10.0f} tokens/s"
               + (f"  MFU {flops / med / peak:.3f}" if peak else ""))
     result["meta_step_vs_plain"] = result["meta_step"]["median_s"] / result["plain_loop"]["median_s"]  # type: ignore[index]
+    # The same passes through Hugging Face Trainer: one step per pass, so a meta-step's worth of
+    # passes costs len(batches) median steps.
+    step_s = statistics.median(trainer_step_seconds(model, batches, device, steps=args.reps * len(batches)))
+    hf_flops = tokens * trainer_flops_per_token(n_body, args.layers, args.hidden, args.seq, args.vocab)
+    per_meta_step = step_s * len(batches)
+    result["hf_trainer"] = {"median_s": per_meta_step, "tokens_per_s": tokens / per_meta_step,
+                            "mfu": hf_flops / per_meta_step / peak if peak else None}
+    print(f"{'hf_trainer':10s} median {per_meta_step * 1000:9.1f} ms  {tokens / per_meta_step:10.0f} tokens/s"
+          + (f"  MFU {hf_flops / per_meta_step / peak:.3f}" if peak else ""))
+    result["plain_vs_hf_trainer"] = (result["plain_loop"]["tokens_per_s"]  # type: ignore[index]
+                                     / result["hf_trainer"]["tokens_per_s"])  # type: ignore[index]
     if device.type == "cuda":
         result["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
     if args.profile:

@@ -12,7 +12,8 @@ config, the reference every engine is held to:
   hold float32 flat groups); the adapter and the logged losses may differ from the fp32 reference
   by bf16 rounding;
 * ``benchmarks/meta_step.py`` and ``benchmarks/throughput.py`` (~1B random Llama, bf16: tokens/s
-  and MFU of a meta-step and of a plain LoRA loop on the same tokens);
+  and MFU of a meta-step, of a plain LoRA loop and of Hugging Face ``Trainer`` + peft on the same
+  tokens);
 * ``benchmarks/precision.py`` on random weights of SmolLM2-135M's shape: fp32, bf16 weights and
   bf16 autocast side by side (gradient error, tokens/s, MFU against a matmul peak measured on the
   GPU), at the recipe's pass size and at a GPU's (16 tasks, 256 rows per pass);

@@ -44,7 +44,7 @@ def test_cpu_dry_run_passes_every_check_and_prints_one_json_line(tmp_path: Path)
     assert "ZeRO stage 3" in (out / "zero3_bf16.log").read_text()
     assert "precision=bf16" in (out / "zero3_bf16.log").read_text()
     throughput = result["benchmarks"]["throughput"]
-    for loop in ("meta_step", "plain_loop"):
+    for loop in ("meta_step", "plain_loop", "hf_trainer"):
         assert throughput[loop]["tokens_per_s"] > 0 and throughput[loop]["mfu"] is None  # no CPU peak
     assert throughput["tokens_per_meta_step"] > 0 and throughput["tflop_per_meta_step"] > 0
     assert result["benchmarks"]["meta_step"]["device"] == "cpu"

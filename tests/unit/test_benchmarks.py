@@ -117,6 +117,10 @@ def test_meta_step_benchmark_runs_small() -> None:
 def test_throughput_benchmark_runs_small() -> None:
     out = _run("throughput.py", "--tiny", "--reps", "1", "--intermediate", "256", "--profile", "--top", "5")
     assert out["meta_step"]["tokens_per_s"] > 0 and out["plain_loop"]["tokens_per_s"] > 0
+    # the baseline a user would pick instead, on the same rows: Hugging Face Trainer + peft
+    assert out["hf_trainer"]["tokens_per_s"] > 0 and out["hf_trainer"]["median_s"] > 0
+    assert out["plain_vs_hf_trainer"] == pytest.approx(
+        out["plain_loop"]["tokens_per_s"] / out["hf_trainer"]["tokens_per_s"])
     assert out["model"]["intermediate"] == 256
     for loop in ("meta_step", "plain_loop"):  # the profile names the operators that took the time
         prof = out["profile"][loop]
