@@ -2,10 +2,12 @@
 
 :class:`InnerLoopConfig` is what the one inner loop (:mod:`fmmeta.algorithms.inner_loop`) reads,
 in training and in evaluation alike. :class:`AlgorithmConfig` is the recipe's ``algorithm``
-section: the inner-loop fields plus the few that only meta-training reads. It extends
-:class:`InnerLoopConfig` instead of repeating its fields, so each inner-loop field has one
-default and one doc, and every one of them (``adam_betas`` and ``adam_eps`` included) can be set
-from YAML as ``algorithm.<field>``.
+section: the inner-loop fields plus the few that only meta-training reads, and one section per
+method that has settings of its own (``algorithm.<method>.<key>``: :class:`MetaSGDConfig`,
+:class:`ReptileConfig`, :class:`MultiTaskConfig`, :class:`ANILConfig`), read only by that method.
+It extends :class:`InnerLoopConfig` instead of repeating its fields, so each inner-loop field has
+one default and one doc, and every one of them (``adam_betas`` and ``adam_eps`` included) can be
+set from YAML as ``algorithm.<field>``.
 
 The defaults are the inner loop the default run uses: measured on SmolLM2 (at 3 steps of lr 0.03 clipped to
 norm 1.0, FOMAML's adaptation lowered the query loss by 0.33 nats and it trained almost like
@@ -163,7 +165,7 @@ class AlgorithmConfig(InnerLoopConfig):
     of demonstrations + example in tokens (>= 2); longer ones lose their oldest demonstration
     tokens."""
     inner_format: str = "plain"
-    """Rows the adapting methods (fomaml, metasgd, reptile) adapt and are scored on: "plain", or
+    """Rows the adapting methods (fomaml, metasgd, reptile, anil) adapt and are scored on: "plain", or
     "in_context" (MAML-en-LLM style: each support row has the other support examples as
     demonstrations, each query row all of them; evaluation adapts and scores those methods the
     same way). Multi-task trains on plain rows and MetaICL on in-context queries either way."""
