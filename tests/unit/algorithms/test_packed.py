@@ -49,7 +49,7 @@ def _close(a, b, rtol: float = 1e-9) -> None:
 
 def _rank_from_planner(episodes, tokens_per_pass: int):
     plan = plan_meta_batch(episodes, list(range(len(episodes))), step=0, world_size=1,
-                           micro_batch_size=4, inner_steps=2, cost_model=CostModel(),
+                           micro_batch_size=4, support_repeats=2, cost_model=CostModel(),
                            rng=np.random.default_rng(0), tokens_per_pass=tokens_per_pass)
     return plan.for_rank(0)
 
