@@ -63,7 +63,7 @@ RECOMPILE_LIMIT = 32
 eager without a word once exceeded, and the run would be slower than eager at no warning)."""
 
 CACHE_FOLDER = "inductor_cache"
-"""Subfolder of the run's output folder that holds inductor's compiled graphs."""
+"""Subfolder (of the venv, see :func:`venv_cache_dir`) that holds inductor's compiled graphs."""
 
 
 def use_cache_dir(folder: str | os.PathLike[str]) -> Path:
@@ -191,7 +191,6 @@ def compile_layers(model: nn.Module, *, backend: str = "inductor") -> CompiledLa
     logger.info("engine.compile: %d decoder layers compiled (backend %s, inductor cache %s)",
                 len(layers), backend, os.environ.get("TORCHINDUCTOR_CACHE_DIR", "torch's default"))
     return state
-
 
 
 _COMPILED: CompiledLayers | None = None

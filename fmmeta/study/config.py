@@ -168,20 +168,24 @@ def key_type(key: str) -> type:
     if key in SEARCHED:
         return SEARCHED[key]
     section, method, name = key.split(".", 2)
-    registered = method_of(method)
-    settings = registered.settings if section == "algorithm" and registered is not None else None
+    settings = _settings_of(method) if section == "algorithm" else None
     tp = hints(settings).get(name) if settings is not None else None
     if not isinstance(tp, type):
         raise KeyError(key)
     return tp
 
 
+def _settings_of(method: str) -> type | None:
+    """The class of ``method``'s own config section (``None``: no such method, or no section)."""
+    registered = method_of(method)
+    return registered.settings if registered is not None else None
+
+
 def _settings_problems(method: str, space: MethodSpace) -> list[str]:
     """Refuses searched settings the method does not have (or a method with none)."""
     if not space.settings:
         return []
-    registered = method_of(method)
-    settings = registered.settings if registered is not None else None
+    settings = _settings_of(method)
     known = [f.name for f in dataclasses.fields(settings)] if settings is not None else []
     return [f"space.{method}.settings.{name} is invalid: {method} has "
             + (f"the settings {known}" if known else "no settings of its own") + "; remove it"

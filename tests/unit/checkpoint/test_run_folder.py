@@ -79,6 +79,17 @@ def test_resume_differences_lists_each_changed_key_and_honours_allowed() -> None
     assert resume_differences(saved, now, allowed=["lora.alpha", "algorithm.name"]) == []
 
 
+def test_a_methods_own_section_is_a_resume_fact(tmp_path: Path) -> None:
+    saved = resume_facts(_cfg(tmp_path, "methods=[reptile]"), "reptile")
+    assert saved["algorithm.reptile"] == {"query_step": False}
+    now = resume_facts(_cfg(tmp_path, "methods=[reptile]", "algorithm.reptile.query_step=true"), "reptile")
+    assert resume_differences(saved, now) == [
+        "algorithm.reptile: {'query_step': False} in the checkpoint, {'query_step': True} now"]
+    # a method without settings of its own has none to compare; another method's are not its own
+    assert resume_facts(_cfg(tmp_path), "fomaml")["algorithm.fomaml"] is None
+    assert "algorithm.reptile" not in resume_facts(_cfg(tmp_path), "fomaml")
+
+
 def _fake_checkpoint(out: Path, cfg: RecipeConfig, method: str, step: int = 3) -> Path:
     mgr = CheckpointManager(out / method / "checkpoints")
     ckpt = mgr.save(step, lambda w: w.save_json("state.json", {"step": step}),
