@@ -10,8 +10,8 @@ three FOMAML meta-steps and is compared with the plain one-process reference
   few whole-layer graphs with no graph break.
 * ZeRO-3 gathers every sublayer's weights in module hooks DeepSpeed hides from dynamo
   (``torch.compiler.disable``), so each compiled layer breaks at every sublayer; the numbers still
-  match, but a meta-step ran 2.8x slower than eager ZeRO-3, so ``engine.compile`` refuses ZeRO-3
-  (:func:`fmmeta.engine.build.compile_problems`). The test pins that graph breaks are the reason:
+  match, but a meta-step ran 2.4x slower than eager ZeRO-3 (inductor, one process), so
+  ``engine.compile`` refuses ZeRO-3 (:func:`fmmeta.engine.build.compile_problems`). The test pins that graph breaks are the reason:
   a DeepSpeed that traces its hooks without a break fails it, and the refusal can then go.
 """
 
