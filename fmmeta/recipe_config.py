@@ -18,6 +18,7 @@ from typing import Literal
 from fmmeta.algorithms.build import ALGORITHMS, METHODS
 from fmmeta.algorithms.config import DEFAULT_LR_GRID, AlgorithmConfig
 from fmmeta.config import EngineConfig, LoraConfig, ModelConfig, TrainConfig
+from fmmeta.engine.build import compile_problems
 from fmmeta.engine.ds_config import DSConfigError, owned_values, resolve_ds_config
 from fmmeta.engine.optim import OuterOptimConfig
 from fmmeta.models.precision import auto_dtype, engine_precision
@@ -235,6 +236,7 @@ class RecipeConfig:
                 f"engine.kind={self.engine.kind} with {world} rank(s) the ranks split the work: "
                 "set engine.workers=1 (or auto)"
             )
+        problems.extend(compile_problems(self.engine))
         path = self.engine.deepspeed_config
         if path is None or not os.path.isfile(os.path.expanduser(path)):
             return problems  # a missing file is reported by the engine section

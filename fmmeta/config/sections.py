@@ -277,7 +277,9 @@ class EngineConfig:
     passes after a first compile that the venv keeps (.venv/inductor_cache, or
     TORCHINDUCTOR_CACHE_DIR) for a resume or a second run; the telemetry reports graphs and
     compile seconds. Off until a benchmark shows it pays for the default run (on the 2-core CPU
-    its training was shorter than its compiling; docs/design.md, "Compiled layers")."""
+    its training was shorter than its compiling; docs/design.md, "Compiled layers"). Refused with
+    ZeRO-3, whose weight-gathering hooks split every compiled layer (slower than eager); ZeRO 0-2
+    and the local engine are fine."""
 
     def validate(self) -> list[str]:
         """Range checks; a DeepSpeed config path must exist."""

@@ -3,12 +3,14 @@ and writes each one's final adapter tensors and outer-step stats to ``--out``.
 
 Each launch costs seconds of imports, so one launch runs every configuration it is given:
 ``--configs local:all,ds0:all,ds3:one:gc,...`` where a configuration is
-``engine:layout[:gc][:uneven][:clip][:lines][:save][:gather][:reptile|:multitask|:metasgd|:metaicl]``
+``engine:layout[:gc][:uneven][:clip][:lines][:compile][:save][:gather][:reptile|:multitask|:metasgd|:metaicl]``
 (engine: local, ds0, ds1, ds2, ds3, ds3off, acc; layout: a key of ``_common.LAYOUTS``, or ``rows``
 for rows across ranks; ``clip``: inner clipping at norm 2e-4; ``lines``: padding-free passes
-(``algorithm.padding_free``); FOMAML unless an algorithm is
-named). For metasgd the learned step sizes are written too (``step_sizes`` in the JSON); with
-``gather`` every rank writes what ``gather_step`` gave it each step (``<tag>.gathered.<rank>.json``).
+(``algorithm.padding_free``); ``compile``: decoder layers compiled as ``engine.compile`` does,
+by the "aot_eager" backend; FOMAML unless an algorithm is named). The JSON holds the graphs
+dynamo compiled and the graph breaks it took in each configuration; for metasgd the learned
+step sizes too (``step_sizes``). With ``gather`` every rank writes what ``gather_step`` gave it
+each step (``<tag>.gathered.<rank>.json``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,13 @@ from fmmeta.engine.distributed import init_distributed, strip_local_rank
 
 STEPS = 3
 N_TASKS = 4
+
+
+def _dynamo_counts() -> tuple[int, int]:
+    """Graphs dynamo compiled and graph breaks it took in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"]), int(sum(counters["graph_break"].values()))
 
 
 def main() -> None:
@@ -70,11 +79,16 @@ def main() -> None:
 
             mlp.forward = counted
 
-    def make_engine(kind: str, gc: bool, precision: str):  # type: ignore[no-untyped-def]
+    def make_engine(kind: str, gc: bool, precision: str, compiled: bool = False):  # type: ignore[no-untyped-def]
         model = build_model()
         if gc:  # as the recipe does (model.gradient_checkpointing), before any engine wraps it
             enable_activation_checkpointing(model)
-        count_layer_calls(model)
+        if compiled:  # as build_engine does for engine.compile: in place, before any engine wraps it
+            from fmmeta.engine.compiled import compile_layers
+
+            compile_layers(model, backend="aot_eager")  # (no layer count: its wrapper would be traced)
+        else:
+            count_layer_calls(model)
         if kind == "local":
             from fmmeta.engine.local import LocalEngine
 
@@ -96,9 +110,13 @@ def main() -> None:
         kind, micro, flags = parts[0], parts[1], set(parts[2:])
         tag = spec.replace(":", "_")
         gc = "gc" in flags
+        compiled = "compile" in flags
+        if compiled:  # each compiled configuration starts from no graphs and no recompiles
+            torch._dynamo.reset()
+        graphs_before, breaks_before = _dynamo_counts()
         precision = "bf16" if "bf16" in flags else "fp32"
         layer_calls[0] = 0
-        engine, plan_world = make_engine(kind, gc, precision)
+        engine, plan_world = make_engine(kind, gc, precision, compiled)
         shapes_after_init = all(p.numel() > 0 for p in engine.adapter_parameters())
         gc_on = bool(getattr(engine.model, "is_gradient_checkpointing", False))
         n_tasks = 3 if "uneven" in flags else N_TASKS
@@ -122,7 +140,7 @@ def main() -> None:
                 for f in files:
                     torch.load(f, weights_only=True)  # the contract: weights_only loads
                 del engine
-                engine, plan_world = make_engine(kind, gc, precision)
+                engine, plan_world = make_engine(kind, gc, precision, compiled)
                 engine.load_adapter(out / f"{tag}_ckpt" / "adapter")
                 engine.load_optimizer(out / f"{tag}_ckpt" / "optim")
             plan = build_plan(step, plan_world, n_tasks, micro)
@@ -149,6 +167,8 @@ def main() -> None:
                 "shapes_after_init": shapes_after_init, "gc_on": gc_on,
                 "dtype": str(params[0].dtype), "passes": passes, "padded_tokens": padded_tokens, "layer_calls": layer_calls[0],
                 "layers": sum(type(m).__name__.endswith("MLP") for m in engine.model.modules()),
+                "graphs": _dynamo_counts()[0] - graphs_before,
+                "graph_breaks": _dynamo_counts()[1] - breaks_before,
                 "step_sizes": algo.step_sizes.values(len(params)) if method == "metasgd" else None,
             }))
         del engine

@@ -236,6 +236,38 @@ def test_ds_json_missing_is_refused(tmp_path: Path) -> None:
     assert "does not exist: give a DeepSpeed JSON file such as ds_configs/zero3.json" in msg
 
 
+def test_compiled_layers_under_zero3_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``engine.compile`` with ZeRO-3 (its graphs break at every sublayer: slower than eager,
+    tests/distributed/test_compiled_zero.py), whichever way ZeRO-3 is asked for: the DeepSpeed
+    engine's default, a JSON, accelerate's plugin; and again where an engine is built in code."""
+    from torch import nn
+
+    from fmmeta.config import EngineConfig
+    from fmmeta.engine.build import build_engine
+    from fmmeta.engine.optim import OuterOptimConfig
+
+    msg = _problems(["engine.kind=deepspeed", "engine.compile=true"])
+    assert ("engine.compile=true cannot run with ZeRO stage 3, which the DeepSpeed engine's default "
+            "(engine.deepspeed_config unset) asks for") in msg, msg
+    assert ("set engine.compile=false, or keep engine.compile=true with a ZeRO stage 0-2 JSON "
+            "(engine.deepspeed_config=ds_configs/zero2.json)") in msg, msg
+    zero3 = _ds_json(tmp_path)
+    msg = _problems(["engine.kind=deepspeed", "engine.compile=true", f"engine.deepspeed_config={zero3}"])
+    assert f"ZeRO stage 3, which engine.deepspeed_config={zero3!r} asks for" in msg, msg
+    zero2 = REPO / "ds_configs" / "zero2.json"
+    load_config(RecipeConfig, None, TINY + ["engine.compile=true", f"engine.deepspeed_config={zero2}"])
+    load_config(RecipeConfig, None, TINY + ["engine.compile=true", "engine.kind=local"])
+    load_config(RecipeConfig, None, TINY + ["engine.kind=deepspeed"])  # ZeRO-3 eager
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
+    msg = _problems(["engine.kind=accelerate", "engine.compile=true"])
+    assert "which accelerate launch's DeepSpeed plugin asks for" in msg, msg
+    assert "an accelerate config file with deepspeed_config.zero_stage 0, 1 or 2" in msg, msg
+    with pytest.raises(ConfigError, match="engine.compile=true cannot run with ZeRO stage 3"):
+        build_engine(EngineConfig(kind="accelerate", compile=True), nn.Linear(2, 2),
+                     OuterOptimConfig(), precision="fp32")  # refused before it compiles or wraps
+
+
 def _recipe() -> ModuleType:
     spec = importlib.util.spec_from_file_location("fmmeta_recipe_train", REPO / "recipes" / "train.py")
     assert spec is not None and spec.loader is not None
