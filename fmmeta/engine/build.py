@@ -104,7 +104,7 @@ def compile_problems(cfg: EngineConfig) -> list[str]:
     return [
         f"engine.compile=true cannot run with ZeRO stage 3, which {named} asks for: ZeRO-3 "
         "gathers every sublayer's weights in hooks torch.compile cannot trace, so each compiled "
-        "decoder layer splits into many small graphs and a meta-step runs about 2.5x slower than "
+        "decoder layer splits into many small graphs and a meta-step ran 2.4x slower than "
         f"eager; set engine.compile=false, or keep engine.compile=true with {other}"
     ]
 
