@@ -34,7 +34,10 @@ test-distributed: setup
 test-recipes: setup
 	$(TEST_ENV) $(PY) -m pytest tests/recipes -q $(ARGS)
 
+# Every benchmark at its default size for this machine's device. adapt_many.py adapts the default
+# run, so a missing one is trained first (make train).
 bench: setup
+	test -f runs/default/eval/eval.json || $(PY) recipes/train.py
 	for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 # wheels/ for scripts/gpu_check.sh on a GPU machine without the package index (Python 3.12).

@@ -4,8 +4,9 @@ A user with a hundred small tasks can adapt them in one call (``--tasks FOLDER``
 once and the tasks are adapted in groups whose rows share passes) or call ``fmmeta adapt`` once per
 task (a process, a model load and a few tiny passes each). This measures both, as a user runs them
 (``python recipes/adapt.py`` processes, wall-clock, writing predictions and adapters), on a run
-trained here: ``--tiny`` the smoke config's random model (seconds), else ``--run RUN`` (e.g.
-``runs/default`` after ``make train``). Separate calls are identical in size, so ``--separate K``
+trained here: ``--tiny`` the smoke config's random model (seconds), else ``--run RUN``
+(default ``runs/default``, the run ``make train`` writes; ``make bench`` trains it first when it is
+missing). Separate calls are identical in size, so ``--separate K``
 times K of them and scales to ``--tasks``; ``separate_calls_measured`` says how many ran.
 
 It also checks that grouping changes no prediction: every candidate's log-probability of the one
@@ -13,8 +14,8 @@ call equals the separate calls' (``max_rel_logprob_diff``; the evaluation's grou
 float rounding).
 
 Usage:
-    python benchmarks/adapt_many.py --tiny [--tasks 100] [--separate 10] [--method reptile]
-    python benchmarks/adapt_many.py --run runs/default --method reptile
+    python benchmarks/adapt_many.py [--run runs/default] [--method reptile] [--tasks 100] [--separate 10]
+    python benchmarks/adapt_many.py --tiny      # trains the smoke config's tiny run first (seconds)
 
 The last line of output is one JSON object with the measurements.
 """
@@ -33,6 +34,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+DEFAULT_RUN = Path("runs/default")
+"""The recipe's default ``output_dir``, relative to the working directory as the recipe's is."""
 WORDS = ("river stone cloud tiger piano apple garden window silver forest candle mirror ocean thunder "
          "market bridge letter winter summer castle").split()
 
@@ -98,17 +101,19 @@ def _logprobs(predictions: Path) -> dict[tuple[str, int], list[float]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="train the smoke config's tiny run here first")
-    ap.add_argument("--run", type=Path, help="a finished run to adapt (instead of --tiny)")
+    ap.add_argument("--run", type=Path, default=DEFAULT_RUN,
+                    help=f"a finished run to adapt (default {DEFAULT_RUN}; ignored with --tiny)")
     ap.add_argument("--method", default="reptile")
     ap.add_argument("--tasks", type=int, default=100)
     ap.add_argument("--separate", type=int, default=10, help="separate calls to time (scaled to --tasks)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    if args.tiny == (args.run is not None):
-        raise SystemExit("give --tiny or --run RUN")
+    if not args.tiny and not (args.run / "eval" / "eval.json").is_file():
+        raise SystemExit(f"--run {args.run}: no finished run there (no eval/eval.json); train one first "
+                         f"(`make train` writes {DEFAULT_RUN}) or give --tiny")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        run = _tiny_run(root) if args.tiny else args.run
+        run = _tiny_run(root) if args.tiny else args.run.resolve()  # the calls run in the repository
         items = write_tasks(root / "tasks", args.tasks, args.seed)
         adapt = [str(REPO / "recipes" / "adapt.py"), "--run", str(run), "--method", args.method,
                  "--max-new-tokens", "8"]

@@ -1,8 +1,9 @@
 """Benchmark: tokens/s and model FLOP utilisation (MFU) of a FOMAML meta-step against a plain LoRA
-training loop on the same tokens, on a ~1B-parameter random Llama (a GPU benchmark).
+training loop on the same tokens, on a ~1B-parameter random Llama (a GPU benchmark; on a CPU its
+defaults are the default model's shape and a smaller meta-step, :data:`SIZES`).
 
-The model is built from a config (no download; hidden 2048, 16 layers, SmolLM2's 49,152-token
-vocabulary: 1.0B parameters) with LoRA r=8 on q,k,v,o, and runs in ``--dtype`` (bf16 by default:
+The model is built from a config (no download; on a GPU hidden 2048, 16 layers, SmolLM2's
+49,152-token vocabulary: 1.0B parameters) with LoRA r=8 on q,k,v,o, and runs in ``--dtype`` (bf16 by default:
 base and adapter alike, as fmmeta's local engine runs a bf16 model). One meta-step is 16 tasks x 8
 support and 8 query sequences of 256 tokens (16 answer tokens), 2 inner steps, packed into passes
 of 32 rows; the plain loop runs exactly the same passes (``loss.backward()`` + AdamW step per
@@ -32,6 +33,7 @@ with their share of it, and the share of all matmul kernels (``mm``, ``bmm``, ``
 
 Usage:
     python benchmarks/throughput.py --device cuda [--reps 5] [--intermediate 5632] [--profile]
+    python benchmarks/throughput.py             # on a CPU: SIZES["cpu"], minutes
     python benchmarks/throughput.py --tiny      # a seconds-long smoke run of the same code on CPU
 """
 
@@ -61,9 +63,18 @@ from fmmeta.engine.optim import OuterOptimConfig  # noqa: E402
 PEAK_TFLOPS_BF16 = {"H200": 989.0, "H100": 989.0, "A100": 312.0}
 """Dense bf16 peaks on paper (SXM parts), matched against the CUDA device name."""
 
-TINY = {"hidden": 128, "layers": 2, "vocab": 512, "tasks": 4, "shots": 2, "queries": 2, "seq": 32,
-        "answer": 4, "pack_rows": 4}
-"""Sizes of ``--tiny``: the same code path in seconds on a CPU."""
+SIZES = {
+    "gpu": {"hidden": 2048, "layers": 16, "vocab": 49152, "tasks": 16, "shots": 8, "queries": 8, "seq": 256,
+            "answer": 16, "pack_rows": 32},
+    "cpu": {"hidden": 576, "layers": 30, "vocab": 49152, "tasks": 4, "shots": 4, "queries": 4, "seq": 64,
+            "answer": 8, "pack_rows": 16},
+    "tiny": {"hidden": 128, "layers": 2, "vocab": 512, "tasks": 4, "shots": 2, "queries": 2, "seq": 32,
+             "answer": 4, "pack_rows": 4},
+}
+"""Default sizes per device, each overridden by its own flag. ``gpu``: the ~1B model and a meta-step
+of 8,192 tokens per pass. ``cpu``: the default model's shape (SmolLM2-135M: hidden 576, 30 layers)
+with a meta-step of a few thousand tokens, minutes on a 2-core CPU where the GPU size would take
+hours. ``tiny`` (``--tiny``): the same code path in seconds."""
 
 
 def flops_per_meta_step(args: argparse.Namespace, n_body_params: int) -> float:
@@ -123,16 +134,17 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--hidden", type=int, default=2048)
-    ap.add_argument("--layers", type=int, default=16)
-    ap.add_argument("--vocab", type=int, default=49152)
-    ap.add_argument("--tasks", type=int, default=16, help="tasks per meta-step")
+    sized = "(default: SIZES for the device)"
+    ap.add_argument("--hidden", type=int, help=sized)
+    ap.add_argument("--layers", type=int, help=sized)
+    ap.add_argument("--vocab", type=int, help=sized)
+    ap.add_argument("--tasks", type=int, help=f"tasks per meta-step {sized}")
     ap.add_argument("--inner-steps", type=int, default=2)
-    ap.add_argument("--shots", type=int, default=8, help="support sequences per task")
-    ap.add_argument("--queries", type=int, default=8, help="query sequences per task")
-    ap.add_argument("--seq", type=int, default=256, help="tokens per sequence")
-    ap.add_argument("--answer", type=int, default=16, help="answer tokens per sequence")
-    ap.add_argument("--pack-rows", type=int, default=32, help="rows per packed pass")
+    ap.add_argument("--shots", type=int, help=f"support sequences per task {sized}")
+    ap.add_argument("--queries", type=int, help=f"query sequences per task {sized}")
+    ap.add_argument("--seq", type=int, help=f"tokens per sequence {sized}")
+    ap.add_argument("--answer", type=int, help=f"answer tokens per sequence {sized}")
+    ap.add_argument("--pack-rows", type=int, help=f"rows per packed pass {sized}")
     ap.add_argument("--peak-tflops", type=float, default=0.0, help="the device's dense peak (0: known table)")
     ap.add_argument("--tiny", action="store_true", help="tiny sizes: a CPU smoke run of the same code")
     ap.add_argument("--seed", type=int, default=0)
@@ -140,10 +152,11 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="add the top operators of each loop")
     ap.add_argument("--top", type=int, default=12, help="operators listed per loop with --profile")
     args = ap.parse_args()
-    if args.tiny:
-        for key, value in TINY.items():
-            setattr(args, key, value)
     device = torch.device(args.device)
+    size = "tiny" if args.tiny else "gpu" if device.type == "cuda" else "cpu"
+    for key, value in SIZES[size].items():
+        if args.tiny or getattr(args, key) is None:
+            setattr(args, key, value)
     dtype = getattr(torch, args.dtype)
 
     model = bench.build_model(args, device).to(dtype)
@@ -176,7 +189,7 @@ def main() -> None:
     peak = peak_flops(args, device)
     result: dict[str, object] = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "dtype": args.dtype,
+        "dtype": args.dtype, "size": size,
         "model": {"params": n_total, "adapter_params": n_adapter, "hidden": args.hidden,
                   "intermediate": model.base_model.model.config.intermediate_size,
                   "layers": args.layers, "vocab": args.vocab},
