@@ -69,9 +69,15 @@ CACHE_FOLDER = "inductor_cache"
 def use_cache_dir(folder: str | os.PathLike[str]) -> Path:
     """Points inductor's on-disk cache at ``folder / CACHE_FOLDER`` unless the environment already
     names one (a user's choice wins); returns the folder in use. Must run before the first
-    compile: inductor reads the variable when it first writes."""
+    compile: inductor reads the variable when it first writes.
+
+    Torch's own default (a per-user folder in the temp dir, which a reboot or a fresh machine
+    empties) is not a user's choice, though it may be in the environment: torch writes it there
+    the first time anything asks inductor for its cache folder, and importing peft does."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
     chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if not chosen:
+    if not chosen or os.path.abspath(chosen) == os.path.abspath(default_cache_dir()):
         chosen = str(Path(folder) / CACHE_FOLDER)
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = chosen
     Path(chosen).mkdir(parents=True, exist_ok=True)

@@ -133,6 +133,19 @@ def test_the_cache_goes_into_the_run_folder_unless_the_environment_names_one(
     assert use_cache_dir(tmp_path / "run2") == tmp_path / "mine"
 
 
+def test_torchs_default_in_the_environment_is_not_a_users_choice(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Importing peft makes torch write its default (the temp dir) into the environment: the
+    run's cache must still go where fmmeta keeps it, not where a reboot empties it."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir, default_cache_dir
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setattr(os, "makedirs", lambda *a, **k: None)  # no folder left in the temp dir
+    cache_dir()  # what peft's import does
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == os.path.abspath(default_cache_dir())
+    assert use_cache_dir(tmp_path) == tmp_path / CACHE_FOLDER
+
+
 def test_the_default_cache_is_the_venvs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Every run and resume of a checkout shares one cache: its venv's (none outside a venv)."""
     from fmmeta.engine.compiled import venv_cache_dir
