@@ -10,8 +10,10 @@ missing). Separate calls are identical in size, so ``--separate K``
 times K of them and scales to ``--tasks``; ``separate_calls_measured`` says how many ran.
 
 It also checks that grouping changes no prediction: every candidate's log-probability of the one
-call equals the separate calls' (``max_rel_logprob_diff``; the evaluation's grouping promises
-float rounding).
+call against the separate calls' (``max_rel_logprob_diff``, ``max_abs_logprob_diff``; the
+evaluation's grouping promises float rounding), and ``same_top_choice``, the share of
+classification rows whose most likely label is the same in both (a relative difference alone
+overstates a log-probability near 0). ``docs/benchmarks.md`` has what these measured.
 
 Usage:
     python benchmarks/adapt_many.py [--run runs/default] [--method reptile] [--tasks 100] [--separate 10]
@@ -98,6 +100,10 @@ def _logprobs(predictions: Path) -> dict[tuple[str, int], list[float]]:
     return out
 
 
+def _top(logprobs: list[float]) -> int:
+    return max(range(len(logprobs)), key=logprobs.__getitem__)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="train the smoke config's tiny run here first")
@@ -120,20 +126,26 @@ def main() -> None:
         one_call_s = _python([*adapt, "--tasks", str(root / "tasks" / "tasks.yaml"), "--out", str(root / "one")])
         together = _logprobs(root / "one" / "predictions.jsonl")
         k = min(args.separate, args.tasks)
-        seconds, diff = 0.0, 0.0
+        seconds, diff, abs_diff, same, rows = 0.0, 0.0, 0.0, 0, 0
         for t in range(k):
             folder = root / "tasks" / f"task{t:03d}"
             seconds += _python([*adapt, "--support", str(folder / "support.jsonl"), "--query",
                                 str(folder / "query.jsonl"), "--name", folder.name, "--builder", items[t]["builder"],
                                 "--out", str(root / f"sep{t}")])
             for key, values in _logprobs(root / f"sep{t}" / "predictions.jsonl").items():
-                diff = max(diff, *(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(together[key], values)))
+                pairs = list(zip(together[key], values, strict=True))
+                diff = max(diff, *(abs(a - b) / max(abs(b), 1e-30) for a, b in pairs))
+                abs_diff = max(abs_diff, *(abs(a - b) for a, b in pairs))
+                if len(values) > 1:  # a classification row: its label is the most likely candidate
+                    rows += 1
+                    same += _top(together[key]) == _top(values)
     separate_s = seconds / k * args.tasks
     print(json.dumps({
         "tasks": args.tasks, "method": args.method, "model": "tiny" if args.tiny else str(args.run),
         "one_call_s": round(one_call_s, 3), "separate_s_per_call": round(seconds / k, 3),
         "separate_calls_measured": k, "separate_s": round(separate_s, 3),
         "speedup": round(separate_s / one_call_s, 2), "max_rel_logprob_diff": diff,
+        "max_abs_logprob_diff": abs_diff, "same_top_choice": round(same / rows, 4) if rows else None,
         "threads": int(_env()["OMP_NUM_THREADS"]), "cpus": os.cpu_count(), "python": platform.python_version(),
     }))
 

@@ -197,3 +197,4 @@ def test_adapt_many_benchmark_runs_small() -> None:
     assert out["tasks"] == 4 and out["separate_calls_measured"] == 2
     assert out["one_call_s"] > 0 and out["separate_s"] > 0 and out["speedup"] > 0
     assert out["max_rel_logprob_diff"] <= 1e-5  # grouping the tasks changes no prediction
+    assert out["max_abs_logprob_diff"] <= 1e-4 and out["same_top_choice"] == 1.0
