@@ -9,11 +9,12 @@ trained here: ``--tiny`` the smoke config's random model (seconds), else ``--run
 missing). Separate calls are identical in size, so ``--separate K``
 times K of them and scales to ``--tasks``; ``separate_calls_measured`` says how many ran.
 
-It also checks that grouping changes no prediction: every candidate's log-probability of the one
-call against the separate calls' (``max_rel_logprob_diff``, ``max_abs_logprob_diff``; the
-evaluation's grouping promises float rounding), and ``same_top_choice``, the share of
-classification rows whose most likely label is the same in both (a relative difference alone
-overstates a log-probability near 0). ``docs/benchmarks.md`` has what these measured.
+It also compares the two calls' predictions: every candidate's log-probability of the one call
+against the separate calls' (``max_rel_logprob_diff``, ``max_abs_logprob_diff``) and
+``same_top_choice``, the share of classification rows whose most likely label is the same in both
+(a relative difference alone overstates a log-probability near 0). Grouping changes only float
+rounding, but an adaptation that amplifies rounding turns that into other labels; what these
+measured, and why, is in ``docs/benchmarks.md``.
 
 Usage:
     python benchmarks/adapt_many.py [--run runs/default] [--method reptile] [--tasks 100] [--separate 10]
