@@ -26,17 +26,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from fmmeta.engine.compiled import unique_graphs
 from fmmeta.engine.distributed import init_distributed, strip_local_rank
 
 STEPS = 3
 N_TASKS = 4
 
 
-def _dynamo_counts() -> tuple[int, int]:
-    """Graphs dynamo compiled and graph breaks it took in this process so far."""
+def _graph_breaks() -> int:
+    """Graph breaks dynamo took in this process so far (its graphs: ``unique_graphs``)."""
     from torch._dynamo.utils import counters
 
-    return int(counters["stats"]["unique_graphs"]), int(sum(counters["graph_break"].values()))
+    return int(sum(counters["graph_break"].values()))
 
 
 def main() -> None:
@@ -113,7 +114,7 @@ def main() -> None:
         compiled = "compile" in flags
         if compiled:  # each compiled configuration starts from no graphs and no recompiles
             torch._dynamo.reset()
-        graphs_before, breaks_before = _dynamo_counts()
+        graphs_before, breaks_before = unique_graphs(), _graph_breaks()
         precision = "bf16" if "bf16" in flags else "fp32"
         layer_calls[0] = 0
         engine, plan_world = make_engine(kind, gc, precision, compiled)
@@ -167,8 +168,8 @@ def main() -> None:
                 "shapes_after_init": shapes_after_init, "gc_on": gc_on,
                 "dtype": str(params[0].dtype), "passes": passes, "padded_tokens": padded_tokens, "layer_calls": layer_calls[0],
                 "layers": sum(type(m).__name__.endswith("MLP") for m in engine.model.modules()),
-                "graphs": _dynamo_counts()[0] - graphs_before,
-                "graph_breaks": _dynamo_counts()[1] - breaks_before,
+                "graphs": unique_graphs() - graphs_before,
+                "graph_breaks": _graph_breaks() - breaks_before,
                 "step_sizes": algo.step_sizes.values(len(params)) if method == "metasgd" else None,
             }))
         del engine
