@@ -44,9 +44,11 @@ def run_worker(
     pg_timeout_s: float = 60.0,
     extra: list[str] | None = None,
     worker: Path = WORKER,
+    accelerate_config: str = "accelerate_zero3.yaml",
 ) -> subprocess.CompletedProcess[str]:
     """Launches ``worker`` (``--configs`` only when ``configs`` is given) and returns the finished
-    process; raises ``AssertionError`` with its output tail when it fails or runs past ``timeout_s``."""
+    process; raises ``AssertionError`` with its output tail when it fails or runs past ``timeout_s``.
+    ``accelerate_config`` names the shipped file (under ``recipes/``) an accelerate launch uses."""
     bindir = Path(sys.executable).parent
     port = _free_port()
     script = [str(worker), "--out", str(out), *(["--configs", ",".join(configs)] if configs else []),
@@ -61,7 +63,7 @@ def run_worker(
         cmd = [str(bindir / "torchrun"), "--nproc_per_node", str(nprocs), "--master_port", str(port), *script]
     elif launcher == "accelerate":
         cmd = [str(bindir / "accelerate"), "launch", "--config_file",
-               str(REPO / "recipes" / "accelerate_zero3.yaml"), "--num_processes", str(nprocs),
+               str(REPO / "recipes" / accelerate_config), "--num_processes", str(nprocs),
                "--main_process_port", str(port), *script]
     else:
         raise ValueError(f"launcher={launcher!r} is invalid: python, deepspeed, torchrun or accelerate")

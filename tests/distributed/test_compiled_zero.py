@@ -6,8 +6,9 @@ the same graphs and graph breaks, without minutes of C++ compiling on a CPU). Ea
 three FOMAML meta-steps and is compared with the plain one-process reference
 (``test_equivalence.py``'s ``local:all``): adapter relative 1e-5, outer grad norms 1e-5.
 
-* ZeRO-0 and ZeRO-2 leave the layers alone: the compiled runs match the reference and compile a
-  few whole-layer graphs with no graph break.
+* ZeRO-0, 1 and 2 leave the layers alone, launched by deepspeed or (ZeRO-2) by accelerate with
+  ``recipes/accelerate_zero2.yaml``: the compiled runs match the reference and compile a few
+  whole-layer graphs with no graph break.
 * ZeRO-3 gathers every sublayer's weights in module hooks DeepSpeed hides from dynamo
   (``torch.compiler.disable``), so each compiled layer breaks at every sublayer; the numbers still
   match, but a meta-step ran 2.4x slower than eager ZeRO-3 (inductor, one process), so
@@ -29,8 +30,9 @@ from tests.distributed.launch import run_worker
 
 TOL = 1e-5
 REFERENCE = "local:all"
-ALLOWED = ["ds0:all:compile", "ds2:all:compile"]
+ALLOWED = ["ds0:all:compile", "ds1:all:compile", "ds2:all:compile"]
 REFUSED = "ds3:all:compile"
+ACCELERATE = "acc:all:compile"
 
 
 def _load(out: Path, spec: str) -> tuple[list[torch.Tensor], dict]:
@@ -46,6 +48,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     run_worker(ref, [REFERENCE], nprocs=1, launcher="python")
     two = tmp_path_factory.mktemp("compiled")
     run_worker(two, [*ALLOWED, REFUSED], nprocs=2, launcher="deepspeed", pg_timeout_s=60)
+    run_worker(two, [ACCELERATE], nprocs=2, launcher="accelerate", pg_timeout_s=60,
+               accelerate_config="accelerate_zero2.yaml")
     return ref, two
 
 
@@ -60,8 +64,8 @@ def _compare(runs: tuple[Path, Path], spec: str) -> dict:
     return meta
 
 
-@pytest.mark.parametrize("spec", ALLOWED)
-def test_compiled_layers_under_zero_0_and_2_match_eager_whole(runs: tuple[Path, Path], spec: str) -> None:
+@pytest.mark.parametrize("spec", [*ALLOWED, ACCELERATE])
+def test_compiled_layers_under_zero_0_to_2_match_eager_whole(runs: tuple[Path, Path], spec: str) -> None:
     """Same adapter and grad norms as eager, from a few whole-layer graphs (the local engine's
     count: forward with and without grad, backward) and no graph break."""
     meta = _compare(runs, spec)
