@@ -39,8 +39,9 @@ the same model) and compiled. Under ``meta_step``:
   (as above, forward-only tokens at 2N, side by side) and ``grad_rel_error`` (compiled against
   eager, the largest over the meta-batches).
 
-The recipe keeps eager by default (``engine.compile: false``): the default run's training is
-shorter than its compiling on the 2-core CPU.
+One method's 20 meta-steps are shorter than their compiling on the 2-core CPU; a process
+compiles once for all it runs, and the whole default run (five methods, then evaluation) repays
+it, so the recipe's ``engine.compile: auto`` compiles there (docs/benchmarks.md).
 
 Usage:
     python benchmarks/compiled.py [--tiny | --random] [--threads 1] [--reps 5] [--dtype bfloat16]

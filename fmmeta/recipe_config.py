@@ -136,7 +136,10 @@ class RecipeConfig:
     """The inner loop every method in methods shares."""
     optim: OuterOptimConfig = field(default_factory=lambda: OuterOptimConfig(outer_lr=3e-3))
     """The outer (meta) optimizer."""
-    engine: EngineConfig = field(default_factory=EngineConfig)
+    # Compiled decoder layers where they pay (engine.compile's docstring): the default run on the
+    # 2-core CPU took 283.7 s with inductor's cache warm against 349.8 s eager, and 358.9 s on
+    # a first run that compiled everything (docs/benchmarks.md, "Compiled layers").
+    engine: EngineConfig = field(default_factory=lambda: EngineConfig(compile="auto"))
     """Which training backend runs the outer update."""
     train: TrainConfig = field(
         default_factory=lambda: TrainConfig(meta_steps=20, checkpoint_every=5)

@@ -271,21 +271,25 @@ class EngineConfig:
     of the threads (1.41x the throughput of one 2-thread process on 2 cores). "auto" = one per
     thread torch may use (OMP_NUM_THREADS), at most one per method; 1 under a distributed launch
     or on a GPU (a CUDA context does not survive the fork). 1 = everything in one process."""
-    compile: bool = False
+    compile: bool | Literal["auto"] = False
     """Compile every decoder layer with torch.compile (inductor) for training and evaluation's
     adaptation (fmmeta.engine.compiled): the same losses as eager to float rounding, faster
     passes after a first compile that the venv keeps (.venv/inductor_cache, or
     TORCHINDUCTOR_CACHE_DIR) for a resume or a second run; the telemetry reports graphs and
-    compile seconds. Off until a benchmark shows it pays for the default run (on the 2-core CPU
-    its training was shorter than its compiling; docs/design.md, "Compiled layers"). Refused with
-    ZeRO-3, whose weight-gathering hooks split every compiled layer (slower than eager); ZeRO 0-2
-    and the local engine are fine."""
+    compile seconds. "auto" (the recipe's default) compiles where it was measured to pay: one
+    process on a CPU, a model of 100M parameters or more, a C++ compiler for inductor (the
+    default run on the 2-core CPU: 0.97x eager on its first run, 1.23x on later ones; docs/
+    design.md, "Compiled layers"); the run logs what it chose and why. Refused with ZeRO-3, whose
+    weight-gathering hooks split every compiled layer (slower than eager); ZeRO 0-2 and the local
+    engine are fine."""
 
     def validate(self) -> list[str]:
         """Range checks; a DeepSpeed config path must exist."""
         problems: list[str] = []
         if self.workers != "auto" and self.workers < 1:
             problems.append(f"workers={self.workers} is invalid: must be >= 1 or auto")
+        if self.compile not in (True, False, "auto"):
+            problems.append(f"compile={self.compile!r} is invalid: must be true, false or auto")
         if not self.collective_timeout_s > 0:
             problems.append(
                 f"collective_timeout_s={self.collective_timeout_s} is invalid: must be > 0 seconds"

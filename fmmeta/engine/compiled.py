@@ -52,6 +52,7 @@ __all__ = [
     "compile_model",
     "compile_summary",
     "compile_seconds",
+    "cxx_compiler",
     "decoder_layers",
     "unique_graphs",
     "use_cache_dir",
@@ -82,6 +83,18 @@ def use_cache_dir(folder: str | os.PathLike[str]) -> Path:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = chosen
     Path(chosen).mkdir(parents=True, exist_ok=True)
     return Path(chosen)
+
+
+def cxx_compiler() -> str | None:
+    """The C++ compiler inductor would build CPU kernels with (``g++``, ``clang++``, or what
+    ``CXX`` names), or ``None`` when it finds none: on a CPU, a compiled layer's first pass would
+    then fail with inductor's own error after the model had loaded."""
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        return str(get_cpp_compiler())
+    except Exception:  # inductor raises its own InvalidCxxCompiler, or fails importing a toolchain
+        return None
 
 
 def unique_graphs() -> int:

@@ -268,6 +268,21 @@ def test_compiled_layers_under_zero3_are_refused(tmp_path: Path, monkeypatch: py
                      OuterOptimConfig(), precision="fp32")  # refused before it compiles or wraps
 
 
+def test_compiled_layers_without_a_cxx_compiler_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a CPU inductor builds every kernel with a C++ compiler: ``engine.compile=true`` without
+    one is refused at config check, not after the model has loaded; "auto" stays eager instead."""
+    from fmmeta.engine import build
+
+    monkeypatch.setattr(build, "cxx_compiler", lambda: None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    msg = _problems(["engine.compile=true"])
+    assert ("engine.compile=true needs a C++ compiler on a CPU (inductor builds its kernels with "
+            "g++, clang++ or the one CXX names) and none was found: install one") in msg, msg
+    assert "or set engine.compile=false (or auto, which stays eager without one)" in msg, msg
+    load_config(RecipeConfig, None, TINY + ["engine.compile=auto"])
+    load_config(RecipeConfig, None, TINY + ["engine.compile=false"])
+
+
 def _recipe() -> ModuleType:
     spec = importlib.util.spec_from_file_location("fmmeta_recipe_train", REPO / "recipes" / "train.py")
     assert spec is not None and spec.loader is not None

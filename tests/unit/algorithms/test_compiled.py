@@ -187,3 +187,45 @@ def test_engine_compile_compiles_the_layers_once_and_the_telemetry_reports_it(
     assert state is not None and state.layers == 2
     summary = RankWatch("fomaml", ["h"], window=4, margin=0.25).summary()
     assert summary["compile_layers"] == 2 and summary["compile_graphs"] == 0  # lazy: nothing ran yet
+
+
+def test_auto_compiles_only_where_compiling_was_measured_to_pay(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """``engine.compile="auto"`` (the recipe's default) compiles a big enough model in one
+    process on a CPU with a C++ compiler, and leaves eager a small model (the recipe tests'),
+    a GPU, a DeepSpeed engine and a machine without a compiler; it logs its choice once."""
+    import logging
+
+    from fmmeta.config import EngineConfig, load_config
+    from fmmeta.engine import build
+    from fmmeta.engine import compiled as compiled_module
+    from fmmeta.engine.optim import OuterOptimConfig
+    from fmmeta.recipe_config import RecipeConfig
+
+    assert load_config(RecipeConfig, None, []).engine.compile == "auto"
+    assert EngineConfig().compile is False  # engines built in code stay eager unless asked
+    monkeypatch.setattr(compiled_module, "_COMPILED", None)
+    monkeypatch.setattr(build, "_AUTO_LOGGED", set())
+    auto = EngineConfig(kind="local", compile="auto")
+    model = build_tiny_peft()
+    n = sum(p.numel() for p in model.parameters())
+    on, why = build.auto_compile(auto, model)
+    assert not on and f"{n / 1e6:.3g}M parameters, fewer than the 100M" in why, why
+    with caplog.at_level(logging.INFO, logger="fmmeta.engine.build"):
+        for _ in range(2):
+            build.build_engine(auto, model, OuterOptimConfig(), precision="fp32")
+    assert not any(compiled_module._is_compiled(m) for m in decoder_layers(model))
+    assert [r.getMessage() for r in caplog.records].count(f"engine.compile=auto -> false: {why}") == 1
+
+    monkeypatch.setattr(build, "AUTO_COMPILE_MIN_PARAMETERS", n)  # as if the model were big enough
+    on, why = build.auto_compile(auto, model)
+    assert on and why.startswith("one process on a CPU") and "C++ compiler" in why, why
+    assert not build.auto_compile(EngineConfig(kind="deepspeed", compile="auto"), model)[0]
+    build.build_engine(auto, model, OuterOptimConfig(), precision="fp32")
+    assert all(compiled_module._is_compiled(m) for m in decoder_layers(model))
+    monkeypatch.setattr(build, "cxx_compiler", lambda: None)
+    assert build.auto_compile(auto, model) == (
+        False, "inductor finds no C++ compiler to build CPU kernels with")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert build.auto_compile(auto, model) == (
+        False, "compiling is measured to pay on a CPU only, and this run has a GPU")
