@@ -31,8 +31,14 @@ of 256, 5632). ``--profile`` runs one more of each loop under ``torch.profiler``
 ``profile``: per loop, the ``--top`` operators by self time on the device (CPU time on a CPU)
 with their share of it, and the share of all matmul kernels (``mm``, ``bmm``, ``addmm``, GEMM).
 
+``--compile BACKEND`` (``inductor``; ``aot_eager`` for a quick check of the code path) compiles
+every decoder layer in place as ``engine.compile`` does, before the warm-up, so all three loops
+(the Trainer's too: it runs the same model) run the compiled layers; ``compile`` in the JSON gives
+the backend, the graphs and the seconds the warm-up spent compiling.
+
 Usage:
     python benchmarks/throughput.py --device cuda [--reps 5] [--intermediate 5632] [--profile]
+                                    [--compile inductor]
     python benchmarks/throughput.py             # on a CPU: SIZES["cpu"], minutes
     python benchmarks/throughput.py --tiny      # a seconds-long smoke run of the same code on CPU
 """
@@ -57,6 +63,7 @@ from trainer_baseline import trainer_flops_per_token, trainer_step_seconds  # no
 from fmmeta.algorithms.build import build_algorithm  # noqa: E402
 from fmmeta.algorithms.config import AlgorithmConfig  # noqa: E402
 from fmmeta.algorithms.meta_step import meta_step  # noqa: E402
+from fmmeta.engine.compiled import compile_layers  # noqa: E402
 from fmmeta.engine.local import LocalEngine  # noqa: E402
 from fmmeta.engine.optim import OuterOptimConfig  # noqa: E402
 
@@ -151,6 +158,8 @@ def main() -> None:
     ap.add_argument("--intermediate", type=int, default=0, help="MLP width (0: hidden * 8 // 3)")
     ap.add_argument("--profile", action="store_true", help="add the top operators of each loop")
     ap.add_argument("--top", type=int, default=12, help="operators listed per loop with --profile")
+    ap.add_argument("--compile", default="", choices=["", "inductor", "aot_eager"],
+                    help="compile the decoder layers with this backend (engine.compile's path)")
     args = ap.parse_args()
     device = torch.device(args.device)
     size = "tiny" if args.tiny else "gpu" if device.type == "cuda" else "cpu"
@@ -173,7 +182,8 @@ def main() -> None:
         "meta_step": lambda: meta_step(engine, algo, plan),
         "plain_loop": lambda: bench.plain_loop(model, plain_opt, batches, hf=False),
     }
-    for fn in methods.values():  # warm-up: kernels, allocator, optimizer state
+    compiled = compile_layers(model, backend=args.compile) if args.compile else None
+    for fn in methods.values():  # warm-up: kernels, allocator, optimizer state (and compiling)
         fn()
     times: dict[str, list[float]] = {k: [] for k in methods}
     for rep in range(args.reps):
@@ -199,6 +209,8 @@ def main() -> None:
         "tflop_per_meta_step": flops / 1e12,
         "peak_tflops": peak / 1e12 if peak else None,
         "reps": args.reps,
+        "compile": None if compiled is None else {"backend": args.compile, "graphs": compiled.graphs,
+                                                  "seconds": round(compiled.seconds, 1)},
     }
     for name, ts in times.items():
         med = statistics.median(ts)

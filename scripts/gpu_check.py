@@ -67,6 +67,9 @@ _TINY_CPU = ["--tiny", "--device", "cpu", "--reps", "1"]
 BENCH_ARGS: dict[str, dict[str, tuple[str, list[str]]]] = {
     "cuda": {  # those the first H200 run (2026-12-04) did not reach come first
         "throughput": ("throughput", ["--device", "cuda", "--profile"]),
+        # the same loops with every decoder layer compiled (engine.compile's path, inductor)
+        "throughput_compiled": ("throughput", ["--device", "cuda", "--compile", "inductor", "--reps", "3",
+                                               "--profile"]),
         # both loops ran at 0.11 MFU: is it the MLP width (5461, not a multiple of 8)?
         "throughput_mlp5632": ("throughput", ["--device", "cuda", "--intermediate", "5632", "--reps", "3",
                                               "--profile"]),
@@ -85,6 +88,8 @@ BENCH_ARGS: dict[str, dict[str, tuple[str, list[str]]]] = {
         "padding_free": ("padding_free", [*_TINY_CPU, "--steps", "1", "--dtypes", "float32",
                                           "--methods", "fomaml"]),
         "throughput": ("throughput", ["--device", "cpu", "--tiny", "--reps", "1", "--profile"]),
+        "throughput_compiled": ("throughput", ["--device", "cpu", "--tiny", "--reps", "1", "--compile",
+                                               "aot_eager"]),
         "meta_step": ("meta_step", ["--device", "cpu", "--reps", "1", "--vocab", "512", "--hidden", "64",
                                     "--layers", "1", "--tasks", "2", "--pack-rows", "4"]),
         "evaluation": ("evaluation", [*_TINY_CPU, "--episodes", "4", "--group", "2", "--steps", "2"]),

@@ -47,6 +47,10 @@ def test_cpu_dry_run_passes_every_check_and_prints_one_json_line(tmp_path: Path)
     for loop in ("meta_step", "plain_loop", "hf_trainer"):
         assert throughput[loop]["tokens_per_s"] > 0 and throughput[loop]["mfu"] is None  # no CPU peak
     assert throughput["tokens_per_meta_step"] > 0 and throughput["tflop_per_meta_step"] > 0
+    assert throughput["compile"] is None
+    compiled = result["benchmarks"]["throughput_compiled"]  # the same loops, layers compiled
+    assert compiled["compile"]["backend"] == "aot_eager" and compiled["compile"]["graphs"] > 0, compiled
+    assert all(compiled[loop]["tokens_per_s"] > 0 for loop in ("meta_step", "plain_loop", "hf_trainer"))
     assert result["benchmarks"]["meta_step"]["device"] == "cpu"
     # bf16 weights and autocast side by side, each with its MFU against a peak measured here
     for method, row in result["benchmarks"]["precision"]["methods"].items():
