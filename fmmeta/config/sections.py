@@ -277,7 +277,7 @@ class EngineConfig:
     passes after a first compile that the venv keeps (.venv/inductor_cache, or
     TORCHINDUCTOR_CACHE_DIR) for a resume or a second run; the telemetry reports graphs and
     compile seconds. "auto" (the recipe's default) compiles where it was measured to pay: one
-    process on a CPU, a model of 100M parameters or more, a C++ compiler for inductor (the
+    process on a CPU in bf16, a model of 100M parameters or more, a C++ compiler for inductor (the
     default run on the 2-core CPU: 0.97x eager on its first run, 1.23x on later ones; docs/
     design.md, "Compiled layers"); the run logs what it chose and why. Refused with ZeRO-3, whose
     weight-gathering hooks split every compiled layer (slower than eager); ZeRO 0-2 and the local

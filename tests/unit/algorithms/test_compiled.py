@@ -192,8 +192,9 @@ def test_engine_compile_compiles_the_layers_once_and_the_telemetry_reports_it(
 def test_auto_compiles_only_where_compiling_was_measured_to_pay(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """``engine.compile="auto"`` (the recipe's default) compiles a big enough model in one
-    process on a CPU with a C++ compiler, and leaves eager a small model (the recipe tests'),
-    a GPU, a DeepSpeed engine and a machine without a compiler; it logs its choice once."""
+    process on a CPU in bf16 with a C++ compiler, and leaves eager a small model (the recipe
+    tests'), fp32, a GPU, a DeepSpeed engine and a machine without a compiler; it logs its
+    choice once."""
     import logging
 
     from fmmeta.config import EngineConfig, load_config
@@ -209,23 +210,27 @@ def test_auto_compiles_only_where_compiling_was_measured_to_pay(
     auto = EngineConfig(kind="local", compile="auto")
     model = build_tiny_peft()
     n = sum(p.numel() for p in model.parameters())
-    on, why = build.auto_compile(auto, model)
+    on, why = build.auto_compile(auto, model, "bf16")
     assert not on and f"{n / 1e6:.3g}M parameters, fewer than the 100M" in why, why
     with caplog.at_level(logging.INFO, logger="fmmeta.engine.build"):
         for _ in range(2):
-            build.build_engine(auto, model, OuterOptimConfig(), precision="fp32")
+            build.build_engine(auto, model, OuterOptimConfig(), precision="bf16")
     assert not any(compiled_module._is_compiled(m) for m in decoder_layers(model))
     assert [r.getMessage() for r in caplog.records].count(f"engine.compile=auto -> false: {why}") == 1
 
     monkeypatch.setattr(build, "AUTO_COMPILE_MIN_PARAMETERS", n)  # as if the model were big enough
-    on, why = build.auto_compile(auto, model)
+    on, why = build.auto_compile(auto, model, "bf16")
     assert on and why.startswith("one process on a CPU") and "C++ compiler" in why, why
-    assert not build.auto_compile(EngineConfig(kind="deepspeed", compile="auto"), model)[0]
+    assert build.auto_compile(auto, model, "fp32") == (
+        False, "compiling is measured to pay in bf16 only, and this run computes in fp32")
+    assert not build.auto_compile(EngineConfig(kind="deepspeed", compile="auto"), model, "bf16")[0]
     build.build_engine(auto, model, OuterOptimConfig(), precision="fp32")
+    assert not any(compiled_module._is_compiled(m) for m in decoder_layers(model))
+    build.build_engine(auto, model.to(torch.bfloat16), OuterOptimConfig(), precision="bf16")
     assert all(compiled_module._is_compiled(m) for m in decoder_layers(model))
     monkeypatch.setattr(build, "cxx_compiler", lambda: None)
-    assert build.auto_compile(auto, model) == (
+    assert build.auto_compile(auto, model, "bf16") == (
         False, "inductor finds no C++ compiler to build CPU kernels with")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert build.auto_compile(auto, model) == (
+    assert build.auto_compile(auto, model, "bf16") == (
         False, "compiling is measured to pay on a CPU only, and this run has a GPU")
