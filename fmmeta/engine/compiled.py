@@ -33,6 +33,7 @@ of compiling them again (dynamo still traces each graph: that part is paid once 
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -85,10 +86,12 @@ def use_cache_dir(folder: str | os.PathLike[str]) -> Path:
     return Path(chosen)
 
 
+@functools.cache
 def cxx_compiler() -> str | None:
     """The C++ compiler inductor would build CPU kernels with (``g++``, ``clang++``, or what
     ``CXX`` names), or ``None`` when it finds none: on a CPU, a compiled layer's first pass would
-    then fail with inductor's own error after the model had loaded."""
+    then fail with inductor's own error after the model had loaded. Looked up once per process:
+    inductor's search runs ``<compiler> --version``, and every engine a run builds asks."""
     try:
         from torch._inductor.cpp_builder import get_cpp_compiler
 
