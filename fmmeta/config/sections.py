@@ -288,8 +288,6 @@ class EngineConfig:
         problems: list[str] = []
         if self.workers != "auto" and self.workers < 1:
             problems.append(f"workers={self.workers} is invalid: must be >= 1 or auto")
-        if self.compile not in (True, False, "auto"):
-            problems.append(f"compile={self.compile!r} is invalid: must be true, false or auto")
         if not self.collective_timeout_s > 0:
             problems.append(
                 f"collective_timeout_s={self.collective_timeout_s} is invalid: must be > 0 seconds"
