@@ -25,6 +25,7 @@ from fmmeta.engine.distributed import (
 )
 from fmmeta.engine.ds_config import load_ds_config, zero_stage
 from fmmeta.engine.optim import OuterOptimConfig
+from fmmeta.engine.packed import pack_frozen_linears
 from fmmeta.engine.protocol import Engine
 from fmmeta.errors import UserInputError
 from fmmeta.models.precision import precision_dtype
@@ -195,7 +196,10 @@ def build_engine(
         from fmmeta.engine.local import LocalEngine
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        return LocalEngine(model.to(precision_dtype(precision)), optim_cfg, device=device)
+        model = model.to(precision_dtype(precision))
+        if cfg.pack_weights and device == "cpu":  # packs bf16 weights only: fp32 stays plain
+            pack_frozen_linears(model)
+        return LocalEngine(model, optim_cfg, device=device)
     backend = default_backend()
     if kind == "accelerate":
         from fmmeta.engine.accelerate_engine import build_accelerate_engine
