@@ -21,13 +21,15 @@ new tensor at the same address never finds a stale copy); a weight not in the ta
 plain matmul. The forward equals ``F.linear`` bit for bit; the backward differs by bf16 rounding
 (a different accumulation order).
 
-Memory: two packed copies of every packed weight (about 540 MB for the 135M default model with its
-tied LM head).
+Memory: two packed copies of every packed weight (513 MB for the 135M default model with its tied
+LM head); ``engine.pack_weights="auto"`` packs only where they take a small share of the machine's
+memory (:func:`should_pack`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import weakref
 from dataclasses import dataclass
 
@@ -37,11 +39,24 @@ from torch import nn
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PACK_HINT_TOKENS", "pack_frozen_linears", "packable", "packing_available"]
+__all__ = [
+    "AUTO_MEMORY_SHARE",
+    "PACK_HINT_TOKENS",
+    "pack_frozen_linears",
+    "packable",
+    "packed_bytes",
+    "packing_available",
+    "should_pack",
+]
 
 PACK_HINT_TOKENS = 256
 """Rows oneDNN is told to expect when packing (the layout suits any row count; the hint picks the
 blocking of a typical pass)."""
+
+AUTO_MEMORY_SHARE = 1 / 8
+"""``engine.pack_weights="auto"`` packs where the packed copies take at most this share of the
+machine's memory: the gain is a few percent, so it must never be what runs a big model out of
+memory (a 7B model's copies alone would be 28 GB)."""
 
 _mkldnn = torch.ops.mkldnn
 
@@ -141,6 +156,36 @@ def packable(module: nn.Module) -> bool:
             and w.dim() == 2 and w.is_contiguous() and (b is None or not b.requires_grad))
 
 
+def packed_bytes(model: nn.Module) -> int:
+    """Bytes the packed copies of ``model``'s :func:`packable` layers take (two per weight; a
+    weight shared by several layers counts once)."""
+    weights = {id(m.weight): m.weight for m in _packable_layers(model)}
+    return sum(2 * w.numel() * w.element_size() for w in weights.values())
+
+
+def _packable_layers(model: nn.Module) -> list[nn.Linear]:
+    return [m for m in model.modules() if isinstance(m, nn.Linear) and packable(m)]
+
+
+def _memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def should_pack(choice: bool | str, model: nn.Module) -> bool:
+    """``engine.pack_weights`` resolved for ``model`` (already in its compute dtype): ``"auto"``
+    packs where the copies fit :data:`AUTO_MEMORY_SHARE` of the machine's memory, and says so
+    where they do not; ``True`` and ``False`` mean what they say."""
+    if choice != "auto":
+        return bool(choice)
+    need, memory = packed_bytes(model), _memory_bytes()
+    if need > AUTO_MEMORY_SHARE * memory:
+        logger.info("engine.pack_weights=auto -> false: the packed copies would take %.1f GB, more than "
+                    "%.0f%% of this machine's %.1f GB (engine.pack_weights=true packs them anyway)",
+                    need / 1e9, 100 * AUTO_MEMORY_SHARE, memory / 1e9)
+        return False
+    return True
+
+
 def _forward_of(module: nn.Linear):  # noqa: ANN202 - a bound closure
     def forward(x: torch.Tensor) -> torch.Tensor:
         return torch.ops.fmmeta.frozen_linear(x, module.weight, module.bias)
@@ -156,8 +201,8 @@ def pack_frozen_linears(model: nn.Module) -> int:
     if not packing_available():
         return 0
     packed, size = 0, 0
-    for module in model.modules():
-        if not packable(module) or "forward" in module.__dict__:
+    for module in _packable_layers(model):
+        if "forward" in module.__dict__:  # packed already
             continue
         w = module.weight
         key = w.data_ptr()
@@ -165,7 +210,7 @@ def pack_frozen_linears(model: nn.Module) -> int:
             _PACKED[key] = _pack(w)
             weakref.finalize(w, _PACKED.pop, key, None)  # a freed weight's address may be reused
             size += 2 * w.numel() * w.element_size()
-        module.forward = _forward_of(module)  # type: ignore[method-assign]
+        module.forward = _forward_of(module)  # type: ignore[method-assign]  # instance attribute
         packed += 1
     if packed:
         logger.info("%d frozen linear layers packed for oneDNN (%.0f MB of packed copies)", packed, size / 2**20)
