@@ -39,6 +39,11 @@ the same model) and compiled. Under ``meta_step``:
   (as above, forward-only tokens at 2N, side by side) and ``grad_rel_error`` (compiled against
   eager, the largest over the meta-batches).
 
+* ``packed``: ``engine.pack_weights`` (frozen weights packed once for oneDNN's bf16 matmul): each
+  meta-batch plain and packed, alternated, eager and compiled: ``seconds`` per meta-step,
+  ``speedup`` (plain over packed) and ``grad_rel_error`` (the first packed, compiled round against
+  eager plain); ``null`` in fp32 or without oneDNN's bf16 matmul.
+
 One method's 20 meta-steps are shorter than their compiling on the 2-core CPU; a process
 compiles once for all it runs, and the whole default run (five methods, then evaluation) repays
 it, so the recipe's ``engine.compile: auto`` compiles there (docs/benchmarks.md).
@@ -55,6 +60,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -80,6 +86,7 @@ from common import (  # noqa: E402  (benchmarks/common.py)
 from fmmeta.algorithms.build import build_algorithm  # noqa: E402
 from fmmeta.config import LoraConfig  # noqa: E402
 from fmmeta.engine.compiled import RECOMPILE_LIMIT, compile_layers, decoder_layers, unique_graphs  # noqa: E402
+from fmmeta.engine.packed import pack_frozen_linears, packable, packing_available  # noqa: E402
 from fmmeta.recipe_config import RecipeConfig  # noqa: E402
 from fmmeta.tasks.config import build_task_set  # noqa: E402
 
@@ -100,6 +107,33 @@ def plain_graph_count(model: torch.nn.Module, works: list, algorithm: object, pa
         layer._compiled_call_impl = None  # back to eager; the engine.compile path compiles next
     torch._dynamo.reset()
     return graphs
+
+
+def packed_rounds(model: torch.nn.Module, works: list, run: Callable, reps: int,
+                  eager_grads: list[list[torch.Tensor]]) -> dict | None:
+    """``engine.pack_weights``: each meta-batch run with the frozen weights plain and packed
+    (fmmeta.engine.packed), alternated, eager and compiled; ``None`` where nothing can be packed
+    (fp32, or no oneDNN bf16 matmul). The first packed round (compiled) compiles the packed op's
+    graphs; its meta-gradients are compared with eager's plain ones."""
+    layers = [m for m in model.modules() if packable(m)]
+    if not packing_available() or not layers:
+        return None
+    pack_frozen_linears(model)
+    first = [run(w) for w in works]
+    total = {f"{mode}_{weights}": 0.0 for mode in ("eager", "compiled") for weights in ("plain", "packed")}
+    for _ in range(reps):
+        for work in works:
+            for mode in ("eager", "compiled"):
+                with torch.compiler.set_stance("force_eager" if mode == "eager" else "default"):
+                    for layer in layers:
+                        layer.__dict__.pop("forward", None)  # plain again (the packed copies stay)
+                    total[f"{mode}_plain"] += run(work)[1]
+                    pack_frozen_linears(model)
+                    total[f"{mode}_packed"] += run(work)[1]
+    return {"layers": len(layers),
+            "seconds": {k: round(v / reps / len(works), 4) for k, v in total.items()},
+            "speedup": {m: round(total[f"{m}_plain"] / total[f"{m}_packed"], 3) for m in ("eager", "compiled")},
+            "grad_rel_error": max(relative_error(p[0], e)[0] for p, e in zip(first, eager_grads))}
 
 
 def meta_steps(args: argparse.Namespace, dtype: torch.dtype) -> dict:
@@ -137,6 +171,7 @@ def meta_steps(args: argparse.Namespace, dtype: torch.dtype) -> dict:
                 times["eager"][i].append(run(work)[1])
             times["compiled"][i].append(run(work)[1])
     added = compiled.graphs - graphs  # over the timed rounds: recompiles after the first
+    packed = packed_rounds(model, works, run, args.reps, [g for g, _, _ in eager])
     per_step = {k: [statistics.median(t) for t in v] for k, v in times.items()}
     flops = sum(f for _, _, f in eager)
     return {
@@ -150,6 +185,7 @@ def meta_steps(args: argparse.Namespace, dtype: torch.dtype) -> dict:
         "peak_flops_per_s": round(peak),
         "mfu": {k: round(flops / sum(v) / peak, 3) for k, v in per_step.items()},
         "grad_rel_error": max(relative_error(c[0], e[0])[0] for c, e in zip(first, eager)),
+        "packed": packed,
     }
 
 
@@ -212,6 +248,11 @@ def main() -> None:
               f"{steps['graphs']} with engine.compile's, {steps['graphs_added_later']} more later; then {steps['seconds']['eager']:.3f}s eager, "
               f"{steps['seconds']['compiled']:.3f}s compiled per meta-step ({steps['speedup']}x), MFU "
               f"{steps['mfu']['eager']} / {steps['mfu']['compiled']}; gradient error {steps['grad_rel_error']:.2e}")
+        if steps["packed"] is not None:
+            packed = steps["packed"]
+            print(f"frozen weights packed for oneDNN ({packed['layers']} layers; engine.pack_weights): "
+                  f"{packed['speedup']['eager']}x eager, {packed['speedup']['compiled']}x compiled per meta-step, "
+                  f"alternated with plain; gradient error against eager plain {packed['grad_rel_error']:.2e}")
     print(json.dumps({"device": args.device, "model": model_name(args), "dtype": args.dtype,
                       "threads": torch.get_num_threads(), "rows": args.rows, "tokens": args.tokens,
                       "seconds": {k: round(s, 4) for k, s in seconds.items()},

@@ -25,7 +25,7 @@ from fmmeta.engine.distributed import (
 )
 from fmmeta.engine.ds_config import load_ds_config, zero_stage
 from fmmeta.engine.optim import OuterOptimConfig
-from fmmeta.engine.packed import pack_frozen_linears, should_pack
+from fmmeta.engine.packed import pack_frozen_linears
 from fmmeta.engine.protocol import Engine
 from fmmeta.errors import UserInputError
 from fmmeta.models.precision import precision_dtype
@@ -197,7 +197,7 @@ def build_engine(
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
         model = model.to(precision_dtype(precision))
-        if device == "cpu" and should_pack(cfg.pack_weights, model):  # bf16 weights only: fp32 stays plain
+        if cfg.pack_weights and device == "cpu":  # packs bf16 weights only: fp32 stays plain
             pack_frozen_linears(model)
         return LocalEngine(model, optim_cfg, device=device)
     backend = default_backend()

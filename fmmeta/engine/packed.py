@@ -1,35 +1,35 @@
-"""Frozen base weights packed once for oneDNN: a bf16 linear layer on a CPU without re-packing.
+"""``engine.pack_weights``: frozen base weights packed once for oneDNN's bf16 matmul on a CPU.
 
 On a CPU with AMX, oneDNN multiplies bf16 matrices in a blocked layout of its own. Given a plain
-weight it re-packs the weight into that layout on every matmul, which reads and writes the whole
-weight each time; the meta-step's passes are short (90-250 tokens), so the packing costs as much
-as the multiply. A LoRA run's base weights never change, so :func:`pack_frozen_linears` packs each
-one once, in both orientations a pass needs (``x @ W.T`` forward, ``grad @ W`` backward), and
-routes the layer through the ``fmmeta::frozen_linear`` op, which multiplies with the packed copy.
-One default-model decoder-layer matmul of 240 tokens took half the time packed (0.47 -> 1.0 TFLOP/s,
-one thread, 30 distinct weights so none stays in cache).
+weight it re-packs the weight into that layout on every matmul, reading and writing the whole
+weight each time, and a meta-step's passes are short (90-250 tokens), so the packing costs about
+as much as the multiply: one default-model MLP matmul of 240 tokens ran at 0.47 TFLOP/s plain and
+1.0 packed (one thread, 30 distinct weights so none stays in cache). A LoRA run's base weights
+never change, so :func:`pack_frozen_linears` packs each one once, in both orientations a pass
+needs (``x @ W.T`` forward, ``grad @ W`` backward), and routes the layer through the
+``fmmeta::frozen_linear`` op, which multiplies with the packed copy.
+
+What it buys a run is less than the matmul alone (docs/benchmarks.md): a default-model meta-step
+1.06x eager and 1.10x compiled (alternated in one process), the default run's training phase in
+one process 1.06x compiled, and the whole default run (two worker processes, then evaluation,
+whose passes of thousands of tokens gain nothing) no measurable time, for two packed copies of the
+weights in memory (513 MB for the 135M default model). So it is opt-in.
 
 The op is opaque to ``torch.compile`` (a registered op with a shape-only fake kernel), so a
 compiled decoder layer calls it as it called the matmul before, with no graph break. It is
-registered with ``torch.library.Library`` rather than ``torch.library.custom_op``: the latter's
-Python wrapper cost about 20 us a call, which is 12,000 calls per four meta-steps.
+registered with ``torch.library.Library`` rather than ``torch.library.custom_op``, whose Python
+wrapper cost about 20 us a call, against 12,000 calls in four meta-steps.
 
 Correctness is kept by construction: the packed copies live in a table keyed by the weight's
 storage address, checked against the weight's version counter on every call (a weight written in
-place, e.g. by ``load_state_dict``, is packed again) and dropped when the weight is freed (so a
-new tensor at the same address never finds a stale copy); a weight not in the table takes the
-plain matmul. The forward equals ``F.linear`` bit for bit; the backward differs by bf16 rounding
-(a different accumulation order).
-
-Memory: two packed copies of every packed weight (513 MB for the 135M default model with its tied
-LM head); ``engine.pack_weights="auto"`` packs only where they take a small share of the machine's
-memory (:func:`should_pack`).
+place, e.g. by ``load_state_dict``, is packed again) and dropped when the weight is freed (so a new
+tensor at the same address never meets a stale copy); a weight not in the table takes the plain
+matmul. The results differ from plain matmuls by bf16 rounding (another accumulation order).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import weakref
 from dataclasses import dataclass
 
@@ -39,24 +39,11 @@ from torch import nn
 
 logger = logging.getLogger(__name__)
 
-__all__ = [
-    "AUTO_MEMORY_SHARE",
-    "PACK_HINT_TOKENS",
-    "pack_frozen_linears",
-    "packable",
-    "packed_bytes",
-    "packing_available",
-    "should_pack",
-]
+__all__ = ["PACK_HINT_TOKENS", "pack_frozen_linears", "packable", "packing_available"]
 
 PACK_HINT_TOKENS = 256
 """Rows oneDNN is told to expect when packing (the layout suits any row count; the hint picks the
 blocking of a typical pass)."""
-
-AUTO_MEMORY_SHARE = 1 / 8
-"""``engine.pack_weights="auto"`` packs where the packed copies take at most this share of the
-machine's memory: the gain is a few percent, so it must never be what runs a big model out of
-memory (a 7B model's copies alone would be 28 GB)."""
 
 _mkldnn = torch.ops.mkldnn
 
@@ -156,34 +143,8 @@ def packable(module: nn.Module) -> bool:
             and w.dim() == 2 and w.is_contiguous() and (b is None or not b.requires_grad))
 
 
-def packed_bytes(model: nn.Module) -> int:
-    """Bytes the packed copies of ``model``'s :func:`packable` layers take (two per weight; a
-    weight shared by several layers counts once)."""
-    weights = {id(m.weight): m.weight for m in _packable_layers(model)}
-    return sum(2 * w.numel() * w.element_size() for w in weights.values())
-
-
 def _packable_layers(model: nn.Module) -> list[nn.Linear]:
     return [m for m in model.modules() if isinstance(m, nn.Linear) and packable(m)]
-
-
-def _memory_bytes() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def should_pack(choice: bool | str, model: nn.Module) -> bool:
-    """``engine.pack_weights`` resolved for ``model`` (already in its compute dtype): ``"auto"``
-    packs where the copies fit :data:`AUTO_MEMORY_SHARE` of the machine's memory, and says so
-    where they do not; ``True`` and ``False`` mean what they say."""
-    if choice != "auto":
-        return bool(choice)
-    need, memory = packed_bytes(model), _memory_bytes()
-    if need > AUTO_MEMORY_SHARE * memory:
-        logger.info("engine.pack_weights=auto -> false: the packed copies would take %.1f GB, more than "
-                    "%.0f%% of this machine's %.1f GB (engine.pack_weights=true packs them anyway)",
-                    need / 1e9, 100 * AUTO_MEMORY_SHARE, memory / 1e9)
-        return False
-    return True
 
 
 def _forward_of(module: nn.Linear):  # noqa: ANN202 - a bound closure

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from fmmeta.engine.packed import packing_available
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -50,6 +52,13 @@ def test_compiled_benchmark_runs_small() -> None:
     assert steps["graphs_added_later"] == 0 and steps["compile_s"] > 0
     assert all(steps["seconds"][k] > 0 and steps["mfu"][k] > 0 for k in ("eager", "compiled"))
     assert 0 < steps["grad_rel_error"] < 0.05  # compiled layers, the same meta-gradient in bf16
+    packed = steps["packed"]  # engine.pack_weights, where this CPU has oneDNN's bf16 matmul
+    if packing_available():
+        assert packed["layers"] == 2 * 7 + 1  # each layer's 7 frozen linears and the LM head
+        assert all(v > 0 for v in packed["seconds"].values()) and all(v > 0 for v in packed["speedup"].values())
+        assert 0 < packed["grad_rel_error"] < 0.05
+    else:
+        assert packed is None
 
 
 @pytest.mark.timeout(300)

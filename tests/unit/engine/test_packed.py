@@ -12,10 +12,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from fmmeta.config import EngineConfig
-from fmmeta.engine import packed
 from fmmeta.engine.build import build_engine
 from fmmeta.engine.optim import OuterOptimConfig
-from fmmeta.engine.packed import _PACKED, pack_frozen_linears, packed_bytes, packing_available, should_pack
+from fmmeta.engine.packed import _PACKED, pack_frozen_linears, packing_available
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="this CPU or torch build has no oneDNN bf16 matmul")
 
@@ -106,24 +105,10 @@ def test_a_packed_layer_compiles_without_a_graph_break() -> None:
     torch._dynamo.reset()
 
 
-def test_auto_packs_only_where_the_copies_take_an_eighth_of_memory_or_less(monkeypatch, caplog) -> None:
-    model = nn.Sequential(_frozen_linear(seed=5), _frozen_linear(seed=6))
-    model[1].weight = model[0].weight  # tied: packed once, counted once
-    need = packed_bytes(model)
-    assert need == 2 * 80 * 48 * 2
-    monkeypatch.setattr(packed, "_memory_bytes", lambda: 8 * need)
-    assert should_pack("auto", model)
-    monkeypatch.setattr(packed, "_memory_bytes", lambda: 8 * need - 8)
-    with caplog.at_level("INFO", logger="fmmeta.engine.packed"):
-        assert not should_pack("auto", model)
-    assert "engine.pack_weights=auto -> false" in caplog.text and "engine.pack_weights=true" in caplog.text
-    assert should_pack(True, model) and not should_pack(False, model)
-
-
 @pytest.mark.parametrize(("precision", "pack", "expected"),
-                         [("bf16", "auto", True), ("bf16", True, True), ("bf16", False, False), ("fp32", True, False)])
+                         [("bf16", True, True), ("bf16", False, False), ("fp32", True, False)])
 def test_the_local_engine_packs_the_base_in_bf16_unless_told_not_to(
-        peft_factory, precision: str, pack: bool | str, expected: bool) -> None:
+        peft_factory, precision: str, pack: bool, expected: bool) -> None:
     model = peft_factory()
     build_engine(EngineConfig(kind="local", pack_weights=pack), model, OuterOptimConfig(), precision=precision)
     base = [m for n, m in model.named_modules() if n.endswith("q_proj.base_layer")]
