@@ -285,7 +285,7 @@ class EngineConfig:
     pack_weights: bool = False
     """Pack each frozen base weight once into oneDNN's bf16 layout (fmmeta.engine.packed), for
     the local engine on a CPU computing in bf16, so the frozen matmuls skip oneDNN's repacking on
-    every call. A default-model meta-step ran 1.10x faster compiled (1.06x eager), the default
+    every call. A default-model meta-step ran 1.07x faster compiled (1.04x eager), the default
     run's training phase in one process 1.06x compiled; the whole default run gained nothing
     measurable (evaluation's long passes do not gain), and the packed copies take twice the
     weights' memory (513 MB for the default model). Worth it for long one-process training."""

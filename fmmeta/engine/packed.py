@@ -10,7 +10,7 @@ needs (``x @ W.T`` forward, ``grad @ W`` backward), and routes the layer through
 ``fmmeta::frozen_linear`` op, which multiplies with the packed copy.
 
 What it buys a run is less than the matmul alone (docs/benchmarks.md): a default-model meta-step
-1.06x eager and 1.10x compiled (alternated in one process), the default run's training phase in
+1.04x eager and 1.07x compiled (alternated in one process), the default run's training phase in
 one process 1.06x compiled, and the whole default run (two worker processes, then evaluation,
 whose passes of thousands of tokens gain nothing) no measurable time, for two packed copies of the
 weights in memory (513 MB for the 135M default model). So it is opt-in.
@@ -56,6 +56,8 @@ class _Packed:
     """``weight.T`` in oneDNN's layout, for ``grad @ weight``."""
     version: int
     """The weight's version counter when packed (an in-place write bumps it)."""
+    shape: torch.Size
+    """The weight's shape (a view of another shape may start at the same address)."""
 
 
 _PACKED: dict[int, _Packed] = {}
@@ -73,25 +75,29 @@ def _pack(weight: torch.Tensor) -> _Packed:
     w = weight.detach()
     return _Packed(_mkldnn._reorder_linear_weight(w, PACK_HINT_TOKENS),
                    _mkldnn._reorder_linear_weight(w.t().contiguous(), PACK_HINT_TOKENS),
-                   weight._version)
+                   weight._version, weight.shape)
 
 
-def _packed(weight: torch.Tensor) -> _Packed | None:
+def _packed(x: torch.Tensor, weight: torch.Tensor) -> _Packed | None:
+    """The packed copies of ``weight`` for a product with ``x``, or ``None`` (the plain matmul,
+    which also raises torch's own error for mismatched dtypes)."""
     entry = _PACKED.get(weight.data_ptr())
-    if entry is not None and entry.version != weight._version:  # written in place since packing
+    if entry is None or entry.shape != weight.shape or x.dtype != weight.dtype:
+        return None
+    if entry.version != weight._version:  # written in place since packing
         entry = _PACKED[weight.data_ptr()] = _pack(weight)
     return entry
 
 
 def _frozen_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    entry = _packed(weight)
+    entry = _packed(x, weight)
     if entry is None:
         return F.linear(x, weight, bias)
     return _mkldnn._linear_pointwise(x.contiguous(), entry.forward, bias, "none", [], "")
 
 
 def _frozen_linear_input_grad(grad: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    entry = _packed(weight)
+    entry = _packed(grad, weight)
     if entry is None:
         return torch.matmul(grad, weight)
     return _mkldnn._linear_pointwise(grad.contiguous(), entry.backward, None, "none", [], "")
@@ -160,6 +166,8 @@ def pack_frozen_linears(model: nn.Module) -> int:
     around it); returns how many layers it packed. Idempotent; a no-op where
     :func:`packing_available` is false."""
     if not packing_available():
+        logger.warning("engine.pack_weights: this torch build or CPU has no oneDNN bf16 matmul to pack "
+                       "weights for; the matmuls stay plain")
         return 0
     packed, size = 0, 0
     for module in _packable_layers(model):

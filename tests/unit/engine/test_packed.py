@@ -64,6 +64,17 @@ def test_a_weight_written_in_place_is_packed_again() -> None:
     torch.testing.assert_close(layer(x), -2.0 * before, rtol=1.6e-2, atol=1e-2)
 
 
+def test_a_view_at_the_packed_address_and_an_fp32_input_take_the_plain_matmul() -> None:
+    layer = _frozen_linear(seed=7)
+    pack_frozen_linears(layer)
+    x = torch.randn(5, 48, dtype=torch.bfloat16)
+    with torch.no_grad():
+        layer.weight = nn.Parameter(layer.weight[:40], requires_grad=False)  # same address, 40 rows
+    torch.testing.assert_close(layer(x), F.linear(x, layer.weight), rtol=0, atol=0)
+    with pytest.raises(RuntimeError):  # torch's own dtype error, not oneDNN's
+        layer(x.float())
+
+
 def test_a_freed_weight_leaves_no_packed_copy_behind() -> None:
     layer = _frozen_linear(seed=2)
     pack_frozen_linears(layer)
@@ -108,10 +119,13 @@ def test_a_packed_layer_compiles_without_a_graph_break() -> None:
 @pytest.mark.parametrize(("precision", "pack", "expected"),
                          [("bf16", True, True), ("bf16", False, False), ("fp32", True, False)])
 def test_the_local_engine_packs_the_base_in_bf16_unless_told_not_to(
-        peft_factory, precision: str, pack: bool, expected: bool) -> None:
+        peft_factory, caplog, precision: str, pack: bool, expected: bool) -> None:
     model = peft_factory()
-    build_engine(EngineConfig(kind="local", pack_weights=pack), model, OuterOptimConfig(), precision=precision)
+    with caplog.at_level("WARNING", logger="fmmeta.engine.build"):
+        build_engine(EngineConfig(kind="local", pack_weights=pack), model, OuterOptimConfig(), precision=precision)
     base = [m for n, m in model.named_modules() if n.endswith("q_proj.base_layer")]
     assert base and all(_is_packed(m) == expected for m in base)
+    # asked for where it cannot apply: the run says so rather than ignoring the key in silence
+    assert ("keeps plain matmuls" in caplog.text) == (pack and not expected)
     lora = [m for n, m in model.named_modules() if n.endswith("lora_A.default")]
     assert lora and not any("forward" in m.__dict__ for m in lora)  # the adapter trains: never packed
