@@ -192,16 +192,16 @@ def build_engine(
         raise ConfigError(problems)
     if should_compile(cfg, model, precision):  # in place, before any wrapper: every later forward runs them
         compile_model(model)
-    if cfg.pack_weights and (kind != "local" or torch.cuda.is_available() or precision != "bf16"):
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    packs_here = kind == "local" and device == "cpu" and precision == "bf16"
+    if cfg.pack_weights and not packs_here:
         logger.warning("engine.pack_weights=true packs bf16 weights for the local engine on a CPU only; "
-                       "this run (%s engine, %s, %s) keeps plain matmuls", kind,
-                       "GPU" if torch.cuda.is_available() else "CPU", precision)
+                       "this run (%s engine, %s, %s) keeps plain matmuls", kind, device, precision)
     if kind == "local":
         from fmmeta.engine.local import LocalEngine
 
-        device = "cuda" if torch.cuda.is_available() else "cpu"
         model = model.to(precision_dtype(precision))
-        if cfg.pack_weights and device == "cpu":
+        if cfg.pack_weights and packs_here:
             pack_frozen_linears(model)
         return LocalEngine(model, optim_cfg, device=device)
     backend = default_backend()

@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import weakref
 from dataclasses import dataclass
+from typing import TypeGuard
 
 import torch
 import torch.nn.functional as F
@@ -67,7 +68,7 @@ _PACKED: dict[int, _Packed] = {}
 def packing_available() -> bool:
     """Whether this torch build and CPU have oneDNN's bf16 matmul with packed weights."""
     return (torch.backends.mkldnn.is_available()
-            and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+            and bool(_mkldnn._is_mkldnn_bf16_supported())
             and hasattr(_mkldnn, "_reorder_linear_weight"))
 
 
@@ -140,17 +141,13 @@ def _backward(ctx: object, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...
 torch.library.register_autograd("fmmeta::frozen_linear", _backward, setup_context=_setup_context)
 
 
-def packable(module: nn.Module) -> bool:
+def packable(module: nn.Module) -> TypeGuard[nn.Linear]:
     """A linear layer whose weight is a frozen 2-D bf16 CPU tensor (and so is its bias, if any)."""
     if not isinstance(module, nn.Linear):
         return False
     w, b = module.weight, module.bias
     return (w.dtype == torch.bfloat16 and w.device.type == "cpu" and not w.requires_grad
             and w.dim() == 2 and w.is_contiguous() and (b is None or not b.requires_grad))
-
-
-def _packable_layers(model: nn.Module) -> list[nn.Linear]:
-    return [m for m in model.modules() if isinstance(m, nn.Linear) and packable(m)]
 
 
 def _forward_of(module: nn.Linear):  # noqa: ANN202 - a bound closure
@@ -170,8 +167,8 @@ def pack_frozen_linears(model: nn.Module) -> int:
                        "weights for; the matmuls stay plain")
         return 0
     packed, size = 0, 0
-    for module in _packable_layers(model):
-        if "forward" in module.__dict__:  # packed already
+    for module in model.modules():
+        if not packable(module) or "forward" in module.__dict__:  # not packable, or packed already
             continue
         w = module.weight
         key = w.data_ptr()
