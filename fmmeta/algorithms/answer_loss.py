@@ -161,7 +161,9 @@ def check_lines(model: nn.Module) -> None:
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad():
+        # Eager even where the layers are compiled (engine.compile): one tiny eval-mode forward
+        # would otherwise compile a graph family of its own that no pass of the run uses.
+        with torch.no_grad(), torch.compiler.set_stance("force_eager"):
             after = [model(input_ids=torch.tensor([[t % vocab for t in first + [4, 5]]], device=device),
                            position_ids=positions, use_cache=False).logits[0, 3:].float()
                      for first in ([1, 2, 3], [3, 1, 2])]

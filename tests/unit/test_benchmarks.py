@@ -165,6 +165,16 @@ def test_workers_benchmark_runs_small() -> None:
     assert out["eval_loss_max_rel_diff"] == 0.0  # one thread in both layouts: the same sums
 
 
+@pytest.mark.timeout(300)
+def test_training_phase_benchmark_runs_small() -> None:
+    out = _run("training_phase.py", "--tiny", "--meta-steps", "2", "--", "methods=[fomaml,multitask]")
+    assert all(set(out["per_method_s"][side]) == {"fomaml", "multitask"} for side in ("eager", "compiled"))
+    assert out["compile_graphs"] > 0 and out["speedup"] > 0 and out["wall_speedup"] > 0
+    # every graph compiles inside a meta-step (none in the recipe's checks before training), so
+    # the training phase's seconds hold the compiling the ratio must include
+    assert 0 < out["compile_s"] < out["training_s"]["compiled"]
+
+
 @pytest.mark.timeout(120)
 def test_content_digest_benchmark_runs_small() -> None:
     out = _run("content_digest.py", "--mb", "1", "--reps", "1")
