@@ -25,7 +25,6 @@ from torch import nn
 
 from fmmeta.algorithms.answer_loss import answer_loss_rows, dummy_batch
 from fmmeta.algorithms.task_lora import TaskLoRA
-from fmmeta.engine.compiled import layers_compiled
 from fmmeta.sampling.plan import PackedPass, TaskSlot
 from fmmeta.tasks.episode import Batch, Example, collate
 from fmmeta.tasks.lines import collate_lines
@@ -159,12 +158,6 @@ def run_passes(
         grad: ``False`` runs forward only (no gradient, ``grads`` is ``None``).
     """
     device = _device_of(weights)
-    # A forward-only sweep over weights that require grad keeps grad mode on where the layers
-    # are compiled: grad mode is a guard of every compiled graph, so under no_grad these passes
-    # (the query loss before adapting, Reptile's at phi) were graph families of their own, 3 of
-    # 7 in the default run's training. Under grad mode they run the training passes' graphs and
-    # simply take no backward; each pass's activations are freed as it ends, as a training pass's.
-    recording = grad or (any(w.requires_grad for w in weights) and layers_compiled(model))
     scale = task_scale.to(device=device, dtype=torch.float32)
     sums = torch.zeros(task_scale.shape[0], dtype=torch.float64)
     grads: list[torch.Tensor] | None = None
@@ -180,14 +173,13 @@ def run_passes(
             routes = p.routes()
         if lora is not None:
             lora.rows = routes
-        with torch.set_grad_enabled(recording):
+        with torch.set_grad_enabled(grad):
             per_row = answer_loss_rows(model, batch)
             if grad:
                 loss = (per_row * scale.index_select(0, rows)).sum() * weight
                 g = torch.autograd.grad(loss, list(weights), allow_unused=True)
-        per_row = per_row.detach()  # a forward-only pass's graph goes with it
         if p is not None:
-            sums.index_add_(0, rows.cpu(), per_row.to("cpu", torch.float64))
+            sums.index_add_(0, rows.cpu(), per_row.detach().to("cpu", torch.float64))
         if grad:
             if grads is None:
                 grads = [torch.zeros_like(w) if gi is None else gi.detach() for w, gi in zip(weights, g)]

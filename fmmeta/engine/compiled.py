@@ -22,14 +22,9 @@ would otherwise trip on every pass:
 * the task index of a one-task pass: :class:`~fmmeta.algorithms.task_lora.TaskLoRA` routes by
   tensors built outside the layer.
 
-* grad mode, for a training step's forward-only passes (the query loss before adapting, Reptile's
-  at phi): :func:`~fmmeta.algorithms.passes.run_passes` keeps grad mode on for them where
-  :func:`layers_compiled` says so, and they run the training passes' graphs without a backward.
-
-Grad mode stays a guard for evaluation's scoring (its passes are long, and under grad mode every
-layer's activations would stay alive to the end of the forward), and so does the attention mask's
-presence (a padded pass with padding has one; padding-free lines and unpadded passes do not) and
-a batch of one: a run compiles a handful of graph families, each once.
+Grad mode stays a guard (a forward-only pass, e.g. the query loss before adapting, has its own
+graph), and so does the attention mask's presence (a padded pass has one, padding-free lines do
+not): a run compiles about four graph families, each once.
 
 Inductor keeps what it compiled on disk (``TORCHINDUCTOR_CACHE_DIR``); :func:`compile_model`
 points it into the venv, so a resume or a second run of the same model loads the graphs instead
@@ -60,7 +55,6 @@ __all__ = [
     "compile_seconds",
     "cxx_compiler",
     "decoder_layers",
-    "layers_compiled",
     "unique_graphs",
     "use_cache_dir",
     "venv_cache_dir",
@@ -250,12 +244,6 @@ def compile_model(model: nn.Module, *, backend: str = "inductor") -> CompiledLay
 
 def _is_compiled(layer: nn.Module) -> bool:
     return getattr(layer, "_compiled_call_impl", None) is not None
-
-
-def layers_compiled(model: nn.Module) -> bool:
-    """Whether ``model`` (or the model a framework wrapper holds) runs compiled decoder layers.
-    Cheap where it is true: the walk stops at the first layer, a few modules in."""
-    return any(_is_compiled(m) for m in model.modules())
 
 
 def compile_summary() -> dict[str, float]:

@@ -266,22 +266,3 @@ def test_the_lines_check_compiles_nothing() -> None:
     assert compiled.graphs == 0
     model(input_ids=torch.ones(2, 5, dtype=torch.long))  # the layers are compiled: a pass compiles
     assert compiled.graphs > 0
-
-
-def test_a_meta_steps_forward_only_passes_compile_no_graph_of_their_own() -> None:
-    """The query loss before adapting and Reptile's at phi are forward only; where the layers are
-    compiled they run under grad mode with no backward (passes.run_passes), so they meet the
-    training passes' graphs instead of a no-grad family of their own: FOMAML measuring the loss
-    before, and Reptile, compile what FOMAML's gradient passes alone compile."""
-    episodes = [make_episode(random.Random(4), f"t{t}", n_support=3, n_query=3) for t in range(2)]
-    graphs = {}
-    for name, before in (("fomaml", False), ("fomaml", True), ("reptile", False)):
-        torch._dynamo.reset()
-        model = build_tiny_peft(dtype=torch.float32)
-        params = trainable(model)
-        algo = build_algorithm(name, AlgorithmConfig(inner_steps=1, measure_query_before=before), PAD_ID)
-        compiled = compile_layers(model, backend="eager")
-        result = algo.rank_gradient(model, params, algo.prepare(make_rank(episodes, 2, 2)))
-        assert bool(torch.isfinite(result.query_loss_before).all()) == before
-        graphs[name, before] = compiled.graphs
-    assert len(set(graphs.values())) == 1 and graphs["fomaml", False] > 0, graphs
