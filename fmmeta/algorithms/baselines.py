@@ -28,12 +28,6 @@ support prepended (:meth:`~fmmeta.tasks.episode.Episode.in_context_query`, cut f
 passes (same rows, so every rank runs the same pass count under ZeRO-3) and runs no support pass;
 its rows are longer, so a pass costs more than the plan's cost model predicts.
 
-Neither adapts, but both run their passes the way the meta-learners do (:func:`sweeps_at_theta`):
-through :class:`~fmmeta.algorithms.task_lora.TaskLoRA`'s routed LoRA forward with one copy of
-theta per task, summing the copies' gradients. Theta's gradient is the same, and a process that
-trains every method compiles one set of decoder-layer graphs (``engine.compile``): peft's own
-LoRA forward is other code in the layer, and took 4 graphs of 11 in the default run.
-
 ``support_draws`` and ``support_repeats`` on each algorithm tell the sampler the shape of its
 work: how many support sets an episode carries, and how often each support pass runs.
 """
@@ -50,7 +44,6 @@ from fmmeta.algorithms.config import AlgorithmConfig
 from fmmeta.algorithms.passes import (
     PackedBatch,
     Pass,
-    PassResult,
     answer_tokens_per_task,
     collate_pass,
     inverse_tokens,
@@ -65,30 +58,9 @@ from fmmeta.algorithms.protocol import (
     make_whole,
     prepare_rank,
 )
-from fmmeta.algorithms.task_lora import LoraCache, stack_adapters
 from fmmeta.sampling.plan import RankPlan
 
-__all__ = ["MetaICL", "MultiTask", "sweeps_at_theta"]
-
-
-def sweeps_at_theta(lora: LoraCache, model: nn.Module, params: Sequence[torch.Tensor],
-                    sweeps: Sequence[Sequence[Pass]], task_scale: torch.Tensor,
-                    ) -> tuple[list[torch.Tensor], list[PassResult]]:
-    """Theta's gradient of every sweep's loss (see the module docstring), and each sweep's result.
-
-    Each task's rows run through its own copy of theta (fp32, as fast weights are), so the sum
-    of the copies' gradients is theta's, to the rounding of the forward's cast."""
-    n_tasks = int(task_scale.shape[0])
-    routed = lora.get(model, params)
-    fast = stack_adapters(params, n_tasks)
-    with routed.active(fast):
-        results = [run_passes(model, fast, passes, task_scale, lora=routed) for passes in sweeps]
-    grads = [torch.zeros_like(f[0]) for f in fast]  # fp32, as FOMAML's meta-gradient
-    for res in results:
-        assert res.grads is not None
-        for acc, g in zip(grads, res.grads):
-            acc.add_(g.sum(dim=0))
-    return grads, results
+__all__ = ["MetaICL", "MultiTask"]
 
 
 class MultiTask(Stateless):
@@ -107,7 +79,6 @@ class MultiTask(Stateless):
         k = cfg.inner_steps
         self.support_draws = max(k, 1) if cfg.multitask.match_passes else 1
         self.support_repeats = min(k, 1) if cfg.multitask.match_passes else 1
-        self._lora = LoraCache()
 
     def prepare(self, plan: RankPlan) -> RankWork:
         """Collates a rank's plan into its support and query passes (:func:`prepare_rank`)."""
@@ -118,7 +89,10 @@ class MultiTask(Stateless):
         """Returns the sum over tasks of each task's pooled support+query loss gradient at theta."""
         support_passes = list(work.support) if self.support_repeats else []
         scale = inverse_tokens((work.support_answers if support_passes else 0) + work.query_answers)
-        grads, (support, query) = sweeps_at_theta(self._lora, model, params, [support_passes, work.query], scale)
+        support = run_passes(model, params, support_passes, scale)
+        query = run_passes(model, params, work.query, scale)
+        assert support.grads is not None and query.grads is not None
+        grads = [a.add_(b) for a, b in zip(support.grads, query.grads)]
         make_whole(work.share, [query.task_sums])  # the gradient stays partial: the outer step adds it
         q_loss = per_token(query.task_sums[: work.n_tasks], work.query_answers[: work.n_tasks])
         before = q_loss if self.cfg.measure_query_before else torch.full_like(q_loss, math.nan)
@@ -147,7 +121,6 @@ class MetaICL(Stateless):
     def __init__(self, cfg: AlgorithmConfig, pad_id: int) -> None:
         self.cfg = cfg
         self.pad_id = pad_id
-        self._lora = LoraCache()
 
     def prepare(self, plan: RankPlan) -> RankWork:
         """The plan's query passes with each row's demonstrations prepended; no support passes."""
@@ -167,11 +140,11 @@ class MetaICL(Stateless):
 
     def rank_gradient(self, model: nn.Module, params: Sequence[nn.Parameter], work: RankWork) -> RankResult:
         """Returns the sum over tasks of each task's in-context query-loss gradient at theta."""
-        grads, (query,) = sweeps_at_theta(self._lora, model, params, [work.query],
-                                          inverse_tokens(work.query_answers))
+        query = run_passes(model, params, work.query, inverse_tokens(work.query_answers))
+        assert query.grads is not None
         make_whole(work.share, [query.task_sums])
         q_loss = per_token(query.task_sums[: work.n_tasks], work.query_answers[: work.n_tasks])
         before = q_loss if self.cfg.measure_query_before else torch.full_like(q_loss, math.nan)
-        return RankResult(grads=grads, query_loss_before=before, query_loss_after=q_loss,
+        return RankResult(grads=query.grads, query_loss_before=before, query_loss_after=q_loss,
                           support_seconds=[], query_seconds=query.seconds, support_repeats=0,
                           query_repeats=1)

@@ -32,7 +32,7 @@ from fmmeta.algorithms.config import AlgorithmConfig
 from fmmeta.algorithms.inner_loop import InnerOptimizer, adapt_tasks, only_adapting
 from fmmeta.algorithms.passes import inverse_tokens, per_token, run_passes
 from fmmeta.algorithms.protocol import RankResult, RankWork, Stateless, make_whole, prepare_rank
-from fmmeta.algorithms.task_lora import LoraCache, TaskLoRA, stack_adapters
+from fmmeta.algorithms.task_lora import TaskLoRA, stack_adapters
 from fmmeta.sampling.plan import RankPlan
 
 __all__ = ["FOMAML", "Reptile", "mean_seconds"]
@@ -43,6 +43,18 @@ def mean_seconds(per_step: list[list[float]]) -> list[float]:
     if not per_step:
         return []
     return [sum(col) / len(col) for col in zip(*per_step)]
+
+
+class _LoraCache:
+    """The model's :class:`TaskLoRA`, built once per model (it walks every module)."""
+
+    def __init__(self) -> None:
+        self._entry: tuple[int, TaskLoRA] | None = None
+
+    def get(self, model: nn.Module, params: Sequence[torch.Tensor]) -> TaskLoRA:
+        if self._entry is None or self._entry[0] != id(model):
+            self._entry = (id(model), TaskLoRA(model, params))
+        return self._entry[1]
 
 
 def _query_before(cfg: AlgorithmConfig, model: nn.Module, fast: Sequence[torch.Tensor],
@@ -72,7 +84,7 @@ class FOMAML(Stateless):
         self.inner = cfg.inner_loop
         self.pad_id = pad_id
         self.support_repeats = cfg.inner_steps
-        self._lora = LoraCache()
+        self._lora = _LoraCache()
 
     def prepare(self, plan: RankPlan) -> RankWork:
         """Collates a rank's plan into its support and query passes (:func:`prepare_rank`)."""
@@ -138,7 +150,7 @@ class Reptile(Stateless):
         self.inner = cfg.inner_loop
         self.pad_id = pad_id
         self.support_repeats = cfg.inner_steps
-        self._lora = LoraCache()
+        self._lora = _LoraCache()
 
     def prepare(self, plan: RankPlan) -> RankWork:
         """Collates a rank's plan into its support and query passes (:func:`prepare_rank`)."""

@@ -175,20 +175,6 @@ class TaskLoRA:
         return blocks @ w.transpose(1, 2).reshape(n_tasks * n_in, n_out)
 
 
-class LoraCache:
-    """A method's :class:`TaskLoRA` of the model it last ran, built once per model (building it
-    walks every module, and a method runs the same model every meta-step)."""
-
-    def __init__(self) -> None:
-        self._entry: tuple[int, TaskLoRA] | None = None
-
-    def get(self, model: nn.Module, params: Sequence[torch.Tensor]) -> TaskLoRA:
-        """The model's :class:`TaskLoRA` over ``params``."""
-        if self._entry is None or self._entry[0] != id(model):
-            self._entry = (id(model), TaskLoRA(model, params))
-        return self._entry[1]
-
-
 def stack_adapters(params: Sequence[torch.Tensor], n_tasks: int) -> list[torch.Tensor]:
     """``n_tasks`` copies of theta as fp32 leaf tensors ``[n_tasks, *shape]`` that require grad.
 
@@ -206,4 +192,4 @@ def stack_adapters(params: Sequence[torch.Tensor], n_tasks: int) -> list[torch.T
     ]
 
 
-__all__ = ["LoraCache", "TaskLoRA", "lora_pairs", "stack_adapters"]
+__all__ = ["TaskLoRA", "lora_pairs", "stack_adapters"]

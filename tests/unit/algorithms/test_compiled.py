@@ -236,25 +236,6 @@ def test_auto_compiles_only_where_compiling_was_measured_to_pay(
         False, "compiling is measured to pay on a CPU only, and this run has a GPU")
 
 
-def test_the_baselines_run_the_meta_learners_graphs() -> None:
-    """Multi-task and MetaICL run their passes through the meta-learners' routed LoRA forward
-    (baselines.sweeps_at_theta): on passes FOMAML has run, they compile nothing of their own
-    (peft's own LoRA forward took 4 graphs of 11 in the default run)."""
-    model = build_tiny_peft(dtype=torch.float32)
-    params = trainable(model)
-    cfg = AlgorithmConfig(inner_steps=1, measure_query_before=True, padding_free=True)
-    episodes = [make_episode(random.Random(3), f"t{t}", n_support=4, n_query=3) for t in range(3)]
-    rank = make_mixed_rank(episodes, 3)
-    compiled = compile_layers(model, backend="eager")
-    fomaml = build_algorithm("fomaml", cfg, PAD_ID)
-    fomaml.rank_gradient(model, params, fomaml.prepare(rank))
-    after_fomaml = compiled.graphs
-    for name in ("multitask", "metaicl"):
-        algo = build_algorithm(name, cfg, PAD_ID)
-        algo.rank_gradient(model, params, algo.prepare(rank))
-    assert after_fomaml > 0 and compiled.graphs == after_fomaml
-
-
 def test_the_lines_check_compiles_nothing() -> None:
     """check_lines' one eval-mode forward runs eager: compiled, it was a graph family of its own
     that no pass of the run met again."""
