@@ -26,7 +26,9 @@ MetaICL (Min et al., 2022) trains theta to use demonstrations: each query row ge
 support prepended (:meth:`~fmmeta.tasks.episode.Episode.in_context_query`, cut from the left to
 ``icl_max_length`` tokens) and the loss covers the query answers only. It keeps the plan's query
 passes (same rows, so every rank runs the same pass count under ZeRO-3) and runs no support pass;
-its rows are longer, so a pass costs more than the plan's cost model predicts.
+its rows are longer, so a pass costs more than the plan's cost model predicts, and with
+``sampler.length_buckets`` they take the bucket that holds them (past the last one, their own
+width), which the plan's widths do not say.
 
 ``support_draws`` and ``support_repeats`` on each algorithm tell the sampler the shape of its
 work: how many support sets an episode carries, and how often each support pass runs.
@@ -132,7 +134,7 @@ class MetaICL(Stateless):
                 continue
             rows = [in_context[s][e] for s, e in zip(p.slots, p.examples)]
             batch = collate_pass(rows, self.pad_id, self.cfg.pad_to_multiple_of,
-                                 padding_free=self.cfg.padding_free)
+                                 padding_free=self.cfg.padding_free, buckets=plan.length_buckets)
             query.append(PackedBatch(batch, torch.tensor(p.slots, dtype=torch.long)))
         n = max(len(plan.slots), 1)
         answers = answer_tokens_of_sets(in_context) if plan.shared else answer_tokens_per_task(query, n)
