@@ -170,6 +170,7 @@ def test_training_phase_benchmark_runs_small() -> None:
     out = _run("training_phase.py", "--tiny", "--meta-steps", "2", "--", "methods=[fomaml,multitask]")
     assert all(set(out["per_method_s"][side]) == {"fomaml", "multitask"} for side in ("eager", "compiled"))
     assert out["compile_graphs"] > 0 and out["speedup"] > 0 and out["wall_speedup"] > 0
+    assert out["speedup_per_pair"] == [out["speedup"]]  # one pair: its ratio is the median's
     # every graph compiles inside a meta-step (none in the recipe's checks before training), so
     # the training phase's seconds hold the compiling the ratio must include
     assert 0 < out["compile_s"] < out["training_s"]["compiled"]
