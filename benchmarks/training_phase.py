@@ -78,7 +78,8 @@ def compiled_figures(run: Path) -> tuple[int, float]:
 
 
 def run_pair(common: list[str], folder: Path) -> dict[str, dict]:
-    """Both sides at once; each side's training seconds, wall seconds and run folder."""
+    """Both sides at once; each side's seconds (training per method and in all, the process's
+    wall time), and the compiled side's graphs and compile seconds."""
     t0 = time.perf_counter()
     procs = {side: start([*common, flag], folder / side) for side, flag in SIDES.items()}
     ended: dict[str, float] = {}
@@ -93,8 +94,12 @@ def run_pair(common: list[str], folder: Path) -> dict[str, dict]:
                 log = (folder / side / "log.txt").read_text()
                 raise SystemExit(f"the {side} run failed (exit {proc.returncode}):\n{log[-4000:]}")
         time.sleep(0.2)
-    return {side: {"wall_s": ended[side], "run": folder / side / "run",
-                   "per_method_s": training_seconds(folder / side / "run")} for side in procs}
+    pair: dict[str, dict] = {}
+    for side in procs:
+        per_method = training_seconds(folder / side / "run")
+        pair[side] = {"wall_s": ended[side], "per_method_s": per_method, "training_s": sum(per_method.values())}
+    pair["compiled"]["graphs"], pair["compiled"]["compile_s"] = compiled_figures(folder / "compiled" / "run")
+    return pair
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -111,17 +116,15 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.reps):
             pair = run_pair(common, Path(tmp) / f"pair_{rep}")
-            pair["compiled"]["graphs"], pair["compiled"]["compile_s"] = compiled_figures(pair["compiled"]["run"])
             pairs.append(pair)
-            print(" | ".join(f"{side}: training {sum(p['per_method_s'].values()):.1f} s, process {p['wall_s']:.1f} s"
+            print(" | ".join(f"{side}: training {p['training_s']:.1f} s, process {p['wall_s']:.1f} s"
                              for side, p in pair.items()), flush=True)
 
     def median(side: str, key: str) -> float:
-        values = [sum(p[side][key].values()) if key == "per_method_s" else p[side][key] for p in pairs]
-        return statistics.median(values)
+        return statistics.median(p[side][key] for p in pairs)
 
-    training = {side: median(side, "per_method_s") for side in SIDES}
-    ratios = [sum(p["eager"]["per_method_s"].values()) / sum(p["compiled"]["per_method_s"].values()) for p in pairs]
+    training = {side: median(side, "training_s") for side in SIDES}
+    ratios = [p["eager"]["training_s"] / p["compiled"]["training_s"] for p in pairs]
     wall = {side: median(side, "wall_s") for side in SIDES}
     compile_s = median("compiled", "compile_s")
     result = {
