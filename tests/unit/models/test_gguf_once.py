@@ -51,3 +51,17 @@ def test_the_embedded_model_loads_the_same_as_transformers_loads_it() -> None:
     got = model.state_dict()
     assert sorted(got) == sorted(ref)
     assert all(torch.equal(got[k], ref[k]) for k in ref)
+
+
+@pytest.mark.timeout(180)
+def test_a_gguf_model_is_a_plain_dense_model() -> None:
+    """transformers 5.25 marks a de-quantized GGUF model quantized (and keeps some architectures'
+    weights in GGUF blocks) unless asked to de-quantize: fmmeta asks, so LoRA wraps plain linears
+    of an unquantized model on every transformers version (fmmeta.models.build.gguf_loading)."""
+    model, _ = build_model_and_tokenizer(ModelConfig(dtype="bfloat16"))
+    assert not getattr(model, "is_quantized", False)
+    assert getattr(model, "hf_quantizer", None) is None
+    assert getattr(model.config, "quantization_config", None) is None
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert len(linears) == 7 * model.config.num_hidden_layers + 1  # q k v o gate up down, the LM head
+    assert all(type(m) is torch.nn.Linear and m.weight.dtype == torch.bfloat16 for m in linears)
