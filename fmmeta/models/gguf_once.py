@@ -1,4 +1,4 @@
-"""Reading a GGUF file's metadata once per model load, instead of four times.
+"""How a GGUF file is loaded: de-quantized into a plain model, its metadata read once, not four times.
 
 Loading the embedded SmolLM2-135M GGUF through transformers (5.x) took about 15 s on the
 project's 2-core CPU, of which de-quantizing the weights was 1.5 s. The rest was repeated
@@ -11,7 +11,8 @@ tensor name of the architecture, once per module of the model (about 400 times, 
 ``(path, mode)`` and the name map per argument tuple. Both are read-only in transformers' loader
 (it reads ``fields`` and ``tensors``, and looks names up), so the loaded tokenizer and weights are
 the same (a test compares them with an ordinary load). The two ``gguf`` attributes are restored
-on exit, so nothing outside the block sees the change.
+on exit, so nothing outside the block sees the change. :func:`gguf_loading` gives
+``from_pretrained`` the arguments that de-quantize.
 """
 
 from __future__ import annotations
@@ -55,4 +56,22 @@ def gguf_parsed_once() -> Iterator[None]:
         module.GGUFReader, module.get_tensor_name_map = real_reader, real_map
 
 
-__all__ = ["gguf_parsed_once"]
+def gguf_loading(gguf_file: str) -> dict[str, Any]:
+    """``from_pretrained``'s keyword arguments for a GGUF file: the file, and where transformers
+    has a GGUF quantization config (5.25 and later), that config with ``dequantize=True``.
+
+    Why: from 5.25 transformers keeps a GGUF file's weights in their quantized blocks for the
+    architectures it has kernels for (a layer type of its own, which LoRA and fmmeta's fp32 masters
+    over bf16 compute do not expect), and for every other architecture, Llama among them, it
+    de-quantizes them but still marks the dense model quantized (``is_quantized``, which changes
+    how peft prepares it) and warns, in a bf16 run, that float32 would be faster for "packed"
+    weights there are none of. De-quantizing on request gives every architecture the same plain
+    model, with the same weights as before (tests/unit/models/test_gguf_once.py)."""
+    try:
+        from transformers.utils.quantization_config import GgufConfig
+    except ImportError:  # transformers before 5.25 always de-quantizes
+        return {"gguf_file": gguf_file}
+    return {"gguf_file": gguf_file, "quantization_config": GgufConfig(dequantize=True)}
+
+
+__all__ = ["gguf_loading", "gguf_parsed_once"]

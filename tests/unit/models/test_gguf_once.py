@@ -1,5 +1,5 @@
 """Loading the embedded GGUF with its metadata parsed once gives the very tokenizer and weights
-an ordinary transformers load gives (fmmeta.models.gguf_once)."""
+an ordinary transformers load gives, as a plain dense model (fmmeta.models.gguf_once)."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def test_the_embedded_model_loads_the_same_as_transformers_loads_it() -> None:
 def test_a_gguf_model_is_a_plain_dense_model() -> None:
     """transformers 5.25 marks a de-quantized GGUF model quantized (and keeps some architectures'
     weights in GGUF blocks) unless asked to de-quantize: fmmeta asks, so LoRA wraps plain linears
-    of an unquantized model on every transformers version (fmmeta.models.build.gguf_loading)."""
+    of an unquantized model on every transformers version (fmmeta.models.gguf_once.gguf_loading)."""
     model, _ = build_model_and_tokenizer(ModelConfig(dtype="bfloat16"))
     assert not getattr(model, "is_quantized", False)
     assert getattr(model, "hf_quantizer", None) is None
