@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import threading
 from types import FrameType
 
 __all__ = ["Terminated", "ctrl_c_raises"]
@@ -22,8 +23,16 @@ class Terminated(KeyboardInterrupt):
 
 
 def _terminate(signum: int, frame: FrameType | None) -> None:
+    """Raises :class:`Terminated`, unless the program is already exiting.
+
+    Why: once the main thread has finished, Python is running its exit handlers (gloo's drain,
+    torch's library finalizers), and a SIGTERM there, such as torchrun's to the rank left after
+    another died, would raise inside one: "Exception ignored in atexit callback" and a traceback
+    after the run's own message. The exit under way already stops the run, with its own code.
+    """
     del signum, frame
-    raise Terminated()
+    if threading.main_thread().is_alive():
+        raise Terminated()
 
 
 def _exit_quietly(signum: int, frame: FrameType | None) -> None:

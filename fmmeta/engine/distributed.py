@@ -253,7 +253,7 @@ def let_gloo_threads_finish() -> None:
     """
     try:
         time.sleep(GLOO_DRAIN_S)
-    except KeyboardInterrupt:  # a launcher's SIGTERM to the ranks left after one failed: already leaving
+    except KeyboardInterrupt:  # Ctrl-C while leaving (SIGTERM does not raise here: fmmeta.startup)
         pass
 
 
