@@ -33,7 +33,7 @@ from fmmeta.config import ConfigError
 from fmmeta.engine import NonFiniteError
 from fmmeta.errors import UserInputError
 from fmmeta.interrupts import Interrupted
-from fmmeta.startup import Terminated
+from fmmeta.startup import Terminated, stopping
 
 __all__ = ["BAD_INPUT", "CTRL_C", "NONFINITE", "SIGTERM", "Outcome", "exit_code", "stop_code"]
 
@@ -93,9 +93,11 @@ def exit_code(
         logger.error("stopped: %s", err)
         outcome.code = NONFINITE
     except Interrupted as err:  # during meta-training: the message names the last checkpoint
+        stopping()  # here too: it may come from a worker process
         logger.warning("stopped: %s", err)
         outcome.code = err.code
     except KeyboardInterrupt as err:
+        stopping()
         stopped(err)
         outcome.code = stop_code(err)
     except Exception:

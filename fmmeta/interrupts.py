@@ -14,7 +14,7 @@ import contextlib
 from typing import Callable, Iterator
 
 from fmmeta.checkpoint import CheckpointManager
-from fmmeta.startup import Terminated
+from fmmeta.startup import Terminated, stopping
 
 __all__ = ["PEER_LOST", "Interrupted", "interrupt_note"]
 
@@ -45,6 +45,7 @@ def interrupt_note(method: str, ckpts: CheckpointManager, step: Callable[[], int
         lost = next((marker for marker in PEER_LOST if marker in str(err)), None)
         if lost is None:
             raise
+        stopping()  # torchrun's SIGTERM, sent when the other rank died, must not replace this message
         last = ckpts.latest(verify=False)
         # With two ranks the dead one is known; with more, gloo's error names only an address
         # (the launcher's own log names the rank that exited).
@@ -57,6 +58,7 @@ def interrupt_note(method: str, ckpts: CheckpointManager, step: Callable[[], int
             code=1,
         ) from None
     except KeyboardInterrupt as err:
+        stopping()
         last = ckpts.latest(verify=False)
         raise Interrupted(
             f"{method} {'stopped by SIGTERM' if isinstance(err, Terminated) else 'interrupted'} during "

@@ -14,7 +14,7 @@ import sys
 import threading
 from types import FrameType
 
-__all__ = ["Terminated", "ctrl_c_raises"]
+__all__ = ["Terminated", "ctrl_c_raises", "stopping"]
 
 
 class Terminated(KeyboardInterrupt):
@@ -22,16 +22,35 @@ class Terminated(KeyboardInterrupt):
     naming the last checkpoint, but exit code 143 (128 + SIGTERM), which schedulers expect."""
 
 
-def _terminate(signum: int, frame: FrameType | None) -> None:
-    """Raises :class:`Terminated`, unless the program is already exiting.
+_stop_under_way = False
+"""Set by :func:`stopping`; read by the SIGTERM handler."""
 
-    Why: once the main thread has finished, Python is running its exit handlers (gloo's drain,
-    torch's library finalizers), and a SIGTERM there, such as torchrun's to the rank left after
-    another died, would raise inside one: "Exception ignored in atexit callback" and a traceback
-    after the run's own message. The exit under way already stops the run, with its own code.
+
+def stopping() -> None:
+    """Says that this run is stopping (Ctrl-C, SIGTERM or a lost rank, its message being written):
+    from now on SIGTERM does not raise.
+
+    Why: when one rank dies, torchrun sends SIGTERM to the rest, and it reaches a rank that is
+    already stopping on gloo's broken connection at any moment. Raised while that rank looks up its
+    last checkpoint, it replaced the lost-rank message with "stopped by SIGTERM outside
+    meta-training" and no checkpoint named. Errors do not call this: a study goes on after a trial
+    that failed, and SIGTERM must still stop it.
+    """
+    global _stop_under_way
+    _stop_under_way = True
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    """Raises :class:`Terminated`, unless a stop is already under way (:func:`stopping`) or the
+    program is exiting.
+
+    Why the second: once the main thread has finished, Python runs its exit handlers (gloo's drain,
+    torch's library finalizers), and a SIGTERM raised inside one printed "Exception ignored in
+    atexit callback" and a traceback after the run's own message. The stop or exit under way
+    already ends the run, with its own message and code.
     """
     del signum, frame
-    if threading.main_thread().is_alive():
+    if threading.main_thread().is_alive() and not _stop_under_way:
         raise Terminated()
 
 
