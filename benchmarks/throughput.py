@@ -20,9 +20,16 @@ The baseline a user would pick instead, Hugging Face ``Trainer`` with the same p
 the same passes' rows, one ``Trainer`` step per pass (``benchmarks/trainer_baseline.py`` says how
 it is configured); its MFU counts the LM head at every position, which it computes.
 
+Where Liger's kernels are installed (``liger_kernel``; Triton, so on a GPU), the Trainer also runs
+with ``use_liger_kernel``, its own switch for them: RMSNorm, SwiGLU and RoPE kernels and a fused
+linear cross-entropy that never holds the logits of every position. That is the Trainer's best
+configuration, so ``plain_vs_hf_trainer`` compares against the faster of the two
+(``hf_trainer_best`` names it). It runs last: Liger patches the model in place. fmmeta's loops
+need no fused cross-entropy (their LM head runs at answer positions only).
+
 Prints a few human lines and, as the last line, one JSON object: ``tokens_per_s`` and ``mfu`` of
-``meta_step``, ``plain_loop`` and ``hf_trainer``, ``meta_step_vs_plain`` (time ratio, target <=
-1.05 as on CPU) and ``plain_vs_hf_trainer`` (tokens/s ratio, target >= 1.0).
+``meta_step``, ``plain_loop``, ``hf_trainer`` (and ``hf_trainer_liger``), ``meta_step_vs_plain``
+(time ratio, target <= 1.05 as on CPU) and ``plain_vs_hf_trainer`` (tokens/s ratio, target >= 1.0).
 
 Both loops measured 0.11 MFU on an H200 (2026-12-04), low for a 1B model; two options are there to
 find out why. ``--intermediate`` sets the MLP width (default ``hidden * 8 // 3``, 5461 at hidden
@@ -38,7 +45,7 @@ the backend, the graphs and the seconds the warm-up spent compiling.
 
 Usage:
     python benchmarks/throughput.py --device cuda [--reps 5] [--intermediate 5632] [--profile]
-                                    [--compile inductor]
+                                    [--compile inductor] [--liger auto|on|off]
     python benchmarks/throughput.py             # on a CPU: SIZES["cpu"], minutes
     python benchmarks/throughput.py --tiny      # a seconds-long smoke run of the same code on CPU
 """
@@ -46,6 +53,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
 import sys
@@ -136,6 +144,30 @@ def top_operators(fn: object, device: torch.device, top: int) -> dict[str, objec
             "top": [{"op": k[:120], "share": round(t / total, 4)} for k, t in ranked]}
 
 
+def use_liger(ap: argparse.ArgumentParser, args: argparse.Namespace, device: torch.device) -> bool:
+    """Whether the Trainer also runs with Liger's kernels (``--liger``; see the module docstring)."""
+    installed = importlib.util.find_spec("liger_kernel") is not None
+    if args.liger == "on" and (device.type != "cuda" or not installed):
+        ap.error("--liger on needs a CUDA device and liger_kernel installed (its kernels are Triton's)")
+    if args.liger == "on":
+        return True
+    # Liger's patches replace module forwards that compiled layers have traced: not combined.
+    return args.liger == "auto" and device.type == "cuda" and installed and not args.compile
+
+
+def time_trainer(model: torch.nn.Module, batches: list, device: torch.device, steps: int, *,
+                 liger: bool, tokens: int, flops: float, peak: float | None) -> dict[str, object]:
+    """The Trainer's median seconds per meta-step's worth of passes (one step per pass), its
+    tokens/s and MFU (``tokens`` and ``flops``: what it processes and computes in those passes)."""
+    step_s = statistics.median(trainer_step_seconds(model, batches, device, steps=steps, liger=liger))
+    per_meta_step = step_s * len(batches)
+    mfu = flops / per_meta_step / peak if peak else None
+    name = "hf_trainer_liger" if liger else "hf_trainer"
+    print(f"{name:10s} median {per_meta_step * 1000:9.1f} ms  {tokens / per_meta_step:10.0f} tokens/s"
+          + (f"  MFU {mfu:.3f}" if mfu else ""))
+    return {"median_s": per_meta_step, "tokens_per_s": tokens / per_meta_step, "mfu": mfu}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -160,8 +192,11 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=12, help="operators listed per loop with --profile")
     ap.add_argument("--compile", default="", choices=["", "inductor", "aot_eager"],
                     help="compile the decoder layers with this backend (engine.compile's path)")
+    ap.add_argument("--liger", default="auto", choices=["auto", "on", "off"],
+                    help="also time the Trainer with Liger's kernels (auto: on a GPU where installed)")
     args = ap.parse_args()
     device = torch.device(args.device)
+    liger = use_liger(ap, args, device)
     size = "tiny" if args.tiny else "gpu" if device.type == "cuda" else "cpu"
     for key, value in SIZES[size].items():
         if args.tiny or getattr(args, key) is None:
@@ -221,15 +256,10 @@ def main() -> None:
     result["meta_step_vs_plain"] = result["meta_step"]["median_s"] / result["plain_loop"]["median_s"]  # type: ignore[index]
     # The same passes through Hugging Face Trainer: one step per pass, so a meta-step's worth of
     # passes costs len(batches) median steps.
-    step_s = statistics.median(trainer_step_seconds(model, batches, device, steps=args.reps * len(batches)))
     hf_flops = tokens * trainer_flops_per_token(n_body, args.layers, args.hidden, args.seq, args.vocab)
-    per_meta_step = step_s * len(batches)
-    result["hf_trainer"] = {"median_s": per_meta_step, "tokens_per_s": tokens / per_meta_step,
-                            "mfu": hf_flops / per_meta_step / peak if peak else None}
-    print(f"{'hf_trainer':10s} median {per_meta_step * 1000:9.1f} ms  {tokens / per_meta_step:10.0f} tokens/s"
-          + (f"  MFU {hf_flops / per_meta_step / peak:.3f}" if peak else ""))
-    result["plain_vs_hf_trainer"] = (result["plain_loop"]["tokens_per_s"]  # type: ignore[index]
-                                     / result["hf_trainer"]["tokens_per_s"])  # type: ignore[index]
+    trainer_steps = args.reps * len(batches)
+    result["hf_trainer"] = time_trainer(model, batches, device, trainer_steps, liger=False,
+                                        tokens=tokens, flops=hf_flops, peak=peak)
     if device.type == "cuda":
         result["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
     if args.profile:
@@ -241,6 +271,18 @@ def main() -> None:
             if name != "error":
                 print(f"{name}: matmuls {prof['matmul_share']:.0%} of {prof['total_ms']:.0f} ms; top: "
                       + ", ".join(f"{op['op']} {op['share']:.0%}" for op in prof["top"][:5]))
+    trainers = ["hf_trainer"]
+    if liger:  # last: Liger patches the model in place
+        try:  # the figures above must survive a Liger that does not fit this transformers
+            result["hf_trainer_liger"] = time_trainer(model, batches, device, trainer_steps, liger=True,
+                                                      tokens=tokens, flops=hf_flops, peak=peak)
+            trainers.append("hf_trainer_liger")
+        except Exception as err:  # noqa: BLE001  (recorded in the JSON line, not raised)
+            result["hf_trainer_liger"] = {"error": f"{type(err).__name__}: {err}"}
+    best = min(trainers, key=lambda name: result[name]["median_s"])  # type: ignore[index]
+    result["hf_trainer_best"] = best
+    result["plain_vs_hf_trainer"] = (result["plain_loop"]["tokens_per_s"]  # type: ignore[index]
+                                     / result[best]["tokens_per_s"])  # type: ignore[index]
     print(f"model {n_total / 1e9:.2f}B params, {tokens} tokens and {len(batches)} passes per meta-step")
     print(json.dumps(result))
 

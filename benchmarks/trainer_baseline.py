@@ -55,9 +55,10 @@ class _StepTimes(TrainerCallback):
 
 
 def trainer_step_seconds(model: torch.nn.Module, batches: Sequence[Batch], device: torch.device, *,
-                         steps: int, warmup: int = 2) -> list[float]:
+                         steps: int, warmup: int = 2, liger: bool = False) -> list[float]:
     """Wall seconds of each of ``steps`` ``Trainer`` steps (after ``warmup`` more), one step per
-    pass of ``batches`` in turn (each step a batch of that pass's rows, in order)."""
+    pass of ``batches`` in turn (each step a batch of that pass's rows, in order). ``liger``: with
+    the Trainer's ``use_liger_kernel`` (Liger's Triton kernels, patched into ``model`` in place)."""
     rows = [{"input_ids": b.input_ids[i].cpu(), "attention_mask": b.attention_mask[i].cpu(),
              "labels": b.labels[i].cpu()} for b in batches for i in range(b.n_rows)]
     per_step = batches[0].n_rows
@@ -71,7 +72,7 @@ def trainer_step_seconds(model: torch.nn.Module, batches: Sequence[Batch], devic
             optim="adamw_torch_fused" if device.type == "cuda" else "adamw_torch",
             logging_strategy="no", save_strategy="no", report_to=[], disable_tqdm=True,
             remove_unused_columns=False, dataloader_pin_memory=False, use_cpu=device.type != "cuda",
-            seed=0,
+            use_liger_kernel=liger, seed=0,
         )
         trainer = Trainer(model=model, args=args, train_dataset=_Rows(rows), callbacks=[timer])
         trainer.train()

@@ -30,4 +30,8 @@ $PIP wheel -q --no-deps -w "$DIR" "${pins[0]}"
 $PIP download -q --no-deps --only-binary=:all: --python-version "$PY_VERSION" \
   --implementation cp --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux_2_28_x86_64 -d "$DIR" "${pins[@]:1}"
+# Liger's kernels, which benchmarks/throughput.py gives the Trainer baseline on a GPU: Triton
+# kernels, so not in a CPU .venv and pinned here; a pure Python wheel, whose triton comes with the
+# GPU machine's torch.
+$PIP download -q --no-deps -d "$DIR" liger-kernel==0.8.5
 ls -1 "$DIR"

@@ -128,6 +128,8 @@ def test_throughput_benchmark_runs_small() -> None:
     assert out["meta_step"]["tokens_per_s"] > 0 and out["plain_loop"]["tokens_per_s"] > 0
     # the baseline a user would pick instead, on the same rows: Hugging Face Trainer + peft
     assert out["hf_trainer"]["tokens_per_s"] > 0 and out["hf_trainer"]["median_s"] > 0
+    # no Liger on a CPU (its kernels are Triton's): the plain Trainer is the only one
+    assert out["hf_trainer_best"] == "hf_trainer" and "hf_trainer_liger" not in out
     assert out["plain_vs_hf_trainer"] == pytest.approx(
         out["plain_loop"]["tokens_per_s"] / out["hf_trainer"]["tokens_per_s"])
     assert out["model"]["intermediate"] == 256
@@ -135,6 +137,14 @@ def test_throughput_benchmark_runs_small() -> None:
         prof = out["profile"][loop]
         assert len(prof["top"]) == 5 and 0 < sum(op["share"] for op in prof["top"]) <= 1 + 1e-6
         assert 0 < prof["matmul_share"] < 1 and prof["total_ms"] > 0
+
+
+def test_throughput_refuses_liger_without_a_gpu() -> None:
+    """Liger's kernels are Triton's: asked for on a CPU, a message before any model is built."""
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "throughput.py"), "--tiny", "--liger", "on"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "--liger on needs a CUDA device and liger_kernel installed" in done.stderr
 
 
 @pytest.mark.timeout(600)
