@@ -25,7 +25,7 @@ PACKAGES="deepspeed hjson pydantic pydantic-core annotated-types typing-inspecti
   pillow pyparsing tqdm safetensors"
 mkdir -p "$DIR"
 pins=()
-SKIP=" ${SKIP:-} "
+SKIP=" $(echo ${SKIP:-}) "  # any whitespace between names
 for name in $PACKAGES; do
   [[ "$SKIP" == *" $name "* ]] && { echo "skipping $name: in SKIP" >&2; continue; }
   version=$($PIP show "$name" 2>/dev/null | sed -n 's/^Version: //p')
