@@ -124,7 +124,7 @@ def test_meta_step_benchmark_runs_small() -> None:
 
 @pytest.mark.timeout(300)
 def test_throughput_benchmark_runs_small() -> None:
-    out = _run("throughput.py", "--tiny", "--reps", "1", "--intermediate", "256", "--profile", "--top", "5")
+    out = _run("throughput.py", "--tiny", "--device", "cpu", "--reps", "1", "--intermediate", "256", "--profile", "--top", "5")
     assert out["meta_step"]["tokens_per_s"] > 0 and out["plain_loop"]["tokens_per_s"] > 0
     # the baseline a user would pick instead, on the same rows: Hugging Face Trainer + peft
     assert out["hf_trainer"]["tokens_per_s"] > 0 and out["hf_trainer"]["median_s"] > 0
@@ -141,7 +141,8 @@ def test_throughput_benchmark_runs_small() -> None:
 
 def test_throughput_refuses_liger_without_a_gpu() -> None:
     """Liger's kernels are Triton's: asked for on a CPU, a message before any model is built."""
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "throughput.py"), "--tiny", "--liger", "on"],
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "throughput.py"), "--tiny",
+                           "--device", "cpu", "--liger", "on"],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr[-3000:]
     assert "--liger on needs a CUDA device and liger_kernel installed" in done.stderr
