@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import warnings
 
-__all__ = ["LIBRARY_LOGGERS", "setup_logging", "show_library_warnings_once"]
+__all__ = ["LIBRARY_LOGGERS", "NOT_ACTIONABLE", "setup_logging", "show_library_warnings_once"]
 
 LIBRARY_LOGGERS: tuple[str, ...] = (
     "py.warnings", "transformers", "torch", "DeepSpeed", "deepspeed", "accelerate", "peft",
@@ -20,9 +20,17 @@ LIBRARY_LOGGERS: tuple[str, ...] = (
 )
 """Loggers silenced below ERROR on ranks > 0 (``py.warnings`` is where ``warnings`` land)."""
 
+NOT_ACTIONABLE: tuple[str, ...] = (
+    "`is_gradient_checkpointing` is deprecated",
+)
+"""Library warnings dropped on every rank: one library's use of another, which nothing a user
+sets can change. peft 0.21's ``PeftModel`` reads transformers 5's deprecated
+``is_gradient_checkpointing`` whenever an adapter is wrapped, so every run and every ``fmmeta
+adapt`` opened with a FutureWarning about code that is not theirs."""
+
 
 class _FirstTimeOnly(logging.Filter):
-    """Passes each distinct warning text once.
+    """Passes each distinct warning text once, and none of :data:`NOT_ACTIONABLE`.
 
     Why not Python's own "default" filter: it forgets what it showed whenever the filters change,
     and every ``warnings.catch_warnings()`` block (torch and DeepSpeed run them around collectives)
@@ -35,7 +43,7 @@ class _FirstTimeOnly(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage()
-        if text in self.seen:
+        if text in self.seen or any(known in text for known in NOT_ACTIONABLE):
             return False
         self.seen.add(text)
         return True

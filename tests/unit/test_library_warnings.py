@@ -40,3 +40,28 @@ def test_library_warnings_show_once_over_two_ranks() -> None:
     # fmmeta's own warnings and every error still show on every rank.
     assert "rank 0 has something to say" in out and "rank 1 has something to say" in out
     assert out.count("a library error") == 2, out
+
+
+PEFT_WRAP = r"""
+import logging, warnings
+from peft import LoraConfig, get_peft_model
+from transformers import LlamaConfig, LlamaForCausalLM
+from fmmeta.library_warnings import show_library_warnings_once
+logging.basicConfig(level=logging.INFO, force=True)  # as fmmeta adapt sets it up
+show_library_warnings_once(0)
+model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                     num_attention_heads=2, num_key_value_heads=2))
+model.is_gradient_checkpointing  # transformers' own deprecation, the line peft's wrapper runs into
+get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
+warnings.warn("another library's deprecation", FutureWarning)
+"""
+
+
+def test_a_warning_no_user_can_act_on_is_not_shown() -> None:
+    """transformers' deprecation of ``is_gradient_checkpointing``, which peft's wrapper reads, is
+    dropped (:data:`fmmeta.library_warnings.NOT_ACTIONABLE`); other library warnings still show."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": ""}
+    proc = subprocess.run([sys.executable, "-c", PEFT_WRAP], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "is_gradient_checkpointing" not in proc.stderr, proc.stderr
+    assert "another library's deprecation" in proc.stderr
