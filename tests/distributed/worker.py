@@ -119,7 +119,8 @@ def main() -> None:
         layer_calls[0] = 0
         engine, plan_world = make_engine(kind, gc, precision, compiled)
         shapes_after_init = all(p.numel() > 0 for p in engine.adapter_parameters())
-        gc_on = bool(getattr(engine.model, "is_gradient_checkpointing", False))
+        # the test behind transformers' is_activation_checkpointing (its older name warns: deprecated)
+        gc_on = any(getattr(m, "gradient_checkpointing", False) is True for m in engine.model.modules())
         n_tasks = 3 if "uneven" in flags else N_TASKS
         method = next((m for m in ("reptile", "multitask", "metasgd", "metaicl") if m in flags), "fomaml")
         clip = 2e-4 if "clip" in flags else None  # below the inner gradients' norms: it acts
