@@ -16,7 +16,7 @@ medians). Prints a line per figure and, as the last line, one JSON object:
 
 Usage:
     python benchmarks/anil.py [--tiny | --random] [--threads 1] [--reps 5] [--layers 2]
-                              [--dtype bfloat16]
+                              [--dtype auto|bfloat16|float32]
 """
 
 from __future__ import annotations
@@ -33,9 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402  (benchmarks/common.py)
+    add_dtype_argument,
     add_model_arguments,
     add_pass_arguments,
     build_lora_model,
+    compute_dtype,
     give_trained_scale,
     median_times,
     model_name,
@@ -57,8 +59,9 @@ def main() -> None:
     add_pass_arguments(ap)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--layers", type=int, default=2, help="top layers ANIL adapts")
-    ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    add_dtype_argument(ap)
     args = ap.parse_args()
+    compute_dtype(args)
     cfg = recipe_config(args)
     cfg = dataclasses.replace(cfg, algorithm=dataclasses.replace(cfg.algorithm, anil=ANILConfig(layers=args.layers)))
     model, params, tok = build_lora_model(args, args.dtype, cfg.lora)

@@ -23,6 +23,7 @@ import torch
 
 from fmmeta.config import LoraConfig, ModelConfig
 from fmmeta.models import add_lora, build_model_and_tokenizer
+from fmmeta.models.precision import native_bf16, resolve_dtype
 from fmmeta.recipe_config import RecipeConfig
 from fmmeta.sampling.plan import RankPlan
 from fmmeta.sampling.sampler import CostAwareSampler
@@ -40,6 +41,26 @@ def add_model_arguments(ap: argparse.ArgumentParser) -> None:
                     help="random weights of SmolLM2-135M's shape, byte tokenizer (no model package needed)")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+
+
+def add_dtype_argument(ap: argparse.ArgumentParser) -> None:
+    """``--dtype``, ``auto`` by default: what a run's ``model.dtype=auto`` computes in on the
+    benchmark's ``--device`` (bf16 where it is native, fp32 where bf16 would be emulated), so a
+    figure is what a user of that device pays; resolve it with :func:`compute_dtype`."""
+    ap.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+                    help="compute dtype (auto: bf16 where --device has it natively, else fp32)")
+
+
+def compute_dtype(args: argparse.Namespace) -> str:
+    """``args.dtype`` with ``auto`` resolved for ``args.device``; sets it on ``args`` too."""
+    args.dtype = resolve_dtype(args.dtype, device=args.device)
+    return str(args.dtype)
+
+
+def native_dtypes(device: str) -> list[str]:
+    """fp32, and bf16 where ``device`` computes it natively: the dtypes a benchmark comparing both
+    measures by default (emulated bf16 is slower than fp32 and no run computes in it)."""
+    return ["float32"] + (["bfloat16"] if native_bf16(device=device)[0] else [])
 
 
 def add_pass_arguments(ap: argparse.ArgumentParser) -> None:

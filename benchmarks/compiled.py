@@ -48,9 +48,12 @@ One method's 20 meta-steps are shorter than their compiling on the 2-core CPU; a
 compiles once for all it runs, and the whole default run (five methods, then evaluation) repays
 it, so the recipe's ``engine.compile: auto`` compiles there (docs/benchmarks.md).
 
+``--dtype auto`` (the default) computes in what a run on this CPU would: bf16 with AMX or
+AVX512-BF16, fp32 without (there bf16 is emulated, and no run computes in it).
+
 Usage:
-    python benchmarks/compiled.py [--tiny | --random] [--threads 1] [--reps 5] [--dtype bfloat16]
-                                  [--meta-steps 4]
+    python benchmarks/compiled.py [--tiny | --random] [--threads 1] [--reps 5] [--meta-steps 4]
+                                  [--dtype auto|bfloat16|float32]
 """
 
 from __future__ import annotations
@@ -71,8 +74,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402  (benchmarks/common.py)
     PassCounter,
+    add_dtype_argument,
     add_model_arguments,
     build_lora_model,
+    compute_dtype,
     give_trained_scale,
     matmul_peak,
     median_times,
@@ -192,7 +197,7 @@ def meta_steps(args: argparse.Namespace, dtype: torch.dtype) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_model_arguments(ap)
-    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    add_dtype_argument(ap)
     ap.add_argument("--rows", type=int, default=12)
     ap.add_argument("--tokens", type=int, default=40, help="tokens per row")
     ap.add_argument("--answer", type=int, default=6, help="positions the loss is taken on, per row")
@@ -200,7 +205,7 @@ def main() -> None:
     ap.add_argument("--meta-steps", type=int, default=4,
                     help="FOMAML meta-batches to run eager and with compiled layers (0: none)")
     args = ap.parse_args()
-    dtype = getattr(torch, args.dtype)
+    dtype = getattr(torch, compute_dtype(args))
     model, params, _ = build_lora_model(args, args.dtype, LoraConfig())
     model.eval()  # no LoRA dropout: every run must compute the same gradient
     reference, ref_params, _ = build_lora_model(args, "float32", LoraConfig())  # the same weights, in fp32

@@ -48,6 +48,7 @@ from common import (  # noqa: E402  (benchmarks/common.py)
     matmul_peak,
     median_times,
     model_name,
+    native_dtypes,
     non_embedding_parameters,
 )
 
@@ -59,7 +60,6 @@ from fmmeta.evaluation.methods import IN_CONTEXT  # noqa: E402
 from fmmeta.evaluation.run import draw_episodes, evaluation_tasks  # noqa: E402
 from fmmeta.evaluation.scoring import score_query  # noqa: E402
 from fmmeta.evaluation.settings import EvalSettings  # noqa: E402
-from fmmeta.models.precision import native_bf16  # noqa: E402
 from fmmeta.tasks.config import TasksConfig, build_task_set  # noqa: E402
 from fmmeta.tasks.episode import Example, collate  # noqa: E402
 
@@ -95,7 +95,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6, help="adaptation steps")
     ap.add_argument("--micro-batch", type=int, default=8)
     args = ap.parse_args()
-    dtypes = ["float32"] + (["bfloat16"] if native_bf16()[0] else [])
+    dtypes = native_dtypes(args.device)
     built = {}
     for dt in dtypes:
         model, params, tok = build_lora_model(args, dt, LoraConfig())

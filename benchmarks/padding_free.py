@@ -7,7 +7,8 @@ cuda`` on a GPU, ``--meta-batch`` and ``--rows`` for the bigger passes a GPU nee
 the attention implementations to try (``sdpa`` is the library's own choice for the dtype; others,
 such as ``flex_attention`` or ``flash_attention_2``, are set on the model and first probed with
 :func:`fmmeta.algorithms.answer_loss.check_lines`: one that lets packed examples see each other is
-reported as refused, not measured). For every dtype, attention and method the same meta-batches are
+reported as refused, not measured), ``--dtypes`` (fp32, and bf16 where the device has it natively,
+by default). For every dtype, attention and method the same meta-batches are
 collated both ways: each pass padded to its longest row, and packed into padding-free lines
 (``fmmeta.tasks.lines``: examples end to end, positions restarting, LoRA routed per token). Prints
 a few human lines and, as the last line, one JSON object with, per dtype, method (and attention
@@ -44,6 +45,7 @@ from common import (  # noqa: E402  (benchmarks/common.py)
     build_lora_model,
     median_times,
     model_name,
+    native_dtypes,
     recipe_config,
     recipe_plans,
     relative_error,
@@ -107,14 +109,14 @@ def main() -> None:
     add_pass_arguments(ap)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--steps", type=int, default=2, help="meta-batches per measurement")
-    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    ap.add_argument("--dtypes", nargs="+", help="default: fp32, and bf16 where --device has it natively")
     ap.add_argument("--methods", nargs="+", default=["fomaml", "multitask", "metaicl"])
     ap.add_argument("--attn", nargs="+", default=["sdpa"], help="attention implementations to try")
     args = ap.parse_args()
     cfg = recipe_config(args)
     out: dict[str, dict] = {}
     refused: dict[str, str] = {}
-    for dt in args.dtypes:
+    for dt in args.dtypes or native_dtypes(args.device):
         model, params, tok = build_lora_model(args, dt, cfg.lora)
         suite = build_task_set(cfg.tasks, tok, seed=0)
         built_with = model.base_model.model.config._attn_implementation  # type: ignore[union-attr]

@@ -3,8 +3,9 @@ training loop on the same tokens, on a ~1B-parameter random Llama (a GPU benchma
 defaults are the default model's shape and a smaller meta-step, :data:`SIZES`).
 
 The model is built from a config (no download; on a GPU hidden 2048, 16 layers, SmolLM2's
-49,152-token vocabulary: 1.0B parameters) with LoRA r=8 on q,k,v,o, and runs in ``--dtype`` (bf16 by default:
-base and adapter alike, as fmmeta's local engine runs a bf16 model). One meta-step is 16 tasks x 8
+49,152-token vocabulary: 1.0B parameters) with LoRA r=8 on q,k,v,o, and runs in ``--dtype``, base
+and adapter alike, as fmmeta's local engine runs a bf16 model (``auto`` by default: bf16 where the
+device has it natively, fp32 on a CPU without it, as a run's ``model.dtype=auto``). One meta-step is 16 tasks x 8
 support and 8 query sequences of 256 tokens (16 answer tokens), 2 inner steps, packed into passes
 of 32 rows; the plain loop runs exactly the same passes (``loss.backward()`` + AdamW step per
 pass, the same loss function), so both process the same tokens.
@@ -66,6 +67,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import meta_step as bench  # noqa: E402  (benchmarks/meta_step.py: model, episodes, plans, loop)
+from common import add_dtype_argument, compute_dtype  # noqa: E402  (benchmarks/common.py)
 from trainer_baseline import trainer_flops_per_token, trainer_step_seconds  # noqa: E402
 
 from fmmeta.algorithms.build import build_algorithm  # noqa: E402
@@ -171,7 +173,7 @@ def time_trainer(model: torch.nn.Module, batches: list, device: torch.device, st
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    add_dtype_argument(ap)
     ap.add_argument("--reps", type=int, default=5)
     sized = "(default: SIZES for the device)"
     ap.add_argument("--hidden", type=int, help=sized)
@@ -201,7 +203,7 @@ def main() -> None:
     for key, value in SIZES[size].items():
         if args.tiny or getattr(args, key) is None:
             setattr(args, key, value)
-    dtype = getattr(torch, args.dtype)
+    dtype = getattr(torch, compute_dtype(args))
 
     model = bench.build_model(args, device).to(dtype)
     engine = LocalEngine(model, OuterOptimConfig(outer_lr=1e-4, grad_clip=0.0), device=device)

@@ -47,9 +47,19 @@ def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset[str]:
     return frozenset()
 
 
-def native_bf16(flags: frozenset[str] | None = None) -> tuple[bool, str]:
-    """Whether the device this process computes on has native bf16, and why (for the log)."""
-    if torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR", "cuda") != "cpu":
+def _computes_on_gpu(device: str | torch.device | None) -> bool:
+    """Whether ``device`` is a GPU; ``None``: the device a run computes on (a GPU when torch sees
+    one, unless ``DS_ACCELERATOR=cpu`` keeps the run on the CPU)."""
+    if device is not None:
+        return torch.device(device).type == "cuda"
+    return torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR", "cuda") != "cpu"
+
+
+def native_bf16(flags: frozenset[str] | None = None, device: str | torch.device | None = None
+                ) -> tuple[bool, str]:
+    """Whether ``device`` (default: the one this process computes on) has native bf16, and why
+    (for the log). A benchmark names its ``--device``: on a GPU machine its CPU runs ask the CPU."""
+    if _computes_on_gpu(device):
         if torch.cuda.is_bf16_supported():
             return True, f"GPU {torch.cuda.get_device_name()} supports bf16"
         return False, f"GPU {torch.cuda.get_device_name()} has no bf16"
@@ -60,16 +70,16 @@ def native_bf16(flags: frozenset[str] | None = None) -> tuple[bool, str]:
     return False, f"the CPU has none of {', '.join(_CPU_BF16_FLAGS)} (bf16 would be emulated)"
 
 
-def auto_dtype(flags: frozenset[str] | None = None) -> tuple[str, str]:
+def auto_dtype(flags: frozenset[str] | None = None, device: str | torch.device | None = None) -> tuple[str, str]:
     """What ``model.dtype="auto"`` means here: ``"bfloat16"`` or ``"float32"``, and why (for the log)."""
-    native, why = native_bf16(flags)
+    native, why = native_bf16(flags, device)
     return ("bfloat16" if native else "float32"), why
 
 
-def resolve_dtype(name: str, flags: frozenset[str] | None = None) -> str:
-    """``"auto"`` -> ``"bfloat16"`` or ``"float32"`` for this machine (:func:`auto_dtype`);
+def resolve_dtype(name: str, flags: frozenset[str] | None = None, device: str | torch.device | None = None) -> str:
+    """``"auto"`` -> ``"bfloat16"`` or ``"float32"`` for ``device`` (:func:`auto_dtype`);
     other names are returned as they are."""
-    return auto_dtype(flags)[0] if name == "auto" else name
+    return auto_dtype(flags, device)[0] if name == "auto" else name
 
 
 def engine_precision(name: str) -> str:
@@ -119,4 +129,4 @@ def use_fp32_attention(model: torch.nn.Module) -> bool:
     return True
 
 
-__all__ = ["FP32_ATTENTION", "cpu_flags", "native_bf16", "resolve_dtype", "use_fp32_attention"]
+__all__ = ["FP32_ATTENTION", "auto_dtype", "cpu_flags", "native_bf16", "resolve_dtype", "use_fp32_attention"]

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from fmmeta.engine.packed import packing_available
+from fmmeta.models.precision import resolve_dtype
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -40,7 +41,7 @@ def test_evaluation_benchmark_runs_small() -> None:
 
 @pytest.mark.timeout(300)
 def test_compiled_benchmark_runs_small() -> None:
-    out = _run("compiled.py", "--tiny", "--reps", "1", "--threads", "1", "--meta-steps", "2")
+    out = _run("compiled.py", "--tiny", "--reps", "1", "--threads", "1", "--meta-steps", "2", "--dtype", "bfloat16")
     assert out["seconds"]["eager"] > 0 and out["seconds"]["compiled"] > 0 and out["compile_s"] > 0
     assert all(m > 0 for m in out["mfu"].values())
     assert 0 < out["grad_rel_error"] < 0.05  # the compiled pass computes the same gradient, in bf16
@@ -67,6 +68,8 @@ def test_anil_benchmark_runs_small() -> None:
     assert out["layers"] == 1 and out["model_layers"] == 2 and out["adapted_tensor_share"] == 0.5
     assert all(out[k][m] > 0 for k in ("inner_step_s", "meta_step_s") for m in ("fomaml", "anil"))
     assert out["inner_step_ratio"] > 0 and out["meta_step_ratio"] > 0
+    # --dtype auto: what a run computes in on this CPU (fp32 where bf16 would be emulated)
+    assert out["dtype"] == resolve_dtype("auto", device="cpu")
 
 
 @pytest.mark.timeout(300)

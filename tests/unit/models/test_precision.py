@@ -35,6 +35,18 @@ def test_auto_follows_the_cpu_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     assert resolve_dtype("bfloat16", frozenset()) == "bfloat16"
 
 
+def test_a_named_cpu_device_asks_the_cpu_on_a_gpu_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A benchmark's ``--device cpu`` on a machine with a bf16 GPU: the CPU's flags decide."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "a bf16 GPU")
+    monkeypatch.delenv("DS_ACCELERATOR", raising=False)
+    assert resolve_dtype("auto", frozenset({"avx2"})) == "bfloat16"  # the run's device: the GPU
+    assert resolve_dtype("auto", frozenset({"avx2"}), device="cpu") == "float32"
+    assert resolve_dtype("auto", frozenset({"amx_bf16"}), device="cpu") == "bfloat16"
+    assert native_bf16(frozenset(), device="cuda:0") == (True, "GPU a bf16 GPU supports bf16")
+
+
 def test_one_table_maps_dtype_names_engine_precisions_and_torch_dtypes() -> None:
     """The model's dtype, the engine's precision and the local engine's cast agree for each name."""
     for name, dtype, precision in (("float32", torch.float32, "fp32"), ("bfloat16", torch.bfloat16, "bf16")):
