@@ -22,11 +22,16 @@ LIBRARY_LOGGERS: tuple[str, ...] = (
 
 NOT_ACTIONABLE: tuple[str, ...] = (
     "`is_gradient_checkpointing` is deprecated",
+    "will assume that the vocabulary was not modified",
 )
-"""Library warnings dropped on every rank: one library's use of another, which nothing a user
-sets can change. peft 0.21's ``PeftModel`` reads transformers 5's deprecated
-``is_gradient_checkpointing`` whenever an adapter is wrapped, so every run and every ``fmmeta
-adapt`` opened with a FutureWarning about code that is not theirs."""
+"""Library warnings dropped on every rank, as nothing a user sets can change them:
+
+* peft 0.21's ``PeftModel`` reads transformers 5's deprecated ``is_gradient_checkpointing``
+  whenever it wraps a model, so every run and every ``fmmeta adapt`` opened with a FutureWarning
+  about code that is not theirs;
+* saving an adapter, peft looks for the base model's ``config.json`` to learn whether the
+  vocabulary was resized, and warns where there is none (the embedded SmolLM2 is a GGUF file).
+  fmmeta never resizes it: the assumption peft then makes is the truth."""
 
 
 class _FirstTimeOnly(logging.Filter):

@@ -43,7 +43,7 @@ def test_library_warnings_show_once_over_two_ranks() -> None:
 
 
 PEFT_WRAP = r"""
-import logging, warnings
+import logging, sys, warnings
 from peft import LoraConfig, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM
 from fmmeta.library_warnings import show_library_warnings_once
@@ -52,16 +52,23 @@ show_library_warnings_once(0)
 model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                      num_attention_heads=2, num_key_value_heads=2))
 model.is_gradient_checkpointing  # transformers' own deprecation, the line peft's wrapper runs into
-get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
+model.name_or_path = sys.argv[1]  # a base model folder without config.json, as the embedded GGUF's
+peft_model = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
+peft_model.save_pretrained(sys.argv[2])  # peft cannot tell whether the vocabulary was resized
 warnings.warn("another library's deprecation", FutureWarning)
 """
 
 
-def test_a_warning_no_user_can_act_on_is_not_shown() -> None:
-    """transformers' deprecation of ``is_gradient_checkpointing``, which peft's wrapper reads, is
-    dropped (:data:`fmmeta.library_warnings.NOT_ACTIONABLE`); other library warnings still show."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": ""}
-    proc = subprocess.run([sys.executable, "-c", PEFT_WRAP], env=env, capture_output=True, text=True, timeout=120)
+def test_warnings_no_user_can_act_on_are_not_shown(tmp_path: Path) -> None:
+    """transformers' deprecation of ``is_gradient_checkpointing``, which peft's wrapper reads, and
+    peft's guess about a vocabulary fmmeta never resizes are dropped
+    (:data:`fmmeta.library_warnings.NOT_ACTIONABLE`); other library warnings still show."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "", "HF_HUB_OFFLINE": "1"}
+    (tmp_path / "base").mkdir()
+    proc = subprocess.run([sys.executable, "-c", PEFT_WRAP, str(tmp_path / "base"), str(tmp_path / "adapter")],
+                          env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
     assert "is_gradient_checkpointing" not in proc.stderr, proc.stderr
+    assert "Could not find a config file" not in proc.stderr, proc.stderr
     assert "another library's deprecation" in proc.stderr
