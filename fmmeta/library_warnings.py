@@ -23,6 +23,8 @@ LIBRARY_LOGGERS: tuple[str, ...] = (
 NOT_ACTIONABLE: tuple[str, ...] = (
     "`is_gradient_checkpointing` is deprecated",
     "will assume that the vocabulary was not modified",
+    "`torch.distributed.all_gather_into_tensor` is deprecated",
+    "`torch.distributed.reduce_scatter_tensor` is deprecated",
 )
 """Library warnings dropped on every rank, as nothing a user sets can change them:
 
@@ -31,7 +33,9 @@ NOT_ACTIONABLE: tuple[str, ...] = (
   about code that is not theirs;
 * saving an adapter, peft looks for the base model's ``config.json`` to learn whether the
   vocabulary was resized, and warns where there is none (the embedded SmolLM2 is a GGUF file).
-  fmmeta never resizes it: the assumption peft then makes is the truth."""
+  fmmeta never resizes it: the assumption peft then makes is the truth;
+* DeepSpeed 0.19's ZeRO stages gather and scatter with collectives torch 2.13 deprecates, so every
+  DeepSpeed run printed two FutureWarnings (fmmeta calls neither)."""
 
 
 class _FirstTimeOnly(logging.Filter):

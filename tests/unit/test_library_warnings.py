@@ -55,13 +55,19 @@ model.is_gradient_checkpointing  # transformers' own deprecation, the line peft'
 model.name_or_path = sys.argv[1]  # a base model folder without config.json, as the embedded GGUF's
 peft_model = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
 peft_model.save_pretrained(sys.argv[2])  # peft cannot tell whether the vocabulary was resized
+import torch, torch.distributed as dist  # the collectives DeepSpeed's ZeRO stages call
+dist.init_process_group("gloo", init_method="file://" + sys.argv[2] + "/store", rank=0, world_size=1)
+dist.all_gather_into_tensor(torch.zeros(2), torch.ones(2))
+dist.reduce_scatter_tensor(torch.zeros(2), torch.ones(2))
+dist.destroy_process_group()
 warnings.warn("another library's deprecation", FutureWarning)
 """
 
 
 def test_warnings_no_user_can_act_on_are_not_shown(tmp_path: Path) -> None:
-    """transformers' deprecation of ``is_gradient_checkpointing``, which peft's wrapper reads, and
-    peft's guess about a vocabulary fmmeta never resizes are dropped
+    """transformers' deprecation of ``is_gradient_checkpointing``, which peft's wrapper reads,
+    peft's guess about a vocabulary fmmeta never resizes and torch's deprecation of the
+    collectives DeepSpeed calls are dropped
     (:data:`fmmeta.library_warnings.NOT_ACTIONABLE`); other library warnings still show."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "", "HF_HUB_OFFLINE": "1"}
     (tmp_path / "base").mkdir()
@@ -71,4 +77,5 @@ def test_warnings_no_user_can_act_on_are_not_shown(tmp_path: Path) -> None:
     assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
     assert "is_gradient_checkpointing" not in proc.stderr, proc.stderr
     assert "Could not find a config file" not in proc.stderr, proc.stderr
+    assert "all_gather_into_tensor" not in proc.stderr and "reduce_scatter_tensor" not in proc.stderr, proc.stderr
     assert "another library's deprecation" in proc.stderr
