@@ -42,6 +42,7 @@ from fmmeta.atomic import replace_text
 from fmmeta.config import ConfigError, describe_config, load_config
 from fmmeta.errors import UserInputError
 from fmmeta.exit_codes import BAD_INPUT, CTRL_C, NONFINITE, SIGTERM, exit_code
+from fmmeta.library_warnings import show_library_warnings_once
 from fmmeta.progress import Progress
 from fmmeta.recipe_args import IMPORT_HELP, OneConfig, import_modules
 from fmmeta.recipe_config import RecipeConfig
@@ -97,6 +98,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv, prog)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         force=True)
+    show_library_warnings_once(0)  # as its trials do: each library warning once, as a log line
     with exit_code(logger, stopped) as outcome:
         import_modules(args.imports)
         run(load_config(StudyConfig, args.config, args.overrides))

@@ -66,6 +66,14 @@ def straight(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp / "straight"
 
 
+def test_a_study_shows_no_library_warning_a_user_cannot_act_on(straight: Path) -> None:
+    """The study's own process routes library warnings as the recipes do, so those no user can act
+    on (``fmmeta.library_warnings.NOT_ACTIONABLE``) are dropped: peft's read of transformers'
+    deprecated ``is_gradient_checkpointing`` opened every study's log."""
+    log = (straight.parent / "straight.log").read_text()
+    assert "is_gradient_checkpointing" not in log, log[:3000]
+
+
 def _kill_during_second_trial(declaration: Path, out: Path, log: Path) -> None:
     proc = _start(declaration, log)
     metrics = out / "fomaml" / "trial_001" / "metrics.jsonl"
