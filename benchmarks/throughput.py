@@ -5,10 +5,10 @@ defaults are the default model's shape and a smaller meta-step, :data:`SIZES`).
 The model is built from a config (no download; on a GPU hidden 2048, 16 layers, SmolLM2's
 49,152-token vocabulary: 1.0B parameters) with LoRA r=8 on q,k,v,o, and runs in ``--dtype``, base
 and adapter alike, as fmmeta's local engine runs a bf16 model (``auto`` by default: bf16 where the
-device has it natively, fp32 on a CPU without it, as a run's ``model.dtype=auto``). One meta-step is 16 tasks x 8
-support and 8 query sequences of 256 tokens (16 answer tokens), 2 inner steps, packed into passes
-of 32 rows; the plain loop runs exactly the same passes (``loss.backward()`` + AdamW step per
-pass, the same loss function), so both process the same tokens.
+device has it natively, fp32 on a CPU without it, as a run's ``model.dtype=auto``). One meta-step
+is 16 tasks x 8 support and 8 query sequences of 256 tokens (16 answer tokens), 2 inner steps,
+packed into passes of 32 rows; the plain loop runs exactly the same passes (``loss.backward()`` +
+AdamW step per pass, the same loss function), so both process the same tokens.
 
 FLOPs counted per token of a pass (frozen base, so no weight gradients except the adapter's,
 which are negligible): 4 x the transformer body's parameters (forward 2, backward to the inputs 2),

@@ -127,7 +127,8 @@ def test_meta_step_benchmark_runs_small() -> None:
 
 @pytest.mark.timeout(300)
 def test_throughput_benchmark_runs_small() -> None:
-    out = _run("throughput.py", "--tiny", "--device", "cpu", "--reps", "1", "--intermediate", "256", "--profile", "--top", "5")
+    out = _run("throughput.py", "--tiny", "--device", "cpu", "--reps", "1", "--intermediate", "256",
+               "--profile", "--top", "5")
     assert out["meta_step"]["tokens_per_s"] > 0 and out["plain_loop"]["tokens_per_s"] > 0
     # the baseline a user would pick instead, on the same rows: Hugging Face Trainer + peft
     assert out["hf_trainer"]["tokens_per_s"] > 0 and out["hf_trainer"]["median_s"] > 0
