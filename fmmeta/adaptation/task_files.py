@@ -14,11 +14,10 @@ they never reach adaptation.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Literal, Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 from fmmeta.errors import UserInputError
 from fmmeta.tasks.choice_rows import OPTIONS_FIELD, gold_index, lettered, option_answers, question_options
@@ -156,21 +155,6 @@ class UserTask:
         return list(self.query_options) if self.query_options else [self.labels] * len(self.episode.query)
 
 
-@contextlib.contextmanager
-def _local_read() -> Iterator[None]:
-    """``datasets`` counts every ``load_dataset`` as a hub download with a HEAD request, local
-    files too: about 0.1 s per file offline (the request times out), so a hundred tasks' two hundred
-    files spent 20 s on it. A local file is no download: the count is off while one is read."""
-    from datasets import config
-
-    before = config.HF_UPDATE_DOWNLOAD_COUNTS
-    config.HF_UPDATE_DOWNLOAD_COUNTS = False
-    try:
-        yield
-    finally:
-        config.HF_UPDATE_DOWNLOAD_COUNTS = before
-
-
 def read_rows(data: Path | Sequence[Mapping[str, Any]], *, what: str) -> list[dict[str, Any]]:
     """The rows of a file (any format the task builders read) or of a list of dicts.
 
@@ -187,8 +171,7 @@ def read_rows(data: Path | Sequence[Mapping[str, Any]], *, what: str) -> list[di
         from fmmeta.tasks.data import read_dataset
 
         try:
-            with _local_read():
-                ds = read_dataset(str(path))
+            ds = read_dataset(str(path))  # with no network: it is a local file
         except (ValueError, OSError) as err:
             raise UserInputError(f"{what} {str(path)!r} cannot be read: {err}") from None
         rows = [dict(zip(ds.column_names, values)) for values in zip(*(column(ds, c) for c in ds.column_names))]

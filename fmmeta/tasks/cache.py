@@ -1,18 +1,23 @@
 """Tokenize a task source once, keep the ids on disk, and read them back memory-mapped.
 
 A collection of thousands of tasks takes minutes to tokenize and seconds to read, so tokenized
-ids are cached per source under a key made of the tokenizer, the source's data fingerprint (the
-one ``datasets`` computes for the files or hub revision it read) and the builder's arguments:
-change any of them and the key changes. The format is ``datasets``' own: ``Dataset.map`` does
-the tokenization (batched, ``num_proc`` workers for big sources, the key as its fingerprint) and
-``save_to_disk`` / ``load_from_disk`` write and memory-map the Arrow files. A folder is written
-under a temporary name and renamed when complete, so a reader never sees half a cache; one that
-cannot be read back (truncated, edited, another version) is logged, removed and rebuilt.
+ids are cached per source under a key made of the tokenizer, the source's data fingerprint and
+the builder's arguments: change any of them and the key changes.
+
+The format is the one a reader needs to leave the ids on disk: per ragged column (prompts,
+answers, options) one flat file of int32 ids and a ``.npy`` of row offsets, both memory-mapped
+when read, so tasks are views into the files (:class:`~fmmeta.tasks.ragged.RaggedIds`) and a
+rank's memory follows the rows its episodes touch, not the collection's size; the page cache is
+shared by every rank of the machine. Rows are tokenized in batches and appended as they come, so
+writing never holds more than a batch of ids either. A folder is written under a temporary name
+and renamed when complete, so a reader never sees half a cache; one that cannot be read back
+(truncated, edited, another version) is logged, removed and rebuilt.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -23,11 +28,14 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import numpy as np
 
+from fmmeta.progress import Progress
 from fmmeta.tasks.choice_rows import MultipleChoiceRows
 from fmmeta.tasks.classification import ClassificationTask, answer_word_ids
 from fmmeta.tasks.generation import GenerationTask
 from fmmeta.tasks.multiple_choice import MultipleChoiceTask
+from fmmeta.tasks.ragged import IDS_DTYPE, RaggedIds
 from fmmeta.tasks.rows import ClassificationRows, GenerationRows, TaskRows, tail_tokens, tasks_from_rows
 from fmmeta.tasks.spec import EpisodeSpec
 from fmmeta.tasks.task import Task
@@ -35,22 +43,16 @@ from fmmeta.tasks.tokens import OnTooLong, check_texts, encode, eos_ids
 
 logger = logging.getLogger(__name__)
 
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 """Bumped whenever the cached layout or the tokenization changes, so old caches miss."""
 
-PARALLEL_ROWS = 200_000
-"""Sources with at least this many rows are tokenized by several processes (``num_proc``)..."""
+BATCH_ROWS = 4096
+"""Rows tokenized per call: big enough for the tokenizer's batch speed, small enough that a
+source of millions of rows never holds more than one batch of ids as Python lists."""
 
-PARALLEL_CPUS = 4
-"""...on machines with at least this many CPUs: on 2 cores, worker start-up, sharded writes and
-the merge cost more than they save (100k rows: 18 s with 2 workers, 12 s without)."""
-
-_FEATURES = datasets.Features({
-    "prompt_ids": datasets.List(datasets.Value("int32")),
-    "answer_ids": datasets.List(datasets.Value("int32")),
-    "label": datasets.Value("int32"),
-    "option_ids": datasets.List(datasets.List(datasets.Value("int32"))),
-})  # fmt: skip
+_RAGGED = ("prompt", "answer", "option")
+"""The ragged arrays of a cache folder: ``<name>.ids`` (int32 values) and ``<name>.offsets.npy``.
+Options are ragged twice: ``option_rows.npy`` says which options belong to each row."""
 
 
 def default_cache_dir() -> str:
@@ -77,18 +79,6 @@ def cache_key(*parts: Any) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
-def _encode_batch(batch: dict[str, list[Any]], tokenizer: Any) -> dict[str, list[Any]]:
-    # Answers repeat (labels, short outputs): each distinct one is tokenized once.
-    distinct = list(dict.fromkeys([*batch["answer"], *(o for opts in batch["options"] for o in opts)]))
-    ids = dict(zip(distinct, encode(tokenizer, distinct)))
-    return {
-        "prompt_ids": encode(tokenizer, batch["prompt"]),
-        "answer_ids": [ids[a] for a in batch["answer"]],
-        "label": batch["label"],
-        "option_ids": [[ids[o] for o in opts] for opts in batch["options"]],
-    }
-
-
 def _task_meta(r: TaskRows, start: int, end: int) -> dict[str, Any]:
     """A task's entry in ``meta.json``: its rows' range, its kind, and what is not token ids
     (only a classification task has ``words``, ``class_names`` and ``pool``)."""
@@ -106,44 +96,73 @@ def _task_meta(r: TaskRows, start: int, end: int) -> dict[str, Any]:
     return meta
 
 
+class _RaggedWriter:
+    """Appends rows of ids to ``<name>.ids`` as they are tokenized; the offsets are written last."""
+
+    def __init__(self, folder: Path, name: str) -> None:
+        self.name = name
+        self._file = open(folder / f"{name}.ids", "wb")  # noqa: SIM115 (closed by finish)
+        self._lengths: list[np.ndarray] = []
+
+    def add(self, rows: Sequence[Sequence[int]]) -> None:
+        lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+        values = np.fromiter(itertools.chain.from_iterable(rows), dtype=IDS_DTYPE, count=int(lengths.sum()))
+        self._file.write(values.tobytes())
+        self._lengths.append(lengths)
+
+    def finish(self, folder: Path) -> int:
+        """Closes the values file, writes the offsets, returns the number of values."""
+        self._file.close()
+        offsets = np.concatenate([[0], np.cumsum(np.concatenate([np.zeros(0, np.int64), *self._lengths]))])
+        np.save(folder / f"{self.name}.offsets.npy", offsets.astype(np.int64))
+        return int(offsets[-1])
+
+
+def _tokenize_rows(r: TaskRows, tokenizer: Any, eos: list[int], out: dict[str, _RaggedWriter],
+                   labels: list[np.ndarray], option_counts: list[np.ndarray]) -> None:
+    """Tokenizes one task's rows batch by batch into the writers (answers and options with EOS)."""
+    check_texts(r.prompts, key="prompt", where=f"task {r.name!r}")
+    if isinstance(r, GenerationRows):
+        check_texts(r.answers, key="answer", where=f"task {r.name!r}")
+    for a in range(0, len(r.prompts), BATCH_ROWS):
+        b = min(a + BATCH_ROWS, len(r.prompts))
+        out["prompt"].add(encode(tokenizer, r.prompts[a:b]))
+        options = r.options[a:b] if isinstance(r, MultipleChoiceRows) else [[] for _ in range(a, b)]
+        answers = r.answers[a:b] if isinstance(r, GenerationRows) else []
+        # Answers and options repeat (labels, short outputs): each distinct one is tokenized once.
+        distinct = list(dict.fromkeys([*answers, *(o for opts in options for o in opts)]))
+        ids = {text: t + eos for text, t in zip(distinct, encode(tokenizer, distinct))}
+        out["answer"].add([ids[x] for x in answers] if answers else [[] for _ in range(a, b)])
+        out["option"].add([ids[o] for opts in options for o in opts])
+        option_counts.append(np.fromiter(map(len, options), dtype=np.int64, count=b - a))
+        labels.append(np.full(b - a, -1, np.int32) if isinstance(r, GenerationRows)
+                      else np.asarray(r.labels[a:b], dtype=np.int32))
+
+
 def _write(folder: Path, rows: Sequence[TaskRows], tokenizer: Any, key: str) -> None:
-    """Tokenizes ``rows`` with ``Dataset.map`` and writes the cache folder atomically."""
-    prompts: list[str] = []
-    answers: list[str] = []
-    labels: list[int] = []
-    options: list[list[str]] = []
-    meta: list[dict[str, Any]] = []
-    for r in rows:
-        check_texts(r.prompts, key="prompt", where=f"task {r.name!r}")
-        start = len(prompts)
-        prompts.extend(r.prompts)
-        if isinstance(r, GenerationRows):
-            check_texts(r.answers, key="answer", where=f"task {r.name!r}")
-            answers.extend(r.answers)
-            labels.extend([-1] * len(r.prompts))
-        else:
-            answers.extend([""] * len(r.prompts))
-            labels.extend(r.labels)
-        options.extend(r.options if isinstance(r, MultipleChoiceRows) else [[] for _ in r.prompts])
-        meta.append(_task_meta(r, start, len(prompts)))
-    texts = datasets.Dataset.from_dict({"prompt": prompts, "answer": answers, "label": labels, "options": options},
-                                       features=datasets.Features({
-                                           "prompt": datasets.Value("string"), "answer": datasets.Value("string"),
-                                           "label": datasets.Value("int32"),
-                                           "options": datasets.List(datasets.Value("string"))}))
-    cpus = os.cpu_count() or 1
-    parallel = len(texts) >= PARALLEL_ROWS and cpus >= PARALLEL_CPUS
-    ids = texts.map(
-        _encode_batch, batched=True, batch_size=2000, fn_kwargs={"tokenizer": tokenizer},
-        remove_columns=["prompt", "answer", "options"], features=_FEATURES, new_fingerprint=key,
-        num_proc=min(cpus // 2, 8) if parallel else None,
-        desc=f"tokenizing {len(texts)} examples",
-    )  # fmt: skip
+    """Tokenizes ``rows`` in batches straight into the cache's files and publishes the folder
+    atomically (written under a temporary name, then renamed)."""
+    eos = list(eos_ids(tokenizer))
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    total = sum(len(r.prompts) for r in rows)
+    progress = Progress(f"tokenizing {folder.name[:8]}", total, "rows")
     try:
-        ids.save_to_disk(str(tmp / "data"))
-        info = {"version": CACHE_VERSION, "key": key, "n_rows": len(ids), "tasks": meta}
+        out = {name: _RaggedWriter(tmp, name) for name in _RAGGED}
+        labels: list[np.ndarray] = []
+        option_counts: list[np.ndarray] = []
+        meta: list[dict[str, Any]] = []
+        start = 0
+        for r in rows:
+            _tokenize_rows(r, tokenizer, eos, out, labels, option_counts)
+            meta.append(_task_meta(r, start, start + len(r.prompts)))
+            start += len(r.prompts)
+            progress.advance(len(r.prompts))
+        values = {name: w.finish(tmp) for name, w in out.items()}
+        np.save(tmp / "label.npy", np.concatenate([np.zeros(0, np.int32), *labels]))
+        counts = np.concatenate([np.zeros(0, np.int64), *option_counts])
+        np.save(tmp / "option_rows.npy", np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
+        info = {"version": CACHE_VERSION, "key": key, "n_rows": start, "values": values, "tasks": meta}
         (tmp / "meta.json").write_text(json.dumps(info), encoding="utf-8")
         if folder.exists():  # another process finished the same key first: same content
             shutil.rmtree(tmp)
@@ -154,27 +173,51 @@ def _write(folder: Path, rows: Sequence[TaskRows], tokenizer: Any, key: str) -> 
         raise
 
 
-def _read(folder: Path, key: str) -> tuple[datasets.Dataset, list[dict[str, Any]]]:
+class _Cached:
+    """A cache folder's arrays, memory-mapped: nothing is read until a row is."""
+
+    def __init__(self, folder: Path, info: dict[str, Any]) -> None:
+        n = info["n_rows"]
+        self.ragged: dict[str, RaggedIds] = {}
+        for name in _RAGGED:
+            offsets = np.load(folder / f"{name}.offsets.npy", mmap_mode="r")
+            count = info["values"][name]
+            path = folder / f"{name}.ids"
+            if path.stat().st_size != count * np.dtype(IDS_DTYPE).itemsize or int(offsets[-1]) != count:
+                raise ValueError(f"{path.name} holds {path.stat().st_size} bytes, not {count} ids")
+            values = np.memmap(path, dtype=IDS_DTYPE, mode="r", shape=(count,)) if count else np.zeros(0, IDS_DTYPE)
+            self.ragged[name] = RaggedIds.from_offsets(values, offsets)
+        self.labels = np.load(folder / "label.npy", mmap_mode="r")
+        self.option_rows = np.load(folder / "option_rows.npy", mmap_mode="r")
+        if not (len(self.ragged["prompt"]) == len(self.ragged["answer"]) == len(self.labels) == n
+                and len(self.option_rows) == n + 1 and int(self.option_rows[-1]) == len(self.ragged["option"])):
+            raise ValueError(f"cache arrays disagree with its {n} rows")
+
+    def rows(self, name: str, a: int, b: int) -> RaggedIds:
+        """Rows ``a:b`` of a ragged array, as a view."""
+        r = self.ragged[name]
+        return RaggedIds(r.values, r.starts[a:b], r.ends[a:b])
+
+    def options(self, a: int, b: int) -> list[list[tuple[int, ...]]]:
+        """Each of rows ``a:b``'s options as ids (multiple-choice tasks keep them as tuples)."""
+        opts, at = self.ragged["option"], self.option_rows
+        return [[opts.row(k) for k in range(at[i], at[i + 1])] for i in range(a, b)]
+
+
+def _read(folder: Path, key: str) -> tuple[_Cached, list[dict[str, Any]]]:
     """The cached ids (memory-mapped) and task metadata; raises on anything inconsistent."""
     info = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
     if info.get("version") != CACHE_VERSION or info.get("key") != key:
         raise ValueError(f"cache holds key {info.get('key')!r} version {info.get('version')!r}")
-    ds = datasets.load_from_disk(str(folder / "data"))
-    if len(ds) != info["n_rows"] or set(ds.column_names) != set(_FEATURES):
-        raise ValueError(f"cache holds {len(ds)} rows / columns {ds.column_names}")
-    return ds, info["tasks"]
+    return _Cached(folder, info), info["tasks"]
 
 
 def _assemble(
-    ds: datasets.Dataset, meta: list[dict[str, Any]], tokenizer: Any, *, max_length: int,
+    cached: _Cached, meta: list[dict[str, Any]], tokenizer: Any, *, max_length: int,
     on_too_long: OnTooLong, separator: str,
 ) -> list[Task]:
-    """Tasks from cached ids: the words of classification tasks are tokenized here (a handful)."""
-    prompt_ids = ds.data.column("prompt_ids").to_pylist()
-    answer_ids = ds.data.column("answer_ids").to_pylist()
-    labels = ds.data.column("label").to_pylist()
-    option_ids = ds.data.column("option_ids").to_pylist()
-    eos = list(eos_ids(tokenizer))
+    """Tasks over the cached ids (views, no copy): the words of classification tasks are
+    tokenized here (a handful)."""
     separator_ids = encode(tokenizer, [separator])[0] if separator else []
     tasks: list[Task] = []
     for m in meta:
@@ -184,24 +227,25 @@ def _assemble(
         # folder) is the same, so they are read as they are rather than rebuilt.
         family = m["family"] if "family" in m else m["domain"]
         spec = EpisodeSpec(**{**m["spec"], "label_pool": tuple(m["spec"]["label_pool"] or ()) or None})
+        prompts = cached.rows("prompt", a, b)
         if m.get("kind") == "multiple_choice":
             tasks.append(MultipleChoiceTask.from_ids(
-                m["name"], prompt_ids[a:b], [[o + eos for o in opts] for opts in option_ids[a:b]],
-                labels[a:b], spec=spec, family=family, max_length=max_length,
+                m["name"], [prompts.row(i) for i in range(len(prompts))], cached.options(a, b),
+                cached.labels[a:b].tolist(), spec=spec, family=family, max_length=max_length,
                 on_too_long=on_too_long, separator_ids=separator_ids, tail_tokens=tail,
             ))  # fmt: skip
         elif m["words"] is not None:
             words = answer_word_ids(tokenizer, [*m["words"], *(m["pool"] or ())])
             tasks.append(ClassificationTask.from_ids(
-                m["name"], prompt_ids[a:b], labels[a:b], words[: len(m["words"])],
+                m["name"], prompts, cached.labels[a:b], words[: len(m["words"])],
                 class_names=m["class_names"], spec=spec, pool_answers=words[len(m["words"]):],
                 family=family, max_length=max_length, separator_ids=separator_ids, tail_tokens=tail,
             ))  # fmt: skip
         else:
             tasks.append(GenerationTask.from_ids(
-                m["name"], prompt_ids[a:b], [x + eos for x in answer_ids[a:b]], spec=spec,
-                family=family, max_length=max_length, on_too_long=on_too_long,
-                separator_ids=separator_ids, tail_tokens=tail,
+                m["name"], prompts, cached.rows("answer", a, b), spec=spec, family=family,
+                max_length=max_length, on_too_long=on_too_long, separator_ids=separator_ids,
+                tail_tokens=tail,
             ))  # fmt: skip
     return tasks
 
@@ -238,8 +282,8 @@ def cached_tasks(
     folder = Path(cache_dir) / key
     if folder.exists():
         try:
-            ds, meta = _read(folder, key)
-            return _assemble(ds, meta, tokenizer, max_length=max_length,
+            cached, meta = _read(folder, key)
+            return _assemble(cached, meta, tokenizer, max_length=max_length,
                              on_too_long=on_too_long, separator=separator), True  # fmt: skip
         except Exception as err:  # any unreadable cache means the same thing: rebuild it
             logger.warning("task cache %s is unreadable (%s: %s): rebuilding it", folder,
@@ -250,8 +294,8 @@ def cached_tasks(
         return tasks_from_rows(rows, tokenizer, max_length=max_length, on_too_long=on_too_long,
                                separator=separator), False  # fmt: skip
     _write(folder, rows, tokenizer, key)
-    ds, meta = _read(folder, key)
-    return _assemble(ds, meta, tokenizer, max_length=max_length, on_too_long=on_too_long,
+    cached, meta = _read(folder, key)
+    return _assemble(cached, meta, tokenizer, max_length=max_length, on_too_long=on_too_long,
                      separator=separator), False  # fmt: skip
 
 

@@ -19,13 +19,14 @@ from typing import Any
 import numpy as np
 
 from fmmeta.tasks.episode import Episode, Example
-from fmmeta.tasks.generation import check_task_name, example_lengths, no_examples_error
+from fmmeta.tasks.generation import check_task_name, no_examples_error
+from fmmeta.tasks.ragged import LazyExamples, RaggedIds
 from fmmeta.tasks.spec import EpisodeSpec
 from fmmeta.tasks.tokens import (
     OnTooLong,
     as_ids,
     check_budget,
-    check_nonempty_ids,
+    check_rows,
     check_texts,
     encode,
     eos_ids,
@@ -60,8 +61,8 @@ class ClassificationTask:
         self,
         name: str,
         *,
-        prompts: Sequence[Sequence[int]],
-        labels: Sequence[int],
+        prompts: RaggedIds | Sequence[Sequence[int]],
+        labels: Sequence[int] | np.ndarray,
         class_answers: Sequence[Sequence[int]],
         class_names: Sequence[str],
         spec: EpisodeSpec,
@@ -75,8 +76,9 @@ class ClassificationTask:
         self.spec = spec
         self.separator_ids = tuple(int(t) for t in separator_ids)
         self.n_cut = n_cut  # prompts cut from the left while building, to fit the token budget
-        if not prompts:
+        if not len(prompts):
             raise no_examples_error(name, 0)
+        self._prompts = RaggedIds.of(prompts)
         self._labels = _check_labels(name, labels, len(prompts), len(class_answers))
         self._class_answers = tuple(as_ids(a) for a in class_answers)
         self.class_names: tuple[str, ...] = _check_class_names(name, class_names, len(class_answers))
@@ -95,10 +97,8 @@ class ClassificationTask:
                 "Lower ways, shots or query, or add examples"
             )
         self._pool_answers = _check_pool(name, spec, pool_answers, self.ways)
-        self._examples = tuple(
-            Example(as_ids(p), self._class_answers[c], int(c)) for p, c in zip(prompts, self._labels)
-        )
-        self._lengths = example_lengths(self._examples)
+        answer_lengths = np.array([len(a) for a in self._class_answers], dtype=np.int64)
+        self._lengths = self._prompts.lengths + answer_lengths[self._labels]
 
     # ------------------------------------------------------------------ construction
 
@@ -169,8 +169,8 @@ class ClassificationTask:
     def from_ids(
         cls,
         name: str,
-        prompt_ids: Sequence[Sequence[int]],
-        labels: Sequence[int],
+        prompt_ids: RaggedIds | Sequence[Sequence[int]],
+        labels: Sequence[int] | np.ndarray,
         class_answers: Sequence[Sequence[int]],
         *,
         class_names: Sequence[str],
@@ -223,22 +223,21 @@ class ClassificationTask:
                 f"max_length={max_length} leaves no room for it plus one prompt token: raise "
                 f"max_length to at least {longest + 1} or use shorter label words"
             )
-        kept_p: list[Sequence[int]] = []
-        for i, p in enumerate(prompt_ids):
-            check_nonempty_ids(where, i, p, prompt_texts[i] if prompt_texts is not None else None)
-            kept_p.append(p[-(max_length - longest) :])  # room >= 1 checked above
-        cut = sum(len(k) < len(p) for k, p in zip(kept_p, prompt_ids))
-        log_cut(where, cut, len(prompt_ids), max_length, shortest=max_length - longest, tail_tokens=tail_tokens)
+        prompts = RaggedIds.of(prompt_ids)
+        room = max_length - longest  # >= 1, checked above
+        check_rows(where, prompts.lengths, None, np.zeros(len(prompts), dtype=np.int64), max_length, prompt_texts)
+        cut = int((prompts.lengths > room).sum())
+        log_cut(where, cut, len(prompt_ids), max_length, shortest=room, tail_tokens=tail_tokens)
         return cls(
-            name, prompts=kept_p, labels=list(labels), class_answers=class_answers,
-            class_names=list(class_names), pool_answers=pool, spec=spec, family=family,
-            separator_ids=separator_ids, n_cut=cut,
+            name, prompts=prompts.keep_last(room) if cut else prompts, labels=labels,
+            class_answers=class_answers, class_names=list(class_names), pool_answers=pool, spec=spec,
+            family=family, separator_ids=separator_ids, n_cut=cut,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ access
 
     def __len__(self) -> int:
-        return len(self._examples)
+        return len(self._prompts)
 
     def __repr__(self) -> str:
         return (
@@ -247,9 +246,14 @@ class ClassificationTask:
         )
 
     @property
-    def examples(self) -> tuple[Example, ...]:
-        """All cached examples (labels index :attr:`class_names`)."""
-        return self._examples
+    def examples(self) -> Sequence[Example]:
+        """All examples, each made when read (labels index :attr:`class_names`)."""
+        return LazyExamples(len(self), self._example)
+
+    def _example(self, i: int) -> Example:
+        """Example ``i``: its prompt, its class's answer and its class."""
+        c = int(self._labels[i])
+        return Example(self._prompts.row(i), self._class_answers[c], c)
 
     @property
     def lengths(self) -> np.ndarray:
@@ -276,7 +280,7 @@ class ClassificationTask:
                 "(its words were not tokenized at build time); rebuild the task with that pool"
             )
         return ClassificationTask(
-            self.name, prompts=[e.prompt_ids for e in self._examples], labels=self._labels.tolist(),
+            self.name, prompts=self._prompts, labels=self._labels,
             class_answers=self._class_answers, class_names=self.class_names, spec=spec,
             pool_answers=self._pool_answers if spec.remap_labels else (), family=self.family,
             separator_ids=self.separator_ids, n_cut=self.n_cut,
@@ -300,15 +304,15 @@ class ClassificationTask:
             choices = tuple(self._pool_answers[w] for w in words)
         else:
             choices = tuple(self._class_answers[c] for c in classes)
-        examples = self._examples
+        prompts = self._prompts
         support: list[Example] = []
         query: list[Example] = []
         for local, c in enumerate(classes):
             members = self._by_class[c]
             picked = members[rng.choice(members.size, size=spec.per_class, replace=False)]
             answer = choices[local]
-            support.extend(Example(examples[i].prompt_ids, answer, local) for i in picked[: spec.shots])
-            query.extend(Example(examples[i].prompt_ids, answer, local) for i in picked[spec.shots :])
+            support.extend(Example(prompts.row(i), answer, local) for i in picked[: spec.shots])
+            query.extend(Example(prompts.row(i), answer, local) for i in picked[spec.shots :])
         # Interleave classes in a random order so a support set is not sorted by class.
         s_order = rng.permutation(len(support))
         q_order = rng.permutation(len(query))
@@ -329,7 +333,7 @@ def answer_word_ids(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
     return [a + eos for a in encode(tokenizer, texts)]
 
 
-def _check_labels(name: str, labels: Sequence[int], n_prompts: int, n_classes: int) -> np.ndarray:
+def _check_labels(name: str, labels: Sequence[int] | np.ndarray, n_prompts: int, n_classes: int) -> np.ndarray:
     """The labels as an int array, after checking one per prompt, each a class index."""
     if len(labels) != n_prompts:
         raise ValueError(

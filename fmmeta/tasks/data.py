@@ -9,10 +9,11 @@ itself (a missing split, a file that does not exist, an unreachable hub) surface
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Union
 
@@ -32,6 +33,25 @@ SAVED_MARKERS = ("state.json", "dataset_dict.json")
 
 SPLIT_FOLDERS = frozenset({"train", "validation", "valid", "val", "dev", "test"})
 """Folder names that name a split, not a dataset (a task is then named by the folder above)."""
+
+
+@contextlib.contextmanager
+def local_read() -> Iterator[None]:
+    """No network while local data is read.
+
+    ``datasets`` counts every ``load_dataset`` as a hub download with a HEAD request, local files
+    too. Offline the request costs a timeout per call (0.1 s where the name fails fast, minutes
+    where name resolution hangs, with no output); a local file is no download, so the count is off
+    while one is read (``HF_HUB_OFFLINE`` would also refuse the hub reads a user asked for).
+    """
+    from datasets import config
+
+    before = config.HF_UPDATE_DOWNLOAD_COUNTS
+    config.HF_UPDATE_DOWNLOAD_COUNTS = False
+    try:
+        yield
+    finally:
+        config.HF_UPDATE_DOWNLOAD_COUNTS = before
 
 
 def is_saved_dataset(path: str | os.PathLike) -> bool:
@@ -145,7 +165,8 @@ def _load_saved(path: str, split: str | None) -> datasets.Dataset:
     """The rows of a ``save_to_disk`` folder (memory-mapped, not copied), ``split`` picking or
     checking the split."""
     try:
-        loaded = datasets.load_from_disk(path)
+        with local_read():
+            loaded = datasets.load_from_disk(path)
     except Exception as err:  # a torn folder raises FileNotFoundError, ArrowInvalid, json errors
         raise ValueError(
             f"data={path!r} is a save_to_disk folder that could not be read ({type(err).__name__}: "
@@ -201,13 +222,14 @@ def _load_files(
     # with its time kept (cp -p, rsync -a, tar) came back with its old rows; the content digest as
     # the config name keys the cache (and the fingerprint every later cache uses) on the bytes.
     try:
-        ds = datasets.load_dataset(
-            kinds[0],
-            name=f"content-{content_digest(paths)}",
-            data_files={"train": paths},
-            split="train",
-            cache_dir=os.fspath(cache_dir) if cache_dir is not None else None,
-        )
+        with local_read():
+            ds = datasets.load_dataset(
+                kinds[0],
+                name=f"content-{content_digest(paths)}",
+                data_files={"train": paths},
+                split="train",
+                cache_dir=os.fspath(cache_dir) if cache_dir is not None else None,
+            )
     except Exception as err:  # datasets raises StopIteration, ArrowInvalid, its own types
         # Its messages name neither the file nor the line, so find them ourselves (only on failure:
         # parsing every good file twice would double the load time of large data).

@@ -15,19 +15,17 @@ from typing import Any
 import numpy as np
 
 from fmmeta.tasks.episode import Episode, Example
+from fmmeta.tasks.ragged import LazyExamples, RaggedIds
 from fmmeta.tasks.spec import EpisodeSpec
 from fmmeta.tasks.tokens import (
     OnTooLong,
-    as_ids,
     check_budget,
-    check_nonempty_ids,
+    check_rows,
     check_texts,
     encode,
     eos_ids,
-    fit_prompt,
     log_cut,
     log_dropped,
-    too_long_error,
 )
 
 
@@ -47,20 +45,20 @@ def no_examples_error(name: str, n_dropped: int) -> ValueError:
     )
 
 
-def example_lengths(examples: Sequence[Example]) -> np.ndarray:
-    """Token count of each example (prompt + answer), as the cost models read them."""
-    return np.fromiter((ex.n_tokens for ex in examples), dtype=np.int64, count=len(examples))
-
-
 class ExamplePool:
     """What the task types that draw ``shots + query`` examples without overlap share (generation
-    and multiple choice): the cached examples, their lengths and the episode draw. A subclass
-    sets ``name``, ``spec``, ``separator_ids``, ``_examples`` and ``_lengths`` when it is built."""
+    and multiple choice): the examples' ids, their lengths and the episode draw. A subclass sets
+    ``name``, ``spec``, ``separator_ids`` and, through :meth:`_keep`, the examples, when it is built.
+
+    The ids stay as :class:`~fmmeta.tasks.ragged.RaggedIds` (a view of the memory-mapped cache for
+    a task read from it); an episode makes ``Example`` objects of the rows it draws only.
+    """
 
     name: str
     spec: EpisodeSpec
     separator_ids: tuple[int, ...]
-    _examples: tuple[Example, ...]
+    _prompts: RaggedIds
+    _answers: RaggedIds
     _lengths: np.ndarray
 
     def _begin(self, name: str, spec: EpisodeSpec, *, family: str, separator_ids: Sequence[int], n_dropped: int,
@@ -82,26 +80,31 @@ class ExamplePool:
                 "use EpisodeSpec(shots=..., query=...)"
             )
 
-    def _keep(self, examples: Sequence[Example], noun: str) -> None:
-        """Keeps ``examples`` (``noun``: what the message calls them), refusing too few for one episode."""
-        self._examples = tuple(examples)
+    def _keep(self, prompts: RaggedIds, answers: RaggedIds, noun: str) -> None:
+        """Keeps the examples' ids (``noun``: what the message calls them), refusing too few for
+        one episode."""
+        self._prompts, self._answers = prompts, answers
         spec = self.spec
-        if len(self._examples) < spec.per_class:
+        if len(prompts) < spec.per_class:
             raise ValueError(
-                f"task {self.name!r} has {len(self._examples)} {noun} but an episode needs "
+                f"task {self.name!r} has {len(prompts)} {noun} but an episode needs "
                 f"shots + query = {spec.shots} + {spec.query} = {spec.per_class} without "
                 "overlap" + (f" ({self.n_dropped} dropped as too long for max_length)" if self.n_dropped else "")
                 + f": add {noun}, lower shots/query, or drop the task"
             )
-        self._lengths = example_lengths(self._examples)
+        self._lengths = prompts.lengths + answers.lengths
+
+    def _example(self, i: int) -> Example:
+        """Example ``i``, made from its ids."""
+        return Example(self._prompts.row(i), self._answers.row(i))
 
     def __len__(self) -> int:
-        return len(self._examples)
+        return len(self._prompts)
 
     @property
-    def examples(self) -> tuple[Example, ...]:
-        """All cached examples."""
-        return self._examples
+    def examples(self) -> Sequence[Example]:
+        """All examples (each made when read)."""
+        return LazyExamples(len(self), self._example)
 
     @property
     def lengths(self) -> np.ndarray:
@@ -123,12 +126,11 @@ class ExamplePool:
             rng: the caller's generator; the only source of randomness.
         """
         spec = self.spec
-        idx = rng.choice(len(self._examples), size=spec.per_class, replace=False)
-        ex = self._examples
+        idx = rng.choice(len(self), size=spec.per_class, replace=False)
         return Episode(
             task=self.name,
-            support=tuple(ex[i] for i in idx[: spec.shots]),
-            query=tuple(ex[i] for i in idx[spec.shots :]),
+            support=tuple(self._example(i) for i in idx[: spec.shots]),
+            query=tuple(self._example(i) for i in idx[spec.shots :]),
             shots=spec.shots,
             separator_ids=self.separator_ids,
         )
@@ -158,8 +160,8 @@ class GenerationTask(ExamplePool):
         self,
         name: str,
         *,
-        prompts: Sequence[Sequence[int]],
-        answers: Sequence[Sequence[int]],
+        prompts: RaggedIds | Sequence[Sequence[int]],
+        answers: RaggedIds | Sequence[Sequence[int]],
         spec: EpisodeSpec,
         family: str = "",
         separator_ids: Sequence[int] = (),
@@ -173,7 +175,7 @@ class GenerationTask(ExamplePool):
                 f"task {name!r}: {len(prompts)} prompts but {len(answers)} answers; "
                 "give one answer per prompt"
             )
-        self._keep([Example(as_ids(p), as_ids(a)) for p, a in zip(prompts, answers)], "examples")
+        self._keep(RaggedIds.of(prompts), RaggedIds.of(answers), "examples")
 
     # ------------------------------------------------------------------ construction
 
@@ -242,8 +244,8 @@ class GenerationTask(ExamplePool):
     def from_ids(
         cls,
         name: str,
-        prompt_ids: Sequence[Sequence[int]],
-        answer_ids: Sequence[Sequence[int]],
+        prompt_ids: RaggedIds | Sequence[Sequence[int]],
+        answer_ids: RaggedIds | Sequence[Sequence[int]],
         *,
         spec: EpisodeSpec,
         family: str = "",
@@ -276,27 +278,22 @@ class GenerationTask(ExamplePool):
             raise ValueError(
                 f"{where}: {len(prompt_ids)} prompts but {len(answer_ids)} answers; give one per prompt"
             )
-        kept_p: list[Sequence[int]] = []
-        kept_a: list[Sequence[int]] = []
-        dropped = cut = 0
-        shortest = max_length
-        for i, (p, a) in enumerate(zip(prompt_ids, answer_ids)):
-            check_nonempty_ids(where, i, p, prompt_texts[i] if prompt_texts is not None else None)
-            fitted = fit_prompt(p, len(a), max_length)
-            if fitted is None:
-                if on_too_long == "error":
-                    raise too_long_error(where, i, len(a), max_length)
-                dropped += 1
-                continue
-            kept_p.append(fitted)
-            kept_a.append(a)
-            if len(fitted) < len(p):
-                cut, shortest = cut + 1, min(shortest, len(fitted))
+        prompts, answers = RaggedIds.of(prompt_ids), RaggedIds.of(answer_ids)
+        room = max_length - answers.lengths  # a causal LM needs one prompt token before the answer
+        fits = room >= 1
+        check_rows(where, prompts.lengths, None if on_too_long == "drop" else fits, answers.lengths,
+                   max_length, prompt_texts)
+        dropped = int((~fits).sum())
+        if dropped:
+            prompts, answers, room = prompts.take(fits), answers.take(fits), room[fits]
+        over = prompts.lengths > room
+        cut = int(over.sum())
         log_dropped(where, dropped, len(prompt_ids), max_length)
-        log_cut(where, cut, len(prompt_ids), max_length, shortest=shortest, tail_tokens=tail_tokens)
+        log_cut(where, cut, len(prompt_ids), max_length, shortest=int(room[over].min()) if cut else max_length,
+                tail_tokens=tail_tokens)
         return cls(
-            name, prompts=kept_p, answers=kept_a, spec=spec, family=family,
-            separator_ids=separator_ids, n_dropped=dropped, n_cut=cut,
+            name, prompts=prompts.keep_last(room) if cut else prompts, answers=answers, spec=spec,
+            family=family, separator_ids=separator_ids, n_dropped=dropped, n_cut=cut,
         )  # fmt: skip
 
     def __repr__(self) -> str:
@@ -308,12 +305,10 @@ class GenerationTask(ExamplePool):
         Raises:
             ValueError: if the task cannot supply an episode of ``spec``.
         """
-        ex = self._examples
         return GenerationTask(
-            self.name, prompts=[e.prompt_ids for e in ex], answers=[e.answer_ids for e in ex],
-            spec=spec, family=self.family, separator_ids=self.separator_ids, n_dropped=self.n_dropped,
+            self.name, prompts=self._prompts, answers=self._answers, spec=spec, family=self.family, separator_ids=self.separator_ids, n_dropped=self.n_dropped,
             n_cut=self.n_cut,
         )  # fmt: skip
 
 
-__all__ = ["ExamplePool", "GenerationTask", "check_task_name", "example_lengths", "no_examples_error"]
+__all__ = ["ExamplePool", "GenerationTask", "check_task_name", "no_examples_error"]

@@ -20,6 +20,7 @@ import numpy as np
 
 from fmmeta.tasks.episode import Example
 from fmmeta.tasks.generation import ExamplePool
+from fmmeta.tasks.ragged import RaggedIds
 from fmmeta.tasks.spec import EpisodeSpec
 from fmmeta.tasks.tokens import (
     OnTooLong,
@@ -77,8 +78,15 @@ class MultipleChoiceTask(ExamplePool):
                 f"task {name!r}: {len(prompts)} prompts, {len(options)} option lists and "
                 f"{len(labels)} labels; give one of each per question"
             )
-        self._keep([_question(name, i, p, opts, label) for i, (p, opts, label) in enumerate(zip(prompts, options, labels))],
-                   "questions")
+        # Questions stay Example objects: each carries its own options, and multiple-choice sets
+        # (ARC, MMLU, HellaSwag) are thousands of rows, not millions.
+        self._questions = tuple(_question(name, i, p, opts, label)
+                                for i, (p, opts, label) in enumerate(zip(prompts, options, labels)))
+        self._keep(RaggedIds.from_lists([q.prompt_ids for q in self._questions]),
+                   RaggedIds.from_lists([q.answer_ids for q in self._questions]), "questions")
+
+    def _example(self, i: int) -> Example:
+        return self._questions[i]
 
     @classmethod
     def from_ids(
@@ -141,7 +149,7 @@ class MultipleChoiceTask(ExamplePool):
 
     def with_spec(self, spec: EpisodeSpec) -> MultipleChoiceTask:
         """The same cached ids with another episode shape (e.g. more queries to evaluate)."""
-        ex = self._examples
+        ex = self._questions
         return MultipleChoiceTask(
             self.name, prompts=[e.prompt_ids for e in ex], options=[e.options or () for e in ex],
             labels=[-1 if e.label is None else e.label for e in ex], spec=spec, family=self.family,

@@ -26,6 +26,7 @@ import numpy as np
 from fmmeta.tasks.classification import ClassificationTask
 from fmmeta.tasks.generation import GenerationTask
 from fmmeta.tasks.multiple_choice import MultipleChoiceTask
+from fmmeta.tasks.ragged import RaggedIds
 from fmmeta.tasks.spec import EpisodeSpec
 from fmmeta.tasks.tokens import OnTooLong, check_texts, encode, ensure_pad_token, eos_ids
 
@@ -43,6 +44,12 @@ def tasks_fingerprint(tasks: Iterable[Any]) -> str:
     digest = xxhash.xxh3_64()
     for task in tasks:
         digest.update(task.name.encode("utf-8") + b"\0")
+        prompts = getattr(task, "_prompts", None)
+        if isinstance(prompts, RaggedIds) and not isinstance(task, ClassificationTask):
+            answers = task._answers  # read from the ids, not through a million Example objects
+            for i in range(len(prompts)):
+                digest.update(prompts.row_bytes(i) + b"|" + answers.row_bytes(i) + b";")
+            continue
         for example in getattr(task, "examples", ()):
             digest.update(np.asarray(example.prompt_ids, dtype=np.int64).tobytes() + b"|")
             digest.update(np.asarray(example.answer_ids, dtype=np.int64).tobytes() + b";")

@@ -10,6 +10,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any, Literal
 
+import numpy as np
+
 logger = logging.getLogger(__name__)
 
 OnTooLong = Literal["drop", "error"]
@@ -146,6 +148,27 @@ def check_nonempty_ids(where: str, i: int, ids: Sequence[int], text: str | None)
         raise ValueError(f"{where}: prompt[{i}]{shown} tokenizes to no tokens: give it visible text")
 
 
+def check_rows(
+    where: str, prompt_lengths: np.ndarray, fits: np.ndarray | None, answer_lengths: np.ndarray,
+    max_length: int, prompt_texts: Sequence[str] | None = None,
+) -> None:
+    """Refuses the first row, in order, whose prompt is empty or (where ``fits`` is given, i.e.
+    ``on_too_long="error"``) whose answer leaves no room for a prompt token.
+
+    Raises:
+        ValueError: :func:`check_nonempty_ids`'s or :func:`too_long_error`'s, for that row.
+    """
+    bad = prompt_lengths == 0
+    if fits is not None:
+        bad = bad | ~fits
+    if not bad.any():
+        return
+    i = int(np.argmax(bad))
+    if prompt_lengths[i] == 0:
+        check_nonempty_ids(where, i, (), prompt_texts[i] if prompt_texts is not None else None)
+    raise too_long_error(where, i, int(answer_lengths[i]), max_length)
+
+
 def log_cut(where: str, cut: int, total: int, max_length: int, *, shortest: int = 0, tail_tokens: int = 0) -> None:
     """One warning per task for the prompts cut from the left to fit ``max_length``: their opening
     tokens (the template's start, often the instruction or the text itself) are gone, which the
@@ -188,6 +211,7 @@ __all__ = [
     "budget_problems",
     "check_budget",
     "check_nonempty_ids",
+    "check_rows",
     "check_texts",
     "encode",
     "ensure_pad_token",

@@ -79,12 +79,23 @@ def environment() -> dict[str, str]:
     return env
 
 
+def offline(log: Path) -> dict[str, str]:
+    """The environment of a run with no network: every process loads ``tests/offline``'s
+    sitecustomize, which refuses and records in ``log`` each look-up or connect off this machine."""
+    env = environment()
+    env.update(PYTHONPATH=os.pathsep.join([str(REPO / "tests" / "offline"), env["PYTHONPATH"]]),
+               FMMETA_NETWORK_LOG=str(log))
+    return env
+
+
 def run(launcher: str, args: list[str], *, nprocs: int = 1, timeout_s: float = 180.0,
-        check: bool = True, script_path: Path = TRAIN) -> subprocess.CompletedProcess[str]:
+        check: bool = True, script_path: Path = TRAIN, env: dict[str, str] | None = None,
+        ) -> subprocess.CompletedProcess[str]:
     """Runs the recipe to the end; output is stdout and stderr together. With ``check`` a non-zero
-    exit or a run past ``timeout_s`` (a hang) raises ``AssertionError`` with the output tail."""
+    exit or a run past ``timeout_s`` (a hang) raises ``AssertionError`` with the output tail.
+    ``env`` replaces :func:`environment` (e.g. :func:`offline`)."""
     cmd = command(launcher, args, nprocs=nprocs, script_path=script_path)
-    proc = subprocess.Popen(cmd, cwd=REPO, env=environment(), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env or environment(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout_s)

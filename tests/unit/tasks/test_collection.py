@@ -291,16 +291,17 @@ def test_cache_misses_after_a_changed_template(tmp_path: Path) -> None:
 
 def test_corrupt_cache_is_rebuilt(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     cfg = _one_source(tmp_path)
-    first = _by_name(_build(cfg))
+    # As lists: the tasks read the cache in place, and the cut below edits the file they map.
+    first = {n: list(t.examples) for n, t in _by_name(_build(cfg)).items()}
     (folder,) = _cache_folders(tmp_path)
-    (arrow,) = (folder / "data").glob("*.arrow")
-    arrow.write_bytes(arrow.read_bytes()[:100])  # a write cut short
+    ids = folder / "prompt.ids"
+    ids.write_bytes(ids.read_bytes()[:100])  # a write cut short
     with caplog.at_level(logging.WARNING, logger="fmmeta.tasks.cache"):
         again = _by_name(_build(cfg))
     assert "is unreadable" in caplog.text and "rebuilding it" in caplog.text
-    assert {n: t.examples for n, t in again.items()} == {n: t.examples for n, t in first.items()}
+    assert {n: t.examples for n, t in again.items()} == first
     assert _cache_folders(tmp_path) == [folder]  # rebuilt in place, readable again
-    assert _by_name(_build(cfg))["echo"].examples == first["echo"].examples
+    assert _by_name(_build(cfg))["echo"].examples == first["echo"]
 
 
 def test_encode_fast_path_gives_the_tokenizers_ids() -> None:
@@ -370,3 +371,17 @@ def test_split_by_validation_and_held_out_families(tmp_path: Path) -> None:
     assert names["validation"] == ["task001_add_one", "task002_double", "task003_negate"]
     assert names["held_out"] == ["add1", "add2", "add3"]
     assert sorted(names["meta_train"]) == ["echo", "parity", "sentiment", "topic"]
+
+
+def test_tasks_read_from_the_cache_leave_their_ids_on_disk(tmp_path: Path) -> None:
+    """A cached task's ids are a view of the memory-mapped cache file, not a copy in memory: a
+    rank's memory then follows what its episodes touch, not the collection's size."""
+    tasks = _by_name(_build(_one_source(tmp_path)))
+    (folder,) = _cache_folders(tmp_path)
+    for t in tasks.values():
+        values = t._prompts.values
+        assert isinstance(values, np.memmap) and Path(values.filename) == folder / "prompt.ids", t.name
+    echo = tasks["echo"]
+    assert isinstance(echo._answers.values, np.memmap)
+    # and every row reads back as the tokenizer's ids
+    assert TOK.decode(echo.examples[0].prompt_ids) == "say 0"
