@@ -73,9 +73,19 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     return h.hexdigest()
 
 
+def _str_keys(value: Any) -> Any:
+    """``value`` with every dict key a str that keeps its type (a verbalizer may map both 1 and
+    "1"; JSON would merge them, and sorting mixed keys fails)."""
+    if isinstance(value, dict):
+        return {(k if isinstance(k, str) else f"{type(k).__name__}:{k}"): _str_keys(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_str_keys(v) for v in value]
+    return value
+
+
 def cache_key(*parts: Any) -> str:
     """A stable hex key of JSON-able parts (no ``hash()``: it changes between processes)."""
-    blob = json.dumps([CACHE_VERSION, *parts], sort_keys=True, default=str)
+    blob = json.dumps(_str_keys([CACHE_VERSION, *parts]), sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 

@@ -84,7 +84,9 @@ class TasksConfig:
                 f"options={self.options!r} is set but a collection takes no suite options: "
                 "put the settings on each source"
             )
-        problems.extend(collection_problems(self.collection, self.split, cache_dir=self.cache_dir))
+        # The check reads with the build's seed and budget, so the build can take the rows it read.
+        problems.extend(collection_problems(self.collection, self.split, seed=max(self.seed, 0),
+                                            cache_dir=self.cache_dir, max_length=self.max_length))
         return problems
 
 

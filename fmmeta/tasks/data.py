@@ -263,6 +263,12 @@ def content_digest(paths: Sequence[str]) -> str:
     return digest.hexdigest()
 
 
+def json_line_count(path: str) -> int:
+    """The rows of a JSON-lines file: its non-blank lines (what the ``json`` builder reads)."""
+    with open(path, "rb") as f:
+        return sum(1 for line in f if line.strip())
+
+
 def _text_problem(path: str, kind: str) -> str | None:
     """What makes a JSON or CSV file unusable before parsing: no rows, only a CSV header, or a byte
     that is not UTF-8 (``datasets`` loads that without a word and fails later, when a row is read,

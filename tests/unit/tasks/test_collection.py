@@ -385,3 +385,53 @@ def test_tasks_read_from_the_cache_leave_their_ids_on_disk(tmp_path: Path) -> No
     assert isinstance(echo._answers.values, np.memmap)
     # and every row reads back as the tokenizer's ids
     assert TOK.decode(echo.examples[0].prompt_ids) == "say 0"
+
+
+def _sni_folder(root: Path, files: int = 6) -> Path:
+    root.mkdir(parents=True)
+    for k in range(files):
+        rows = [{"input": f"task {k} row {i}", "output": f" {i % 3}"} for i in range(5 + k)]
+        _jsonl(root / f"task{k:02d}.jsonl", rows)
+    return root
+
+
+def test_each_source_is_read_once_cold_and_not_at_all_warm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The config check reads a new source and the build takes its rows; with the cache filled,
+    neither reads a row (a restarted run: the check's record and the token cache answer)."""
+    from fmmeta.tasks import collection
+
+    tasks = {"collection": [
+        {"path": str(_sni_folder(tmp_path / "sni")), "builder": "dataset", "shots": 2, "query": 2},
+        {"path": _jsonl(tmp_path / "m.jsonl", _metaicl_rows()), "preset": "metaicl", "shots": 2, "query": 2}],
+        "split": {"held_out": ["task00"], "validation": ["echo"]}}  # fmt: skip
+    reads: list[str] = []
+    real = collection.read_source
+    monkeypatch.setattr(collection, "read_source", lambda src, *a, **k: (reads.append(src.path), real(src, *a, **k))[1])
+    cfg = _config(tmp_path, tasks)  # load_config runs the check
+    assert len(reads) == 2 and len(collection._CHECKED) == 2
+    first = _by_name(_build(cfg))
+    assert len(reads) == 2 and collection._CHECKED == {}  # the build took the check's rows
+    reads.clear()
+    cfg = _config(tmp_path, tasks)
+    assert reads == []  # warm: the check's record answers
+    again = _by_name(_build(cfg))
+    assert reads == []  # and the token cache
+    assert {n: t.examples for n, t in again.items()} == {n: t.examples for n, t in first.items()}
+
+
+def test_a_folder_of_jsonl_files_is_one_read_split_by_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fmmeta.tasks import collection
+
+    src = collection.CollectionSource(path=str(_sni_folder(tmp_path / "sni")), builder="dataset", shots=2, query=2)
+    options = src.task_options(max_length=64)
+    loads: list[int] = []
+    real = collection._load
+    monkeypatch.setattr(collection, "_load", lambda s, files, c: (loads.append(len(files)), real(s, files, c))[1])
+    together, _ = collection.read_source(src, options, seed=0)
+    assert loads == [6]  # one read of the six files
+    # the same rows as reading each file alone (what other formats, or differing columns, get)
+    monkeypatch.setattr(collection, "json_line_count", lambda path: -1)
+    alone, _ = collection.read_source(src, options, seed=0)
+    assert loads[1:] == [6, 1, 1, 1, 1, 1, 1]  # the counts disagree: file by file
+    assert [(r.name, r.prompts, r.answers) for r in together] == [(r.name, r.prompts, r.answers) for r in alone]
+    assert [len(r.prompts) for r in together] == [5, 6, 7, 8, 9, 10]
