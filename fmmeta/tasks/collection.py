@@ -23,6 +23,7 @@ import datasets
 import numpy as np
 
 from fmmeta.atomic import replace_text
+from fmmeta.progress import Progress
 from fmmeta.tasks.choice_rows import multiple_choice_rows
 from fmmeta.tasks.collection_config import PRESETS, CollectionSource, CollectionSplit, read_task_list
 from fmmeta.tasks.collection_split import SPLITS, assign_splits
@@ -226,7 +227,7 @@ def _checked_tasks(src: CollectionSource, index: int, *, seed: int, max_length: 
     key = _check_key(src, index, seed, fingerprint)
     record = _checked_record(cache_dir, key)
     try:
-        return [tuple(t) for t in json.loads(record.read_text(encoding="utf-8"))]  # type: ignore[misc]
+        return [(str(n), str(f)) for n, f in json.loads(record.read_text(encoding="utf-8"))]
     except (OSError, ValueError, TypeError):
         pass  # no record (or an unreadable one): check the rows
     options = src.task_options(max_length=max_length)
@@ -284,17 +285,71 @@ def collection_problems(
 # ---------------------------------------------------------------------------------------- build
 
 
-def _process_group() -> tuple[int, Callable[[], None]]:
-    """(rank, barrier) of the running job; (0, no-op) outside one.
+def _process_group() -> tuple[int, int, Callable[[], None]]:
+    """(rank among this machine's ranks, ranks on this machine, barrier of the whole job) of the
+    running job; (0, 1, no-op) outside one.
 
-    torch.distributed only (no DeepSpeed, no accelerate): the launcher has already made the
-    group, and a barrier is all the cache needs.
+    torch.distributed only (no DeepSpeed, no accelerate): the launcher has already made the group.
+    Ranks share the build per machine, not per job: the cache is a folder, and nodes need not
+    share a file system, so every machine builds the whole collection with its own ranks.
     """
+    import socket
+
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.barrier
-    return 0, lambda: None
+    if not (dist.is_available() and dist.is_initialized()):
+        return 0, 1, lambda: None
+    hosts: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(hosts, socket.gethostname())
+    rank = dist.get_rank()
+    mine = [r for r, h in enumerate(hosts) if h == hosts[rank]]
+    return mine.index(rank), len(mine), dist.barrier
+
+
+PART_FILES = 64
+"""Files per part of a source that makes one task per file: a part is what one rank tokenizes and
+one cache folder holds, so ranks share a folder of 1,600 files 25 ways."""
+
+
+def _part_count(src: CollectionSource) -> int:
+    """How many parts ``src`` is built in: one per :data:`PART_FILES` files for a source of one
+    task per file, else one."""
+    files = source_files(src)
+    if src.resolved()["builder"] in ("dataset", "multiple_choice") and files is not None and len(files) > 1:
+        return -(-len(files) // PART_FILES)
+    return 1
+
+
+class _SourceRows:
+    """A source's checked rows, read at most once (or taken from the config check) and then
+    handed out by part: its ``max_examples`` draws run across all its tasks in order, so a part's
+    rows are a slice of the whole source's, whoever asks first."""
+
+    def __init__(self, src: CollectionSource, index: int, seed: int, options: TaskOptions,
+                 checked: list[TaskRows] | None, data_dir: str | None) -> None:
+        self.src, self.index, self.seed, self.options, self.data_dir = src, index, seed, options, data_dir
+        self._rows = checked
+
+    def part(self, k: int, count: int) -> list[TaskRows]:
+        if self._rows is None:
+            self._rows = read_source(self.src, self.options, seed=self.seed, index=self.index,
+                                     cache_dir=self.data_dir)[0]
+        return self._rows if count == 1 else self._rows[k * PART_FILES : (k + 1) * PART_FILES]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Part:
+    """Part ``k`` of ``count`` of source ``source``: one cache folder, one rank's work."""
+
+    source: int
+    k: int
+    count: int
+    key: str
+    whole: _SourceRows
+    options: TaskOptions
+
+    def rows(self) -> list[TaskRows]:
+        return self.whole.part(self.k, self.count)
 
 
 def datasets_cache(cache_dir: str | None) -> str | None:
@@ -330,8 +385,10 @@ def build_collection(
 ) -> TaskSet:
     """Builds a declared collection: tokenized (through the disk cache) and split.
 
-    In a distributed job rank 0 reads, tokenizes and writes the cache first; the other ranks
-    wait at a barrier and then read it, so a node does the tokenization once, not once per rank.
+    A source is built in parts (:data:`PART_FILES` files each for a source of one task per file),
+    each its own cache folder. In a distributed job the ranks of a machine deal the parts out,
+    each tokenizing and writing its share, then meet at a barrier and read the rest from the
+    cache: a machine tokenizes the collection once, its ranks side by side.
 
     Args:
         sources: the collection's sources (checked by :func:`collection_problems` before).
@@ -353,27 +410,40 @@ def build_collection(
 
     root = os.path.join(cache_dir, "tokenized") if cache_dir else default_cache_dir()
     data_dir = datasets_cache(cache_dir)
-    rank, barrier = _process_group()
-    if rank != 0:
-        barrier()  # rank 0 fills the cache first
+    rank, ranks, barrier = _process_group()
     tok_fp = tokenizer_fingerprint(tokenizer)
-    tasks: list[Task] = []
-    hits = 0
+    parts: list[_Part] = []
     for i, src in enumerate(sources):
         fp = source_fingerprint(src, cache_dir=data_dir)
-        key = cache_key(tok_fp, fp, dataclasses.asdict(src), seed, i)
         options = src.task_options(max_length=max_length, separator=separator)
-        checked = _CHECKED.pop(_check_key(src, i, seed, fp), None)
-        built, hit = cached_tasks(
-            key, lambda: checked or read_source(src, options, seed=seed, index=i, cache_dir=data_dir)[0],
-            tokenizer, cache_dir=root, max_length=options.max_length,
-            on_too_long=options.on_too_long, separator=options.separator, write=rank == 0,
-        )  # fmt: skip
-        hits += hit
-        tasks.extend(built)
+        whole = _SourceRows(src, i, seed, options, _CHECKED.pop(_check_key(src, i, seed, fp), None), data_dir)
+        count = _part_count(src)
+        parts.extend(_Part(i, k, count, cache_key(tok_fp, fp, dataclasses.asdict(src), seed, i, k, count), whole, options)
+                     for k in range(count))  # fmt: skip
     _CHECKED.clear()  # rows checked for other settings would not be asked for again
-    if rank == 0:
-        barrier()
+    cached = {p.key for p in parts if os.path.isdir(os.path.join(root, p.key))}
+    progress = Progress("building tasks", len(parts), "parts", every_s=10)
+    built: dict[str, list[Task]] = {}
+
+    def build(part: _Part) -> None:
+        o = part.options
+        built[part.key] = cached_tasks(
+            part.key, part.rows, tokenizer, cache_dir=root, max_length=o.max_length,
+            on_too_long=o.on_too_long, separator=o.separator,
+        )[0]  # fmt: skip
+        progress.advance()
+
+    if ranks > 1:  # each rank tokenizes its share, then reads the others' from the cache
+        logger.info("building the collection's %d parts: this machine's %d ranks tokenize a share each",
+                    len(parts), ranks)
+    for part in parts[rank::ranks]:
+        build(part)
+    barrier()
+    for part in parts:
+        if part.key not in built:
+            build(part)
+    tasks = [t for p in parts for t in built[p.key]]
+    hits = sum(all(p.key in cached for p in parts if p.source == i) for i in range(len(sources)))
     check_unique_names(tasks, where="tasks.collection")
     where, problems = assign_splits([(t.name, t.family) for t in tasks], split, seed=seed)
     if problems:

@@ -238,7 +238,8 @@ def _one_source(tmp_path: Path, template: str = "{input}") -> RecipeConfig:
 
 
 def _cache_folders(tmp_path: Path) -> list[Path]:
-    return sorted(p for p in (tmp_path / "cache" / "tokenized").iterdir() if not p.name.startswith("."))
+    root = tmp_path / "cache" / "tokenized"
+    return sorted(p for p in root.iterdir() if not p.name.startswith(".")) if root.exists() else []
 
 
 def test_cache_hit_skips_tokenization(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -317,29 +318,34 @@ def test_encode_fast_path_gives_the_tokenizers_ids() -> None:
     assert encode(tok, texts) == reference
 
 
-def test_rank_zero_fills_the_cache_before_the_barrier_and_other_ranks_only_read(
+def test_a_rank_tokenizes_its_share_before_the_barrier_and_reads_the_rest_after(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """One process playing both ranks of a machine: rank 1 of 2 writes only its share before the
+    barrier; once every share is in the cache, no rank tokenizes again and each reads after it."""
     from fmmeta.tasks import collection
 
-    cfg = _one_source(tmp_path)
+    cfg = _one_source(tmp_path)  # one source: one part, rank 0's
     seen: list[int] = []
     monkeypatch.setattr(collection, "_process_group",
-                        lambda: (0, lambda: seen.append(len(_cache_folders(tmp_path)))))
+                        lambda: (1, 2, lambda: seen.append(len(_cache_folders(tmp_path)))))
     first = _by_name(_build(cfg))
-    assert seen == [1]  # rank 0 reached the barrier with the cache complete
+    assert seen == [0]  # rank 1 had nothing of its own to write before the barrier
+    assert len(_cache_folders(tmp_path)) == 1  # and, alone here, built rank 0's part after it
 
     def no_tokenizing(*args, **kwargs):
-        raise AssertionError("rank 1 tokenized instead of reading rank 0's cache")
+        raise AssertionError("tokenized instead of reading the cache")
 
-    order: list[str] = []
-    monkeypatch.setattr(task_cache, "_write", no_tokenizing)
-    monkeypatch.setattr(collection, "_process_group", lambda: (1, lambda: order.append("barrier")))
-    real_read = task_cache._read
-    monkeypatch.setattr(task_cache, "_read", lambda *a: (order.append("read"), real_read(*a))[1])
-    again = _by_name(_build(cfg))
-    assert order == ["barrier", "read"]  # waits for rank 0 first
-    assert {n: t.examples for n, t in again.items()} == {n: t.examples for n, t in first.items()}
+    for rank in (0, 1):
+        order: list[str] = []
+        monkeypatch.setattr(task_cache, "_write", no_tokenizing)
+        monkeypatch.setattr(collection, "_process_group", lambda: (rank, 2, lambda: order.append("barrier")))
+        real_read = task_cache._read
+        monkeypatch.setattr(task_cache, "_read", lambda *a: (order.append("read"), real_read(*a))[1])
+        again = _by_name(_build(cfg))
+        assert order == (["read", "barrier"] if rank == 0 else ["barrier", "read"])
+        assert {n: t.examples for n, t in again.items()} == {n: t.examples for n, t in first.items()}
+        monkeypatch.setattr(task_cache, "_read", real_read)
 
 
 def test_help_lists_the_keys_of_a_collection_source() -> None:
