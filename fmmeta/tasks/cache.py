@@ -16,6 +16,7 @@ and renamed when complete, so a reader never sees half a cache; one that cannot 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -23,7 +24,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ from fmmeta.tasks.classification import ClassificationTask, answer_word_ids
 from fmmeta.tasks.generation import GenerationTask
 from fmmeta.tasks.multiple_choice import MultipleChoiceTask
 from fmmeta.tasks.ragged import IDS_DTYPE, RaggedIds
-from fmmeta.tasks.rows import ClassificationRows, GenerationRows, TaskRows, tail_tokens, tasks_from_rows
+from fmmeta.tasks.rows import ClassificationRows, GenerationRows, TaskRows, tail_tokens
 from fmmeta.tasks.spec import EpisodeSpec
 from fmmeta.tasks.task import Task
 from fmmeta.tasks.tokens import OnTooLong, check_texts, encode, eos_ids
@@ -87,6 +88,34 @@ def cache_key(*parts: Any) -> str:
     """A stable hex key of JSON-able parts (no ``hash()``: it changes between processes)."""
     blob = json.dumps(_str_keys([CACHE_VERSION, *parts]), sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+@contextlib.contextmanager
+def tokenizer_threads(threads: int) -> Iterator[None]:
+    """The fast tokenizer's batch encode on ``threads`` cores (1: no threads of its own), for the block.
+
+    On 2 cores, one process encoding SNI-like rows (~290 tokens) ran 1.8x faster on both cores
+    (docs/benchmarks.md); two ranks on those 2 cores each take one. Recipes set
+    ``TOKENIZERS_PARALLELISM=false`` for their worker processes (a fork after the tokenizer's
+    threads ran would deadlock them), so the setting is restored when the block ends. The thread
+    count applies where the tokenizer's pool starts here (``RAYON_NUM_THREADS``, unless set).
+    """
+    before = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "true" if threads > 1 else "false"
+    if threads > 1:
+        os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = before
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, which containers and launchers narrow)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _task_meta(r: TaskRows, start: int, end: int) -> dict[str, Any]:
@@ -269,7 +298,7 @@ def cached_tasks(
     max_length: int,
     on_too_long: OnTooLong = "drop",
     separator: str = "\n\n",
-    write: bool = True,
+    threads: int = 1,
 ) -> tuple[list[Task], bool]:
     """The tasks of one source, from the cache under ``key`` or tokenized (and cached) now.
 
@@ -281,7 +310,8 @@ def cached_tasks(
         max_length: token budget of one example (applied after reading, so not in the key).
         on_too_long: ``"drop"`` or ``"error"`` for an answer over budget.
         separator: text between in-context demonstrations.
-        write: False tokenizes without writing (a rank that found no cache after the leader's).
+        threads: cores to tokenize on (the fast tokenizer's threads, :func:`tokenizer_threads`):
+            the cores this rank has to itself.
 
     Returns:
         (tasks, whether they came from the cache).
@@ -300,10 +330,8 @@ def cached_tasks(
                            type(err).__name__, err)  # fmt: skip
             shutil.rmtree(folder, ignore_errors=True)
     rows = make_rows()
-    if not write:
-        return tasks_from_rows(rows, tokenizer, max_length=max_length, on_too_long=on_too_long,
-                               separator=separator), False  # fmt: skip
-    _write(folder, rows, tokenizer, key)
+    with tokenizer_threads(threads):
+        _write(folder, rows, tokenizer, key)
     cached, meta = _read(folder, key)
     return _assemble(cached, meta, tokenizer, max_length=max_length, on_too_long=on_too_long,
                      separator=separator), False  # fmt: skip

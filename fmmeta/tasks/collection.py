@@ -406,7 +406,7 @@ def build_collection(
         >>> suite = build_collection([CollectionSource(path="data/qa.jsonl", builder="dataset")],
         ...     CollectionSplit(), tok, seed=0, max_length=64)  # doctest: +SKIP
     """
-    from fmmeta.tasks.cache import cache_key, cached_tasks, default_cache_dir, tokenizer_fingerprint
+    from fmmeta.tasks.cache import cache_key, cached_tasks, default_cache_dir, tokenizer_fingerprint, usable_cores
 
     root = os.path.join(cache_dir, "tokenized") if cache_dir else default_cache_dir()
     data_dir = datasets_cache(cache_dir)
@@ -425,11 +425,13 @@ def build_collection(
     progress = Progress("building tasks", len(parts), "parts", every_s=10)
     built: dict[str, list[Task]] = {}
 
+    threads = max(1, usable_cores() // ranks)  # a rank tokenizes on its share of the machine's cores
+
     def build(part: _Part) -> None:
         o = part.options
         built[part.key] = cached_tasks(
             part.key, part.rows, tokenizer, cache_dir=root, max_length=o.max_length,
-            on_too_long=o.on_too_long, separator=o.separator,
+            on_too_long=o.on_too_long, separator=o.separator, threads=threads,
         )[0]  # fmt: skip
         progress.advance()
 

@@ -441,3 +441,23 @@ def test_a_folder_of_jsonl_files_is_one_read_split_by_file(tmp_path: Path, monke
     assert loads[1:] == [6, 1, 1, 1, 1, 1, 1]  # the counts disagree: file by file
     assert [(r.name, r.prompts, r.answers) for r in together] == [(r.name, r.prompts, r.answers) for r in alone]
     assert [len(r.prompts) for r in together] == [5, 6, 7, 8, 9, 10]
+
+
+def test_tokenizing_takes_the_cores_a_rank_has_and_gives_the_same_ids(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One rank on 2+ cores tokenizes on its threads, two ranks on 2 cores on one each; either way
+    the ids are the same, and the process's setting (the recipe's ``false``) comes back after."""
+    import os
+
+    from fmmeta.tasks import collection
+
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    seen: list[str | None] = []
+    write = task_cache._write
+    monkeypatch.setattr(task_cache, "_write",
+                        lambda *a: (seen.append(os.environ.get("TOKENIZERS_PARALLELISM")), write(*a))[1])
+    monkeypatch.setattr(task_cache, "usable_cores", lambda: 2)
+    threaded = _by_name(_build(_one_source(tmp_path / "a")))
+    monkeypatch.setattr(collection, "_process_group", lambda: (0, 2, lambda: None))
+    one_each = _by_name(_build(_one_source(tmp_path / "b")))
+    assert seen == ["true", "false"] and os.environ["TOKENIZERS_PARALLELISM"] == "false"
+    assert {n: t.examples for n, t in threaded.items()} == {n: t.examples for n, t in one_each.items()}
