@@ -233,3 +233,26 @@ def test_adapt_many_benchmark_runs_small() -> None:
     assert out["one_call_s"] > 0 and out["separate_s"] > 0 and out["speedup"] > 0
     assert out["max_rel_logprob_diff"] <= 1e-5  # grouping the tasks changes no prediction
     assert out["max_abs_logprob_diff"] <= 1e-4 and out["same_top_choice"] == 1.0
+
+
+@pytest.mark.timeout(300)
+def test_collection_scale_benchmark_runs_small() -> None:
+    """Two tiny SNI-shaped collections, built cold, warm and by two gloo ranks: each build holds
+    every task written, and every rank holds the tasks the one-rank build made."""
+    out = _run("collection_scale.py", "--tokenizer", "tiny", "--rows", "400,800", "--tasks", "20",
+               "--seconds", "0.05", "--ranks", "1,2", "--input-words", "30", "--output-words", "3")
+    assert out["rows"] == [400, 800] and out["ranks"] == [1, 2] and out["cpu_count"] >= 1
+    assert out["startup_s"] > 0 and out["base_rss_gb"] > 0
+    for size in out["sizes"]:
+        built = size["tasks_built"]
+        assert built["meta_train"] + built["validation"] + built["held_out"] == built["total"] == 20
+        assert size["tasks_written"] == 20 and size["examples"] == size["rows"]  # none dropped
+        assert size["cold_s"] > 0 and size["warm_s"] > 0 and size["episodes_per_s"] > 0
+        assert size["read_s"] > 0 and size["bare_tokenize_s"] > 0 and size["tokens_per_row"] > 30
+        assert size["cold_over_bare"] == pytest.approx(
+            size["cold_s"] / (size["bare_tokenize_s"] + size["read_s"]), rel=0.05)  # of rounded figures
+        assert size["warm_same_tasks"]  # the cache gives back the tokens it was given
+        assert size["digest_2ranks"] == [size["digest"], size["digest"]] and size["same_tasks_2ranks"]
+        assert size["cold_2ranks_s"] > 0 and size["cold_2ranks_over_1"] > 0 and size["cold_1core_s"] > 0
+        assert size["same_tasks_1core"]  # the tokenizer's threads change no id
+    assert out["sizes"][0]["digest"] != out["sizes"][1]["digest"]  # the digest sees the data
