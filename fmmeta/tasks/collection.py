@@ -120,11 +120,69 @@ def _one_task_per_file(src: CollectionSource, files: list[str], cache_dir: str |
     return [(dataset_name(f), _load(src, [f], cache_dir)) for f in files]
 
 
+PART_FILES = 64
+"""Files per part of a source that makes one task per file. A part is what one rank reads, checks
+and tokenizes, and one cache folder: ranks share a folder of 1,600 files 25 ways, no more than a
+part's rows are held as text at once, and an edited file re-tokenizes its part only."""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)  # each part is itself (its files are a list)
+class SourcePart:
+    """Part ``k`` of ``count`` of a source: all of it, or :data:`PART_FILES` of its files.
+
+    Attributes:
+        src: the source.
+        index: the source's position in the collection.
+        k: the part's position in the source.
+        count: the source's parts.
+        files: the local files this part reads (None: a hub dataset, read whole).
+    """
+
+    src: CollectionSource
+    index: int
+    k: int
+    count: int
+    files: list[str] | None
+
+    def fingerprint(self, cache_dir: str | None) -> str:
+        """What the part's rows are known by, found without reading them as rows.
+
+        Local files: an xxh3 digest of their bytes (GB/s) and their names (a file's name names its
+        task); a ``save_to_disk`` folder: the fingerprint it was saved with; a hub dataset: the one
+        ``datasets`` gives the revision it loads (Arrow-cached after the first time).
+        """
+        if self.files is None:
+            return _load(self.src, None, cache_dir)._fingerprint
+        plain = [f for f in self.files if not is_saved_dataset(f)]
+        saved = [_load(self.src, [f], cache_dir)._fingerprint for f in self.files if is_saved_dataset(f)]
+        return "|".join([*saved, *([f"content-{content_digest(plain)}", *map(dataset_name, plain)] if plain else [])])
+
+
+def source_parts(src: CollectionSource, index: int) -> list[SourcePart]:
+    """The parts ``src`` is read and built in: one per :data:`PART_FILES` files for a source of
+    one task per file, else one.
+
+    Raises:
+        ValueError: for a local path that names no data (:func:`source_files`).
+    """
+    files = source_files(src)
+    if not _one_per_file(src, files) or files is None:
+        return [SourcePart(src, index, 0, 1, files)]
+    chunks = [files[a : a + PART_FILES] for a in range(0, len(files), PART_FILES)]
+    return [SourcePart(src, index, k, len(chunks), chunk) for k, chunk in enumerate(chunks)]
+
+
+def _one_per_file(src: CollectionSource, files: list[str] | None) -> bool:
+    """Whether ``src`` makes one task of each of its files (a folder for ``dataset`` or
+    ``multiple_choice``)."""
+    return src.resolved()["builder"] in ("dataset", "multiple_choice") and files is not None and len(files) > 1
+
+
 def read_source(
     src: CollectionSource, options: TaskOptions, *, seed: int, index: int = 0,
-    cache_dir: str | None = None,
-) -> tuple[list[TaskRows], str]:
-    """Reads and checks one source: its tasks' texts and a fingerprint of the rows it read.
+    cache_dir: str | None = None, part: SourcePart | None = None,
+) -> list[TaskRows]:
+    """Reads and checks one source, or one part of it: its tasks' texts.
 
     Args:
         src: the source.
@@ -133,21 +191,24 @@ def read_source(
         seed: seeds the ``max_examples`` draw.
         index: the source's position in the collection (seeds its draw apart from the others).
         cache_dir: where ``datasets`` keeps converted files (None = its own cache).
+        part: read only this part of ``src`` (:func:`source_parts`); None reads all of it.
 
     Returns:
-        (checked rows of each task, fingerprint of the source's data).
+        The checked rows of each task.
 
     Raises:
         ValueError: the first problem with this source's data, naming the fix.
     """
     args = src.resolved()
     builder = args["builder"]
-    files = source_files(src)
-    if builder in ("dataset", "multiple_choice") and files is not None and len(files) > 1:
+    every_file = source_files(src) if part is None or part.count == 1 else None
+    files = part.files if part is not None else every_file
+    if part is not None and part.count > 1 or _one_per_file(src, every_file):
+        assert files is not None  # one task per file: local files
         if src.task_name is not None:
             raise ValueError(
                 f"task_name={src.task_name!r} names one task but path={src.path!r} holds "
-                f"{len(files)} files (one task each, named by file): remove task_name"
+                "several files (one task each, named by file): remove task_name"
             )
         parts = _one_task_per_file(src, files, cache_dir)
     else:
@@ -183,10 +244,9 @@ def read_source(
                 output_column=args["output_column"], spec=spec, template=template,
                 answer_template=src.answer_template, family=family,
             ))  # fmt: skip
-    rng = np.random.default_rng([seed, index])
-    rows = [r.subsample(src.max_examples, rng) for r in rows]
-    fingerprint = "|".join(ds._fingerprint for _, ds in parts)
-    return rows, fingerprint
+    # A part draws from a stream of its own, so a part's rows never depend on who reads the others.
+    rng = np.random.default_rng([seed, index] if part is None or part.count == 1 else [seed, index, part.k])
+    return [r.subsample(src.max_examples, rng) for r in rows]
 
 
 def describe(src: CollectionSource, index: int) -> str:
@@ -197,48 +257,52 @@ def describe(src: CollectionSource, index: int) -> str:
 
 _CHECKED: dict[str, list[TaskRows]] = {}
 """Rows the config check read, by :func:`_check_key`, until the build of the same process takes
-them: the check and the build share one read of each source."""
+them: the check and the build share one read of each part (up to :data:`KEEP_ROWS`)."""
+
+KEEP_ROWS = 200_000
+"""Rows the check keeps for the build, at most. Past it a part's rows are let go once checked and
+the build reads them again, from the Arrow files ``datasets`` converted in the check (no JSON is
+parsed twice): text of millions of rows would otherwise sit in memory until the build."""
 
 
-def _check_key(src: CollectionSource, index: int, seed: int, fingerprint: str) -> str:
-    """What a source's check depends on: its data, its settings, its place and the seed."""
+def _check_key(part: SourcePart, seed: int, fingerprint: str) -> str:
+    """What a part's check depends on: its data, its source's settings, its place and the seed."""
     from fmmeta.tasks.cache import cache_key
 
-    return cache_key("checked", fingerprint, dataclasses.asdict(src), seed, index)
+    return cache_key("checked", fingerprint, dataclasses.asdict(part.src), seed, part.index, part.k, part.count)
 
 
 def _checked_record(cache_dir: str | None, key: str) -> Path:
-    """Where a source that passed its check records its tasks' names and families, so that the
-    next check of the same data and settings reads no row (``<cache_dir>/checked``, or beside the
+    """Where a part that passed its check records its tasks' names and families, so that the next
+    check of the same data and settings reads no row (``<cache_dir>/checked``, or beside the
     token cache in the datasets cache)."""
     root = Path(cache_dir) / "checked" if cache_dir else Path(str(datasets.config.HF_DATASETS_CACHE)) / "fmmeta_checked"
     return root / f"{key}.json"
 
 
-def _checked_tasks(src: CollectionSource, index: int, *, seed: int, max_length: int,
-                   cache_dir: str | None) -> list[tuple[str, str]]:
-    """(name, family) of each task ``src`` builds, from its record when its data and settings
+def _checked_tasks(part: SourcePart, *, seed: int, max_length: int, cache_dir: str | None) -> list[tuple[str, str]]:
+    """(name, family) of each task ``part`` builds, from its record when its data and settings
     passed the check before, else read and checked now (the rows kept for the build).
 
     Raises:
-        ValueError: the first problem with the source's data.
+        ValueError: the first problem with the part's data.
     """
-    fingerprint = source_fingerprint(src, cache_dir=datasets_cache(cache_dir))
-    key = _check_key(src, index, seed, fingerprint)
+    key = _check_key(part, seed, part.fingerprint(datasets_cache(cache_dir)))
     record = _checked_record(cache_dir, key)
     try:
         return [(str(n), str(f)) for n, f in json.loads(record.read_text(encoding="utf-8"))]
     except (OSError, ValueError, TypeError):
         pass  # no record (or an unreadable one): check the rows
-    options = src.task_options(max_length=max_length)
-    rows, _ = read_source(src, options, seed=seed, index=index, cache_dir=datasets_cache(cache_dir))
-    _CHECKED[key] = rows
+    options = part.src.task_options(max_length=max_length)
+    rows = read_source(part.src, options, seed=seed, index=part.index, cache_dir=datasets_cache(cache_dir), part=part)
+    if sum(len(r.prompts) for kept in _CHECKED.values() for r in kept) + sum(len(r.prompts) for r in rows) <= KEEP_ROWS:
+        _CHECKED[key] = rows
     tasks = [(r.name, r.family or r.name) for r in rows]
     try:
         record.parent.mkdir(parents=True, exist_ok=True)
         replace_text(record, json.dumps(tasks))
     except OSError as err:  # a read-only cache still checks, only again next time
-        logger.info("could not record the check of %s (%s): the next run checks it again", src.path, err)
+        logger.info("could not record the check of %s (%s): the next run checks it again", part.src.path, err)
     return tasks
 
 
@@ -263,7 +327,8 @@ def collection_problems(
             read_all = False
             continue  # its key problems are reported with the section
         try:
-            built = _checked_tasks(src, i, seed=seed, max_length=max_length, cache_dir=cache_dir)
+            built = [t for part in source_parts(src, i)
+                     for t in _checked_tasks(part, seed=seed, max_length=max_length, cache_dir=cache_dir)]
         except ValueError as err:
             problems.append(f"{describe(src, i)}: {err}")
             read_all = False
@@ -306,71 +371,10 @@ def _process_group() -> tuple[int, int, Callable[[], None]]:
     return mine.index(rank), len(mine), dist.barrier
 
 
-PART_FILES = 64
-"""Files per part of a source that makes one task per file: a part is what one rank tokenizes and
-one cache folder holds, so ranks share a folder of 1,600 files 25 ways."""
-
-
-def _part_count(src: CollectionSource) -> int:
-    """How many parts ``src`` is built in: one per :data:`PART_FILES` files for a source of one
-    task per file, else one."""
-    files = source_files(src)
-    if src.resolved()["builder"] in ("dataset", "multiple_choice") and files is not None and len(files) > 1:
-        return -(-len(files) // PART_FILES)
-    return 1
-
-
-class _SourceRows:
-    """A source's checked rows, read at most once (or taken from the config check) and then
-    handed out by part: its ``max_examples`` draws run across all its tasks in order, so a part's
-    rows are a slice of the whole source's, whoever asks first."""
-
-    def __init__(self, src: CollectionSource, index: int, seed: int, options: TaskOptions,
-                 checked: list[TaskRows] | None, data_dir: str | None) -> None:
-        self.src, self.index, self.seed, self.options, self.data_dir = src, index, seed, options, data_dir
-        self._rows = checked
-
-    def part(self, k: int, count: int) -> list[TaskRows]:
-        if self._rows is None:
-            self._rows = read_source(self.src, self.options, seed=self.seed, index=self.index,
-                                     cache_dir=self.data_dir)[0]
-        return self._rows if count == 1 else self._rows[k * PART_FILES : (k + 1) * PART_FILES]
-
-
-@dataclasses.dataclass(frozen=True)
-class _Part:
-    """Part ``k`` of ``count`` of source ``source``: one cache folder, one rank's work."""
-
-    source: int
-    k: int
-    count: int
-    key: str
-    whole: _SourceRows
-    options: TaskOptions
-
-    def rows(self) -> list[TaskRows]:
-        return self.whole.part(self.k, self.count)
-
-
 def datasets_cache(cache_dir: str | None) -> str | None:
     """Where ``datasets`` keeps the Arrow files it converts: ``<cache_dir>/datasets``, or its own
     default cache when ``tasks.cache_dir`` is null."""
     return os.path.join(cache_dir, "datasets") if cache_dir else None
-
-
-def source_fingerprint(src: CollectionSource, *, cache_dir: str | None = None) -> str:
-    """What the rows ``src`` reads are known by, found without reading them as rows.
-
-    Local files: an xxh3 digest of their bytes (GB/s) and their names (a file's name names its
-    task); a ``save_to_disk`` folder: the fingerprint it was saved with; a hub dataset: the one
-    ``datasets`` gives the revision it loads (Arrow-cached after the first time).
-    """
-    files = source_files(src)
-    if files is None:
-        return _load(src, None, cache_dir)._fingerprint
-    plain = [f for f in files if not is_saved_dataset(f)]
-    saved = [_load(src, [f], cache_dir)._fingerprint for f in files if is_saved_dataset(f)]
-    return "|".join([*saved, *([f"content-{content_digest(plain)}", *map(dataset_name, plain)] if plain else [])])
 
 
 def build_collection(
@@ -385,8 +389,8 @@ def build_collection(
 ) -> TaskSet:
     """Builds a declared collection: tokenized (through the disk cache) and split.
 
-    A source is built in parts (:data:`PART_FILES` files each for a source of one task per file),
-    each its own cache folder. In a distributed job the ranks of a machine deal the parts out,
+    A source is built in parts (:func:`source_parts`: :data:`PART_FILES` files each for a source
+    of one task per file), each its own cache folder. In a distributed job the ranks of a machine deal the parts out,
     each tokenizing and writing its share, then meet at a barrier and read the rest from the
     cache: a machine tokenizes the collection once, its ranks side by side.
 
@@ -412,27 +416,28 @@ def build_collection(
     data_dir = datasets_cache(cache_dir)
     rank, ranks, barrier = _process_group()
     tok_fp = tokenizer_fingerprint(tokenizer)
-    parts: list[_Part] = []
-    for i, src in enumerate(sources):
-        fp = source_fingerprint(src, cache_dir=data_dir)
-        options = src.task_options(max_length=max_length, separator=separator)
-        whole = _SourceRows(src, i, seed, options, _CHECKED.pop(_check_key(src, i, seed, fp), None), data_dir)
-        count = _part_count(src)
-        parts.extend(_Part(i, k, count, cache_key(tok_fp, fp, dataclasses.asdict(src), seed, i, k, count), whole, options)
-                     for k in range(count))  # fmt: skip
-    _CHECKED.clear()  # rows checked for other settings would not be asked for again
-    cached = {p.key for p in parts if os.path.isdir(os.path.join(root, p.key))}
-    progress = Progress("building tasks", len(parts), "parts", every_s=10)
-    built: dict[str, list[Task]] = {}
-
+    parts = [part for i, src in enumerate(sources) for part in source_parts(src, i)]
+    keys = {}  # part -> (its cache key, its check key)
+    for part in parts:
+        fp = part.fingerprint(data_dir)
+        keys[part] = (cache_key(tok_fp, fp, dataclasses.asdict(part.src), seed, part.index, part.k, part.count),
+                      _check_key(part, seed, fp))
+    cached = {key for key, _ in keys.values() if os.path.isdir(os.path.join(root, key))}
     threads = max(1, usable_cores() // ranks)  # a rank tokenizes on its share of the machine's cores
+    progress = Progress("building tasks", len(parts), "parts", every_s=10)
+    built: dict[SourcePart, list[Task]] = {}
 
-    def build(part: _Part) -> None:
-        o = part.options
-        built[part.key] = cached_tasks(
-            part.key, part.rows, tokenizer, cache_dir=root, max_length=o.max_length,
-            on_too_long=o.on_too_long, separator=o.separator, threads=threads,
-        )[0]  # fmt: skip
+    def build(part: SourcePart) -> None:
+        key, check = keys[part]
+        o = part.src.task_options(max_length=max_length, separator=separator)
+
+        def rows() -> list[TaskRows]:
+            checked = _CHECKED.pop(check, None)
+            return checked if checked is not None else read_source(
+                part.src, o, seed=seed, index=part.index, cache_dir=data_dir, part=part)
+
+        built[part] = cached_tasks(key, rows, tokenizer, cache_dir=root, max_length=o.max_length,
+                                   on_too_long=o.on_too_long, separator=o.separator, threads=threads)[0]
         progress.advance()
 
     if ranks > 1:  # each rank tokenizes its share, then reads the others' from the cache
@@ -442,10 +447,11 @@ def build_collection(
         build(part)
     barrier()
     for part in parts:
-        if part.key not in built:
+        if part not in built:
             build(part)
-    tasks = [t for p in parts for t in built[p.key]]
-    hits = sum(all(p.key in cached for p in parts if p.source == i) for i in range(len(sources)))
+    _CHECKED.clear()  # rows checked for other settings would not be asked for again
+    tasks = [t for part in parts for t in built[part]]
+    hits = sum(all(keys[p][0] in cached for p in parts if p.index == i) for i in range(len(sources)))
     check_unique_names(tasks, where="tasks.collection")
     where, problems = assign_splits([(t.name, t.family) for t in tasks], split, seed=seed)
     if problems:
@@ -460,8 +466,10 @@ def build_collection(
 
 __all__ = [
     "PRESETS",
+    "PART_FILES",
+    "SourcePart",
     "build_collection",
-    "source_fingerprint",
+    "source_parts",
     "CollectionSource",
     "CollectionSplit",
     "assign_splits",

@@ -433,11 +433,11 @@ def test_a_folder_of_jsonl_files_is_one_read_split_by_file(tmp_path: Path, monke
     loads: list[int] = []
     real = collection._load
     monkeypatch.setattr(collection, "_load", lambda s, files, c: (loads.append(len(files)), real(s, files, c))[1])
-    together, _ = collection.read_source(src, options, seed=0)
+    together = collection.read_source(src, options, seed=0)
     assert loads == [6]  # one read of the six files
     # the same rows as reading each file alone (what other formats, or differing columns, get)
     monkeypatch.setattr(collection, "json_line_count", lambda path: -1)
-    alone, _ = collection.read_source(src, options, seed=0)
+    alone = collection.read_source(src, options, seed=0)
     assert loads[1:] == [6, 1, 1, 1, 1, 1, 1]  # the counts disagree: file by file
     assert [(r.name, r.prompts, r.answers) for r in together] == [(r.name, r.prompts, r.answers) for r in alone]
     assert [len(r.prompts) for r in together] == [5, 6, 7, 8, 9, 10]
@@ -461,3 +461,47 @@ def test_tokenizing_takes_the_cores_a_rank_has_and_gives_the_same_ids(tmp_path: 
     one_each = _by_name(_build(_one_source(tmp_path / "b")))
     assert seen == ["true", "false"] and os.environ["TOKENIZERS_PARALLELISM"] == "false"
     assert {n: t.examples for n, t in threaded.items()} == {n: t.examples for n, t in one_each.items()}
+
+
+def test_a_big_folder_is_built_in_parts_and_an_edited_file_retokenizes_its_part_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fmmeta.tasks import collection
+
+    monkeypatch.setattr(collection, "PART_FILES", 2)
+    folder = _sni_folder(tmp_path / "sni", files=5)
+    tasks = {"collection": [{"path": str(folder), "builder": "dataset", "shots": 2, "query": 2}],
+             "split": {"held_out": ["task00"], "validation": ["task01"]}}
+    first = _by_name(_build(_config(tmp_path, tasks)))
+    assert sorted(first) == [f"task{k:02d}" for k in range(5)]
+    assert len(_cache_folders(tmp_path)) == 3  # files 0-1, 2-3, 4
+    _jsonl(folder / "task03.jsonl", [{"input": f"edited {i}", "output": " 1"} for i in range(6)])
+    written: list[str] = []
+    write = task_cache._write
+    monkeypatch.setattr(task_cache, "_write", lambda f, *a: (written.append(f.name), write(f, *a))[1])
+    again = _by_name(_build(_config(tmp_path, tasks)))
+    assert len(written) == 1  # the part of files 2-3 only
+    assert TOK.decode(again["task03"].examples[0].prompt_ids) == "edited 0"
+    assert {n: again[n].examples for n in ("task00", "task02", "task04")} == {
+        n: first[n].examples for n in ("task00", "task02", "task04")}
+
+
+def test_past_the_rows_it_may_keep_the_check_lets_rows_go_and_the_build_reads_them_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fmmeta.tasks import collection
+
+    tasks = {"collection": [{"path": _jsonl(tmp_path / "m.jsonl", _metaicl_rows()), "preset": "metaicl",
+                             "shots": 2, "query": 2}], "split": {"held_out": ["parity"], "validation": ["echo"]}}
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    kept = _by_name(_build(_config(tmp_path / "a", tasks)))
+    monkeypatch.setattr(collection, "KEEP_ROWS", 10)  # fewer than the source's 40 rows
+    reads: list[str] = []
+    real = collection.read_source
+    monkeypatch.setattr(collection, "read_source", lambda src, *a, **k: (reads.append(src.path), real(src, *a, **k))[1])
+    cfg = _config(tmp_path / "b", tasks)
+    assert len(reads) == 1 and collection._CHECKED == {}  # checked, not kept
+    again = _by_name(_build(cfg))
+    assert len(reads) == 2
+    assert {n: t.examples for n, t in again.items()} == {n: t.examples for n, t in kept.items()}
