@@ -35,6 +35,7 @@ from fmmeta.adaptation.task_files import FORMAT_KEYS, KINDS, describe_source, re
 from fmmeta.adaptation.task_list import task_list
 from fmmeta.errors import UserInputError
 from fmmeta.library_warnings import show_library_warnings_once
+from fmmeta.path_names import check_path_names
 from fmmeta.progress import Progress
 
 logger = logging.getLogger("fmmeta.adapt")
@@ -89,15 +90,31 @@ def task_files(args: argparse.Namespace) -> list[TaskFiles]:
     return [TaskFiles(args.name, args.support, args.query, fmt)]
 
 
-def out_folder(out: Path) -> Path:
-    """``out``, created; refused if it holds anything (nothing is ever overwritten)."""
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UserInputError(f"--out {str(out)!r} exists and is not an empty folder: choose a new one "
-                             "(nothing is overwritten)")
+CLAIM = ".fmmeta-adapt-writing"
+"""The file that claims ``--out`` for one ``fmmeta adapt`` while it writes (created exclusively)."""
+
+
+def out_folder(out: Path, run: Path) -> Path:
+    """``out``, created and claimed for this call; refused if it holds anything (nothing is ever
+    overwritten), if another adapt claimed it first, or if it lies inside the run (whose folder
+    belongs to training: an extension of the run would find it there)."""
+    if out.resolve().is_relative_to(run.resolve()):
+        raise UserInputError(f"--out {str(out)!r} is inside the run {str(run)!r}, which training owns: write "
+                             "somewhere outside it")
+    if out.exists() and not out.is_dir():
+        raise UserInputError(f"--out {str(out)!r} is a file: choose a new folder (nothing is overwritten)")
     try:
         out.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(out / CLAIM, os.O_CREAT | os.O_EXCL | os.O_WRONLY))  # one adapt at a time
+    except FileExistsError:
+        raise UserInputError(f"--out {str(out)!r} is being written by another fmmeta adapt (or by one that stopped "
+                             f"before it finished, which left {CLAIM} there): choose another folder") from None
     except OSError as err:
         raise UserInputError(f"--out {str(out)!r} cannot be created ({err.strerror})") from None
+    if any(p.name != CLAIM for p in out.iterdir()):
+        (out / CLAIM).unlink()
+        raise UserInputError(f"--out {str(out)!r} exists and is not an empty folder: choose a new one "
+                             "(nothing is overwritten)")
     return out
 
 
@@ -118,8 +135,12 @@ def adapt(args: argparse.Namespace) -> dict[str, Any]:
     start = time.monotonic()
     plan = resolve_method(args.run, args.method, replicate=args.replicate, steps=args.steps, lr=args.lr,
                           adapter=args.adapter)
-    texts = [read_task(files) for files in task_files(args)]  # every file checked before the model loads
-    out = out_folder(args.out)
+    files = task_files(args)
+    problems = [] if args.no_adapters else check_path_names([f.name for f in files], what="task name")
+    if problems:  # each names a folder of --out/adapters
+        raise UserInputError("; ".join(problems))
+    texts = [read_task(f) for f in files]  # every file checked before the model loads
+    out = out_folder(args.out, args.run)
     logger.info("adapting %d task(s) with %s of %s: %s, %d step(s)", len(texts), plan.method, plan.run,
                 f"lr {plan.lr:g} ({plan.lr_source})" if plan.lr is not None else plan.lr_source, plan.steps)
     adapter = Adapter(plan, tasks_per_pass=args.tasks_per_pass, max_new_tokens=args.max_new_tokens)
@@ -133,6 +154,7 @@ def adapt(args: argparse.Namespace) -> dict[str, Any]:
             adapted.save(out / "adapters" / adapted.task.name)
     result = summary(plan, adapter, done, time.monotonic() - start)
     (out / "summary.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    (out / CLAIM).unlink()  # complete: a crash leaves the claim, and the folder is refused as not empty
     return result
 
 

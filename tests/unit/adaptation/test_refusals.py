@@ -194,3 +194,62 @@ def test_multiple_choice_row_refusals() -> None:
              _files(bad, rows, template="{q}", options_column="opts", **mc))
     _refused("row 0 has options \\['4'\\]", read_task,
              _files([{"q": "2+2=", "opts": ["4"], "answer": 0}], rows, template="{q}", options_column="opts", **mc))
+
+
+def _digest(*folders: Path) -> dict[str, str]:
+    import hashlib
+
+    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for f in folders for p in sorted(f.rglob("*")) if p.is_file()}
+
+
+def test_task_names_never_become_paths_outside_out_and_nothing_is_touched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A task named like a path (the run's own adapter folder, the data's folder, an absolute
+    path, ``..``) or two names one folder apart in case are refused before anything is written:
+    the run and the user's data are byte for byte what they were, and --out was never made."""
+    import recipes.adapt as recipe
+
+    monkeypatch.setattr(recipe, "Adapter", lambda *a, **k: (_ for _ in ()).throw(AssertionError("model loaded")))
+    run = _run(tmp_path, lrs={"fomaml": 0.3})
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "s.csv").write_text("text,label\nParis,fr\nBerlin,de\n")
+    (data / "q.csv").write_text("text\nLyon\n")
+    (data / "README.md").write_text("the user's notes\n")
+    before = _digest(run, data)
+    listed = data / "tasks.yaml"
+    out = tmp_path / "out"
+    for names, message in [
+        (["../../run/fomaml/adapter"], "cannot be a folder name: it holds '/'"),
+        ([str(data)], "cannot be a folder name: it holds '/'"),
+        ([".."], "names a folder that already exists"),
+        (["t", "T"], "would share one folder where case is not told apart"),
+        (["t."], "ends with a dot"),
+    ]:
+        listed.write_text("".join(f"- {{name: {json.dumps(n)}, support: s.csv, query: q.csv}}\n" for n in names))
+        before = {**before, str(listed): _digest(data)[str(listed)]}
+        argv = ["--run", str(run), "--method", "fomaml", "--tasks", str(listed), "--out", str(out)]
+        assert recipe.main(argv) == 2
+        err = capsys.readouterr().err
+        assert message in err, err
+        assert not out.exists() and _digest(run, data) == before
+    one = ["--run", str(run), "--method", "fomaml", "--support", str(data / "s.csv"), "--query", str(data / "q.csv")]
+    assert recipe.main([*one, "--name", "../../x", "--out", str(out)]) == 2
+    assert "task name '../../x' cannot be a folder name" in capsys.readouterr().err and not out.exists()
+    # --out inside the run: training owns that folder
+    assert recipe.main([*one, "--out", str(run / "replicate_1")]) == 2
+    assert "is inside the run" in capsys.readouterr().err and not (run / "replicate_1").exists()
+    assert _digest(run, data) == before
+
+
+def test_an_out_folder_another_adapt_is_writing_is_refused(tmp_path: Path) -> None:
+    import recipes.adapt as recipe
+
+    run = _run(tmp_path)
+    out = tmp_path / "out"
+    assert recipe.out_folder(out, run) == out and (out / recipe.CLAIM).exists()
+    _refused("is being written by another fmmeta adapt", recipe.out_folder, out, run)
+    (out / recipe.CLAIM).unlink()
+    (out / "predictions.jsonl").write_text("")
+    _refused("is not an empty folder", recipe.out_folder, out, run)
