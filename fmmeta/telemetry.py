@@ -30,7 +30,7 @@ from fmmeta.atomic import locked, replace_text
 from fmmeta.engine.compiled import compile_summary
 from fmmeta.strict_json import dumps_strict
 
-__all__ = ["RankWatch", "SlowRank", "save_telemetry"]
+__all__ = ["RankWatch", "SlowRank", "merge_summaries", "save_telemetry"]
 
 logger = logging.getLogger(__name__)
 
@@ -180,10 +180,39 @@ class RankWatch:
                         s["compile_graphs"], s["compile_layers"], s["compile_seconds"])
 
 
+def merge_summaries(before: dict[str, Any] | None, now: dict[str, Any]) -> dict[str, Any]:
+    """One method's telemetry over the meta-steps of both: ``before`` (its entry from an earlier
+    process of the run) and ``now`` (this process's, since its resume).
+
+    A rerun of a finished method trains no meta-step: ``before`` stands as it was. A resumed or
+    extended method adds its meta-steps: means are weighted by meta-steps, tokens summed, peaks
+    the larger; the slow rank and the compile figures are this process's where it has them.
+    """
+    if not before or not now.get("meta_steps"):
+        return before if before and not now.get("meta_steps") else now
+    n0, n1 = int(before.get("meta_steps", 0)), int(now["meta_steps"])
+    if not n0 or len(before.get("ranks", ())) != len(now["ranks"]):
+        return now  # nothing to add, or another world size: the earlier figures describe other ranks
+    ranks = []
+    for old, new in zip(before["ranks"], now["ranks"]):
+        merged = dict(new)
+        for key, value in new.items():
+            if key == "tokens":
+                merged[key] = int(old.get(key, 0)) + int(value)
+            elif key == "peak_memory_mb":
+                merged[key] = max(old.get(key) or 0, value or 0)
+            elif isinstance(value, float) and isinstance(old.get(key), (int, float)):
+                merged[key] = (old[key] * n0 + value * n1) / (n0 + n1)
+        ranks.append(merged)
+    return {**before, **now, "meta_steps": n0 + n1, "ranks": ranks,
+            "slow_rank": now.get("slow_rank") or before.get("slow_rank")}
+
+
 def save_telemetry(path: Path, method: str, summary: dict[str, Any]) -> None:
-    """Writes ``summary`` under ``method`` into the JSON file ``path`` (one entry per method; other
-    methods' entries kept). Call it on rank 0 only."""
+    """Adds ``summary`` to ``method``'s entry of the JSON file ``path`` (:func:`merge_summaries`:
+    a rerun or a resume keeps what earlier processes of the run measured; other methods' entries
+    kept). Call it on rank 0 only."""
     with locked(path):  # methods training side by side each add their entry
         current = json.loads(path.read_text()) if path.exists() else {}
-        current[method] = summary
+        current[method] = merge_summaries(current.get(method), summary)
         replace_text(path, dumps_strict(current, indent=2) + "\n")

@@ -12,7 +12,7 @@ import pytest
 
 from fmmeta.algorithms.gather import GatheredStep
 from fmmeta.algorithms.meta_step import StepStats
-from fmmeta.telemetry import RankWatch, save_telemetry
+from fmmeta.telemetry import RankWatch, merge_summaries, save_telemetry
 
 HOSTS = ["node-a", "node-b", "node-c"]
 
@@ -91,3 +91,27 @@ def test_summary_means_per_rank_and_file_keeps_other_methods(tmp_path: Path) -> 
 def test_bad_rule_is_refused() -> None:
     with pytest.raises(ValueError, match="window must be >= 2"):
         RankWatch("fomaml", HOSTS, window=1, margin=0.25)
+
+
+def test_a_rerun_keeps_the_runs_telemetry_and_a_resume_adds_to_it(tmp_path: Path) -> None:
+    """A finished method run again trains no meta-step: its entry stays as it was (it used to be
+    replaced by an empty one). A resumed one adds its meta-steps: means weighted by meta-steps."""
+    first = RankWatch("fomaml", HOSTS, window=4, margin=0.25)
+    for i in range(3):
+        first.observe(step(i, [1.0, 2.0], tokens=[10, 30]))
+    path = tmp_path / "telemetry.json"
+    save_telemetry(path, "fomaml", first.summary())
+    written = path.read_bytes()
+    save_telemetry(path, "fomaml", RankWatch("fomaml", HOSTS, window=4, margin=0.25).summary())
+    assert path.read_bytes() == written
+    resumed = RankWatch("fomaml", HOSTS, window=4, margin=0.25)
+    resumed.observe(step(3, [5.0, 2.0], tokens=[10, 30]))
+    save_telemetry(path, "fomaml", resumed.summary())
+    merged = json.loads(path.read_text())["fomaml"]
+    assert merged["meta_steps"] == 4
+    r0, r1 = merged["ranks"]
+    assert r0["compute_s"] == pytest.approx((3 * 1.0 + 5.0) / 4) and r1["compute_s"] == pytest.approx(2.0)
+    assert (r0["tokens"], r1["tokens"]) == (40, 120)
+    # another world size: the earlier figures describe other ranks, so this process's stand
+    one_rank = {"meta_steps": 1, "ranks": [{"rank": 0, "compute_s": 9.0, "tokens": 1, "peak_memory_mb": 1.0}]}
+    assert merge_summaries(merged, one_rank) == one_rank
