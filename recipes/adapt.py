@@ -18,7 +18,6 @@ reach adaptation.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -37,6 +36,7 @@ from fmmeta.errors import UserInputError
 from fmmeta.library_warnings import show_library_warnings_once
 from fmmeta.path_names import check_path_names
 from fmmeta.progress import Progress
+from fmmeta.strict_json import dumps_strict
 
 logger = logging.getLogger("fmmeta.adapt")
 
@@ -118,6 +118,19 @@ def out_folder(out: Path, run: Path) -> Path:
     return out
 
 
+def number_problems(args: argparse.Namespace, max_length: int) -> list[str]:
+    """What is out of range among the numbers that only adapt takes (the run's config checked the
+    rest): a greedy answer of no token, or longer than any example the run could hold, and tasks
+    per pass below one."""
+    problems = []
+    if not 1 <= args.max_new_tokens <= max_length:
+        problems.append(f"--max-new-tokens {args.max_new_tokens} is invalid: must be >= 1 and <= the run's "
+                        f"tasks.max_length={max_length} (an example's whole token budget)")
+    if args.tasks_per_pass is not None and args.tasks_per_pass < 1:
+        problems.append(f"--tasks-per-pass {args.tasks_per_pass} is invalid: must be >= 1 (tasks adapted together)")
+    return problems
+
+
 def summary(plan: RunMethod, adapter: Adapter, done: list[Adapted], seconds: float) -> dict[str, Any]:
     """Tasks, rows, seconds, and accuracy and loss over the queries whose labels were given."""
     rows = [r for a in done for r in a.predictions]
@@ -137,6 +150,7 @@ def adapt(args: argparse.Namespace) -> dict[str, Any]:
                           adapter=args.adapter)
     files = task_files(args)
     problems = [] if args.no_adapters else check_path_names([f.name for f in files], what="task name")
+    problems += number_problems(args, plan.cfg.tasks.max_length)
     if problems:  # each names a folder of --out/adapters
         raise UserInputError("; ".join(problems))
     texts = [read_task(f) for f in files]  # every file checked before the model loads
@@ -148,12 +162,12 @@ def adapt(args: argparse.Namespace) -> dict[str, Any]:
     done = adapter.adapt([adapter.build(t) for t in texts], on_group=progress.advance)
     with (out / "predictions.jsonl").open("w", encoding="utf-8") as fh:
         for adapted in done:
-            fh.writelines(json.dumps(r) + "\n" for r in adapted.predictions)
+            fh.writelines(dumps_strict(r) + "\n" for r in adapted.predictions)
     if not args.no_adapters:
         for adapted in done:
             adapted.save(out / "adapters" / adapted.task.name)
     result = summary(plan, adapter, done, time.monotonic() - start)
-    (out / "summary.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    (out / "summary.json").write_text(dumps_strict(result, indent=1) + "\n", encoding="utf-8")  # NaN: null
     (out / CLAIM).unlink()  # complete: a crash leaves the claim, and the folder is refused as not empty
     return result
 

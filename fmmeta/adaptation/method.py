@@ -165,6 +165,11 @@ def _adapter(run: Path, folder: Path, method: str, given: Path | None, cfg: Reci
     return given
 
 
+MAX_LR = 1e3
+"""The largest adaptation lr adapt takes: the evaluation's grid tops out at 1, and an lr of 1e30
+(or inf) turned every query's log-probability into NaN."""
+
+
 def resolve_method(run: Path, method: str, *, replicate: int = 0, steps: int | None = None,
                    lr: float | None = None, adapter: Path | None = None) -> RunMethod:
     """How the run's evaluation adapts ``method``, with ``steps`` / ``lr`` overriding it.
@@ -190,8 +195,9 @@ def resolve_method(run: Path, method: str, *, replicate: int = 0, steps: int | N
                              "not finish that method; rerun training to resume it, or pick another method")
     if steps is not None and steps < 0:
         raise UserInputError(f"--steps {steps} is invalid: must be >= 0 (0 = no adaptation)")
-    if lr is not None and not lr > 0:
-        raise UserInputError(f"--lr {lr} is invalid: must be > 0")
+    if lr is not None and not 0 < lr <= MAX_LR:
+        raise UserInputError(f"--lr {lr} is invalid: must be > 0 and <= {MAX_LR:g} (a larger step overflows the "
+                             "fp32 fast weights: every log-probability comes out NaN)")
     if _takes_no_steps(method):
         if steps or lr is not None:
             raise UserInputError(f"--method {method} takes the support as in-context demonstrations, with no "

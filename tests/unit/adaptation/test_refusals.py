@@ -253,3 +253,28 @@ def test_an_out_folder_another_adapt_is_writing_is_refused(tmp_path: Path) -> No
     (out / recipe.CLAIM).unlink()
     (out / "predictions.jsonl").write_text("")
     _refused("is not an empty folder", recipe.out_folder, out, run)
+
+
+def test_numbers_adapt_takes_are_range_checked_before_the_model_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import recipes.adapt as recipe
+
+    monkeypatch.setattr(recipe, "Adapter", lambda *a, **k: (_ for _ in ()).throw(AssertionError("model loaded")))
+    run = _run(tmp_path, lrs={"fomaml": 0.3})
+    (tmp_path / "s.csv").write_text("text,label\nParis,fr\nBerlin,de\n")
+    (tmp_path / "q.csv").write_text("text\nLyon\n")
+    base = ["--run", str(run), "--method", "fomaml", "--support", str(tmp_path / "s.csv"), "--query",
+            str(tmp_path / "q.csv"), "--out", str(tmp_path / "out")]
+    for extra, message in [
+        (["--max-new-tokens", "0"], "--max-new-tokens 0 is invalid: must be >= 1 and <= the run's tasks.max_length="),
+        (["--max-new-tokens", "100000"], "--max-new-tokens 100000 is invalid"),
+        (["--tasks-per-pass", "-1"], "--tasks-per-pass -1 is invalid: must be >= 1"),
+        (["--lr", "inf"], "--lr inf is invalid: must be > 0 and <= 1000"),
+        (["--lr", "1e30"], "--lr 1e+30 is invalid"),
+        (["--lr", "nan"], "--lr nan is invalid"),
+    ]:
+        assert recipe.main(base + extra) == 2
+        err = capsys.readouterr().err
+        assert message in err, err
+        assert not (tmp_path / "out").exists()
