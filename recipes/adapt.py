@@ -65,7 +65,8 @@ def parse_args(argv: list[str], prog: str | None = None) -> argparse.Namespace:
     p.add_argument("--labels", help="the label set, comma-separated (default: the support's labels)")
     p.add_argument("--steps", type=int, help="adaptation steps (default: the run's evaluation's)")
     p.add_argument("--lr", type=float, help="adaptation lr (default: the one the evaluation chose on validation)")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="longest greedy answer (generation)")
+    p.add_argument("--max-new-tokens", type=int, help="longest greedy answer (generation; default 64, at most the "
+                   "run's tasks.max_length)")
     p.add_argument("--tasks-per-pass", type=int, help="tasks adapted together (default: eval.episodes_per_pass)")
     p.add_argument("--no-adapters", action="store_true", help="write predictions only, no adapter folders")
     return p.parse_args(argv)
@@ -123,7 +124,7 @@ def number_problems(args: argparse.Namespace, max_length: int) -> list[str]:
     rest): a greedy answer of no token, or longer than any example the run could hold, and tasks
     per pass below one."""
     problems = []
-    if not 1 <= args.max_new_tokens <= max_length:
+    if args.max_new_tokens is not None and not 1 <= args.max_new_tokens <= max_length:
         problems.append(f"--max-new-tokens {args.max_new_tokens} is invalid: must be >= 1 and <= the run's "
                         f"tasks.max_length={max_length} (an example's whole token budget)")
     if args.tasks_per_pass is not None and args.tasks_per_pass < 1:
@@ -157,7 +158,8 @@ def adapt(args: argparse.Namespace) -> dict[str, Any]:
     out = out_folder(args.out, args.run)
     logger.info("adapting %d task(s) with %s of %s: %s, %d step(s)", len(texts), plan.method, plan.run,
                 f"lr {plan.lr:g} ({plan.lr_source})" if plan.lr is not None else plan.lr_source, plan.steps)
-    adapter = Adapter(plan, tasks_per_pass=args.tasks_per_pass, max_new_tokens=args.max_new_tokens)
+    adapter = Adapter(plan, tasks_per_pass=args.tasks_per_pass,
+                      max_new_tokens=args.max_new_tokens or min(64, plan.cfg.tasks.max_length))
     progress = Progress("adapted", len(texts), "tasks", every_s=10.0)
     done = adapter.adapt([adapter.build(t) for t in texts], on_group=progress.advance)
     with (out / "predictions.jsonl").open("w", encoding="utf-8") as fh:
