@@ -21,6 +21,7 @@ from pathlib import Path
 
 from fmmeta.algorithms.build import method_of
 from fmmeta.algorithms.meta_sgd import load_step_sizes
+from fmmeta.checkpoint.lock import RunLock, RunLockError
 from fmmeta.config import ConfigError, load_config
 from fmmeta.errors import UserInputError
 from fmmeta.evaluation.methods import IN_CONTEXT
@@ -81,8 +82,11 @@ def _replicate(run: Path, cfg: RecipeConfig, replicate: int) -> tuple[RecipeConf
 
 
 def _evaluation(run: Path) -> tuple[dict, Path] | None:
-    """The run's evaluation report: training's ``eval/eval.json``, else the newest re-evaluation's."""
-    found = [run / "eval" / "eval.json"] + sorted(run.glob("eval-*/eval.json"), reverse=True)
+    """The run's newest evaluation report: training's ``eval/eval.json`` or a re-evaluation's
+    ``eval-*/eval.json``, whichever was written last (an extension trained without evaluating,
+    then evaluated with ``fmmeta evaluate --run``, has its lrs in the re-evaluation)."""
+    found = sorted((p for p in [run / "eval" / "eval.json", *run.glob("eval-*/eval.json")] if p.is_file()),
+                   key=lambda p: p.stat().st_mtime_ns, reverse=True)
     for path in found:
         if path.is_file():
             try:
@@ -91,6 +95,31 @@ def _evaluation(run: Path) -> tuple[dict, Path] | None:
                 raise UserInputError(f"{str(path)!r} cannot be read ({err}): evaluate the run again "
                                      "(fmmeta evaluate --run RUN), or pass --lr") from None
     return None
+
+
+def _not_training(run: Path) -> None:
+    """Refuses a run that a training still writes into (its lock held): its adapters and its
+    evaluation are not final. A run folder that cannot be locked (read-only) cannot be trained
+    into either, so it is read as it is."""
+    try:
+        RunLock.acquire(run).release()
+    except RunLockError as err:
+        raise UserInputError(f"--run {str(run)!r} is in use ({err}). Its adapters and the lrs its evaluation chose "
+                             "are not final while it trains: wait for it to finish (or stop it), then adapt") from None
+    except OSError:
+        pass
+
+
+def _stale_evaluation(method: str, adapter: Path, evaluation: str) -> str | None:
+    """Why the evaluation's lr does not fit ``adapter``: it was written before the adapter (the run
+    was extended after it was evaluated, e.g. with ``eval.enabled=false``), so it chose an lr for
+    an earlier adapter of the method."""
+    made, scored = (adapter / ADAPTER_FILE).stat().st_mtime_ns, Path(evaluation).stat().st_mtime_ns
+    if scored >= made:
+        return None
+    return (f"--method {method}: the evaluation {evaluation!r} is older than the adapter {str(adapter)!r} (the run was "
+            "trained on after it was evaluated), so its lr was chosen for an earlier adapter: evaluate the run again "
+            "(fmmeta evaluate --run RUN), or pass --lr")
 
 
 def _chosen_lr(run: Path, method: str, replicate: int) -> tuple[float, int, str] | None:
@@ -184,11 +213,13 @@ def resolve_method(run: Path, method: str, *, replicate: int = 0, steps: int | N
             apply to the method, or no chosen lr.
     """
     cfg = load_run_config(run)
+    _not_training(run)
     rep_cfg, folder = _replicate(run, cfg, replicate)
     known = ("base", IN_CONTEXT, *cfg.methods)
     if method not in known:
         raise UserInputError(f"--method {method!r} is not a method of the run {str(run)!r}: it trained "
                              f"{list(cfg.methods)} (base and {IN_CONTEXT} use its initial adapter)")
+    own = adapter is None  # the run's own adapter of the method, which its evaluation scored
     adapter = _adapter(run, folder, method, adapter, cfg)
     if adapter is not None and not (adapter / ADAPTER_FILE).is_file():
         raise UserInputError(f"--method {method!r}: {str(adapter / ADAPTER_FILE)!r} does not exist: the run did "
@@ -217,6 +248,9 @@ def resolve_method(run: Path, method: str, *, replicate: int = 0, steps: int | N
             raise UserInputError(f"--method {method}: the run has no evaluation that chose its adaptation lr "
                                  f"(no eval/eval.json in {str(run)!r} names it): evaluate the run first "
                                  "(fmmeta evaluate --run RUN) or pass --lr")
+        stale = _stale_evaluation(method, adapter, chosen[2]) if own and adapter is not None else None
+        if stale is not None:
+            raise UserInputError(stale)
         lr, source = chosen[0], f"chosen on validation ({chosen[2]})"
     default_steps = chosen[1] if chosen else cfg.eval.max_steps
     return RunMethod(run, rep_cfg, method, adapter, lr, steps if steps is not None else default_steps, source)

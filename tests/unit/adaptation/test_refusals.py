@@ -278,3 +278,29 @@ def test_numbers_adapt_takes_are_range_checked_before_the_model_loads(
         err = capsys.readouterr().err
         assert message in err, err
         assert not (tmp_path / "out").exists()
+
+
+def test_a_run_still_training_or_evaluated_before_its_adapter_is_refused(tmp_path: Path) -> None:
+    """adapt reads a consistent run: not one a training holds (its adapters are not final), and not
+    an lr its evaluation chose for an earlier adapter (the run extended after it was evaluated)."""
+    import os
+
+    from fmmeta.checkpoint.lock import RunLock
+
+    run = _run(tmp_path, lrs={"fomaml": 0.3})
+    lock = RunLock.acquire(run)  # a training of the run
+    try:
+        _refused("is in use .* not final while it trains", resolve_method, run, "fomaml")
+    finally:
+        lock.release()
+    assert resolve_method(run, "fomaml").lr == 0.3
+    adapter = run / "fomaml" / "adapter" / "adapter_model.safetensors"
+    later = (run / "eval" / "eval.json").stat().st_mtime_ns + 10**9
+    os.utime(adapter, ns=(later, later))  # trained on after the evaluation
+    _refused("is older than the adapter .* evaluate the run again", resolve_method, run, "fomaml")
+    assert resolve_method(run, "fomaml", lr=0.05).lr == 0.05  # an lr of one's own still adapts
+    # evaluated again (fmmeta evaluate --run writes eval-<time>/): that newest evaluation's lr
+    (run / "eval-2").mkdir()
+    (run / "eval-2" / "eval.json").write_text(json.dumps({"inner_lrs": {"fomaml": 0.1}, "max_steps": 3}))
+    os.utime(run / "eval-2" / "eval.json", ns=(later + 10**9, later + 10**9))
+    assert resolve_method(run, "fomaml").lr == 0.1
