@@ -25,6 +25,7 @@ from torch import nn
 
 from fmmeta.algorithms.config import AlgorithmConfig
 from fmmeta.algorithms.first_order import FOMAML
+from fmmeta.errors import UserInputError
 
 __all__ = ["ANIL", "top_layer_tensors"]
 
@@ -39,6 +40,7 @@ def top_layer_tensors(names: Sequence[str], layers: int) -> list[int]:
     Raises:
         ValueError: a name without a layer number (an adapter on a module outside the decoder
             layers, which ANIL could not place above or below the others).
+        UserInputError: more layers than the model has (ANIL would quietly be FOMAML).
     """
     index: list[int] = []
     for name in names:
@@ -48,7 +50,12 @@ def top_layer_tensors(names: Sequence[str], layers: int) -> list[int]:
                              "the top layers' adapter tensors, so put LoRA on layer modules only "
                              "(lora.target_modules) or use fomaml")
         index.append(int(found.group(1)))
-    top = sorted(set(index))[-layers:]
+    present = sorted(set(index))
+    if layers > len(present):
+        raise UserInputError(f"algorithm.anil.layers={layers} is invalid: the model has {len(present)} decoder layers "
+                             f"with adapter tensors: with anil adapting every one of them it is fomaml, and more cannot "
+                             f"be adapted. Use fewer than {len(present)} layers, or fomaml")
+    top = present[-layers:]
     return [i for i, layer in enumerate(index) if layer in top]
 
 

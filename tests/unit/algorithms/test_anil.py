@@ -35,7 +35,7 @@ def _top_sgd(model: torch.nn.Module, examples, lr: float, steps: int, layer: str
                     p -= lr * g
 
 
-@pytest.mark.parametrize("layers", [2, 5])  # the tiny model has 2 layers: both adapt every tensor
+@pytest.mark.parametrize("layers", [2])  # the tiny model has 2 layers: both adapt every tensor (5 is refused)
 def test_anil_over_every_layer_is_fomaml_bit_for_bit(peft_factory, episodes, layers: int) -> None:
     cfg = dict(inner_steps=3, inner_lr=0.1, measure_query_before=True)
     rank = make_mixed_rank(episodes, 3)  # several tasks sharing passes, clipping on
@@ -101,7 +101,7 @@ def test_top_layer_tensors_finds_the_layers_and_refuses_a_tensor_outside_them() 
     names = ["m.layers.0.q.A", "m.layers.0.q.B", "m.layers.10.q.A", "m.layers.2.q.A", "m.layers.10.v.B"]
     assert top_layer_tensors(names, 1) == [2, 4]
     assert top_layer_tensors(names, 2) == [2, 3, 4]
-    assert top_layer_tensors(names, 9) == [0, 1, 2, 3, 4]
+    assert top_layer_tensors(names, 3) == [0, 1, 2, 3, 4]
     with pytest.raises(ValueError, match="'m.lm_head.A' is in no numbered decoder layer"):
         top_layer_tensors(["m.layers.0.q.A", "m.lm_head.A"], 1)
 
@@ -112,3 +112,13 @@ def test_anil_is_registered_with_its_own_section() -> None:
     assert "top 3 layers" in METHODS["anil"].budget_rule(AlgorithmConfig(anil=ANILConfig(layers=3)))
     with pytest.raises(ConfigError, match=r"anil.layers=0 is invalid: must be >= 1"):
         build_algorithm("anil", AlgorithmConfig(anil=ANILConfig(layers=0)), PAD_ID)
+
+
+def test_more_layers_than_the_model_has_is_refused_not_fomaml_in_disguise() -> None:
+    from fmmeta.algorithms.anil import top_layer_tensors
+    from fmmeta.errors import UserInputError
+
+    names = [f"model.layers.{i}.self_attn.q_proj.lora_{ab}.weight" for i in range(2) for ab in "AB"]
+    assert top_layer_tensors(names, 2) == [0, 1, 2, 3]  # all of them: allowed, as asked
+    with pytest.raises(UserInputError, match=r"anil.layers=5 is invalid: the model has 2 decoder layers.*is fomaml"):
+        top_layer_tensors(names, 5)
