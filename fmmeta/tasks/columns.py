@@ -82,6 +82,12 @@ def render(template: str, cols: Mapping[str, list[Any]], n: int, *, where: str) 
                     f"{where}: column {name!r} row {i} is {v!r}: every referenced text must be "
                     f"non-empty; filter such rows first (dataset.filter(lambda r: r[{name!r}]))"
                 )
+            if isinstance(v, (list, tuple, dict)):  # its Python repr would be the prompt's text
+                raise ValueError(
+                    f"{where}: column {name!r} row {i} is a {type(v).__name__} ({str(v)[:60]}), not text: a "
+                    f"template field must be a string or a number; join the values into one string first "
+                    f"(dataset.map), or, for a question's options, use builder multiple_choice and {{options}}"
+                )
     names = list(cols)
     return [template.format(**{c: cols[c][i] for c in names}) for i in range(n)]
 

@@ -278,3 +278,11 @@ def test_data_files_with_a_local_path_is_refused(tmp_path: Path) -> None:
     for path in (str(tmp_path / "gen.jsonl"), "no/such/file.jsonl"):
         msg = _problems(tmp_path, _with(tmp_path, 0, path=path, data_files=["x.jsonl"]))
         assert f"tasks.collection[0].data_files is set but path={path!r} is local" in msg, msg
+
+
+def test_a_template_field_holding_lists_is_refused_not_trained_on_as_python_reprs(tmp_path: Path) -> None:
+    from fmmeta.tasks.columns import render
+
+    with pytest.raises(ValueError, match=r"column 'text' row 1 is a list \(\['owl', 'OWL'\]\), not text"):
+        render("Word: {text}", {"text": ["cat", ["owl", "OWL"]]}, 2, where="task 'w'")
+    assert render("Word: {text} ({n})", {"text": ["cat"], "n": [3]}, 1, where="task 'w'") == ["Word: cat (3)"]
