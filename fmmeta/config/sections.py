@@ -306,4 +306,9 @@ class EngineConfig:
                 f"deepspeed_config={self.deepspeed_config!r} does not exist: give a DeepSpeed "
                 "JSON file such as ds_configs/zero3.json"
             )
+        if self.kind == "local" and self.deepspeed_config is not None:
+            problems.append(
+                f"deepspeed_config={self.deepspeed_config!r} is set but kind='local' runs without DeepSpeed, so "
+                "it would be ignored: set kind to 'deepspeed' (or 'auto') to use it, or remove deepspeed_config"
+            )
         return problems
