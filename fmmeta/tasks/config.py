@@ -50,7 +50,7 @@ class TasksConfig:
         """Range checks, the suite name, and the whole collection against its data: every problem
         is found here, before any model is loaded."""
         from fmmeta.tasks.collection import collection_problems
-        from fmmeta.tasks.suites import resolve_suite
+        from fmmeta.tasks.suites import option_problems, resolve_suite
 
         problems: list[str] = []
         if not self.seed >= 0:
@@ -61,6 +61,7 @@ class TasksConfig:
         if suite != COLLECTION:
             try:
                 resolve_suite(suite)
+                problems.extend(option_problems(suite, self.options))
             except ValueError as err:
                 problems.append(_suite_problem(suite, err))
             if self.collection:

@@ -95,6 +95,9 @@ CONFIG_CASES = {
                          ["algorithm.reptile_query_step has moved to algorithm.reptile.query_step"]),
     "anil_layers_zero": (["algorithm.anil.layers=0"], ["algorithm.anil.layers=0 is invalid: must be >= 1"]),
     "lora_rank_zero": (["lora.r=0"], ["lora.r=0 is invalid: the LoRA rank must be >= 1"]),
+    "misspelt_suite_option": (["tasks.suite=synthetic", "tasks.options={n_example: 30}"],
+                             ["tasks.options.n_example is not an option of suite 'synthetic'",
+                              "did you mean 'n_examples'?"]),
     "zero_json_with_local_engine": (["engine.kind=local", "engine.deepspeed_config=ds_configs/zero3.json"],
                                     ["engine.deepspeed_config='ds_configs/zero3.json' is set but kind='local' runs "
                                      "without DeepSpeed, so it would be ignored"]),

@@ -88,6 +88,28 @@ def resolve_suite(name: str) -> SuiteBuilder:
     return builder
 
 
+def option_problems(name: str, options: dict[str, Any]) -> list[str]:
+    """What in ``tasks.options`` the suite ``name``'s builder does not take (each with the keys it
+    does take and the closest one), found before any model loads rather than as a ``TypeError``
+    after it. A builder that takes ``**kwargs`` takes any key."""
+    import difflib
+    import inspect
+
+    params = inspect.signature(resolve_suite(name)).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return []
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    takes = sorted(k for k, p in list(params.items())[1:]  # the first is the tokenizer
+                   if p.kind in named and k not in ("seed", "max_length"))
+    problems = []
+    for key in options:
+        if key not in takes:
+            close = difflib.get_close_matches(key, takes, n=1)
+            problems.append(f"options.{key} is not an option of suite {name!r}: it takes {takes}"
+                            + (f"; did you mean {close[0]!r}?" if close else ""))
+    return problems
+
+
 def build_suite(name: str, tokenizer: Any, **kwargs: Any) -> TaskSet:
     """Builds the suite ``name`` (registered, or ``"package.module:function"``); ``kwargs`` go to
     its builder.
@@ -116,6 +138,7 @@ __all__ = [
     "build_public_suite",
     "build_suite",
     "build_synthetic_suite",
+    "option_problems",
     "register_suite",
     "resolve_suite",
 ]
