@@ -140,6 +140,7 @@ def summary(plan: RunMethod, adapter: Adapter, done: list[Adapted], seconds: flo
     return {"run": str(plan.run), "method": plan.method, "seed": plan.cfg.train.seed, "lr": plan.lr,
             "lr_source": plan.lr_source, "steps": adapter.steps, "tasks": len(done), "query_rows": len(rows),
             "labelled_rows": len(known), "seconds": round(seconds, 3),
+            "prompts_cut": sum(a.task.n_cut for a in done),
             "accuracy": sum(r["correct"] for r in known) / len(known) if known else None,
             "loss": -sum(r["answer_logprob"] for r in known) / tokens if tokens else None}
 

@@ -15,6 +15,7 @@ they never reach adaptation.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
@@ -25,6 +26,8 @@ from fmmeta.tasks.classification import answer_word_ids
 from fmmeta.tasks.columns import column, render, resolve_template, template_fields
 from fmmeta.tasks.episode import Episode, Example
 from fmmeta.tasks.tokens import encode, eos_ids
+
+logger = logging.getLogger(__name__)
 
 Kind = Literal["classification", "dataset", "multiple_choice"]
 KINDS: tuple[str, ...] = ("classification", "dataset", "multiple_choice")
@@ -143,6 +146,8 @@ class UserTask:
     format: TaskFormat
     support_rows: tuple[dict[str, Any], ...] = ()
     query_options: tuple[tuple[str, ...], ...] = ()
+    n_cut: int = 0
+    """Prompts (support and query) cut from the left to fit ``tasks.max_length``."""
 
     @property
     def is_classification(self) -> bool:
@@ -312,9 +317,22 @@ def build_task(files: TaskFiles | TaskTexts, tokenizer: Any, *, max_length: int,
             labels outside the label set, or an answer too long for ``max_length``.
     """
     texts = read_task(files) if isinstance(files, TaskFiles) else files
+    s_ids, q_ids = (encode(tokenizer, p) for p in texts.prompts)
+    task = _build(texts, s_ids, q_ids, tokenizer, max_length=max_length, separator=separator)
+    cut = [sum(len(e.prompt_ids) < len(p) for e, p in zip(examples, ids))
+           for examples, ids in ((task.episode.support, s_ids), (task.episode.query, q_ids))]
+    if sum(cut):  # as training says of its tasks: their opening tokens are gone
+        logger.warning("task %r: cut %d of %d support and %d of %d query prompts from the left to fit "
+                       "tasks.max_length=%d (their opening tokens are lost)", task.name, cut[0], len(s_ids), cut[1],
+                       len(q_ids), max_length)
+    return dataclasses.replace(task, n_cut=sum(cut))
+
+
+def _build(texts: TaskTexts, s_ids: list[list[int]], q_ids: list[list[int]], tokenizer: Any, *, max_length: int,
+           separator: str) -> UserTask:
+    """:func:`build_task` of rows read and prompts tokenized (``s_ids``, ``q_ids``)."""
     fmt, name, labels = texts.files.format, texts.files.name, texts.labels
     (s_ans, q_ans), support = texts.answers, texts.support
-    s_ids, q_ids = (encode(tokenizer, p) for p in texts.prompts)
     sep = tuple(encode(tokenizer, [separator])[0]) if separator else ()
     if fmt.builder == "dataset":
         return _generation(texts.files, s_ids, q_ids, s_ans, q_ans, tokenizer, max_length, sep, support)

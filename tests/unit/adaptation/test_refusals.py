@@ -304,3 +304,15 @@ def test_a_run_still_training_or_evaluated_before_its_adapter_is_refused(tmp_pat
     (run / "eval-2" / "eval.json").write_text(json.dumps({"inner_lrs": {"fomaml": 0.1}, "max_steps": 3}))
     os.utime(run / "eval-2" / "eval.json", ns=(later + 10**9, later + 10**9))
     assert resolve_method(run, "fomaml").lr == 0.1
+
+
+def test_prompts_cut_to_the_budget_are_counted_and_said(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    rows = [{"text": "word " * 40 + str(i), "label": "ab"[i % 2]} for i in range(4)]
+    files = TaskFiles("long", rows, [{"text": "short"}, {"text": "word " * 40}], TaskFormat())
+    with caplog.at_level(logging.WARNING, logger="fmmeta.adaptation.task_files"):
+        task = build_task(files, tiny_tokenizer(), max_length=32)
+    assert task.n_cut == 5  # the 4 support rows and the long query row
+    assert "task 'long': cut 4 of 4 support and 1 of 2 query prompts from the left to fit tasks.max_length=32" in caplog.text
+    assert build_task(files, tiny_tokenizer(), max_length=1000).n_cut == 0
