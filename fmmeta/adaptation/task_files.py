@@ -21,7 +21,14 @@ from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
 from fmmeta.errors import UserInputError
-from fmmeta.tasks.choice_rows import OPTIONS_FIELD, gold_index, lettered, option_answers, question_options
+from fmmeta.tasks.choice_rows import (
+    OPTIONS_FIELD,
+    check_answer_column,
+    gold_index,
+    lettered,
+    option_answers,
+    question_options,
+)
 from fmmeta.tasks.classification import answer_word_ids
 from fmmeta.tasks.columns import column, render, resolve_template, template_fields
 from fmmeta.tasks.episode import Episode, Example
@@ -297,6 +304,8 @@ def _questions(rows: list[dict[str, Any]], answers: list[str | None], fmt: TaskF
     texts: list[list[str]] = []
     gold: list[int | None] = []
     try:
+        check_answer_column([r.get(fmt.label_column) for r, a in zip(rows, answers) if a is not None],
+                            fmt.answer_format, where=f"{where}: {fmt.label_column}")
         for i, (r, a) in enumerate(zip(rows, answers)):
             value = r[cols[0]] if fmt.options_column is not None else [r[c] for c in cols]
             opts, keys = question_options(value, where=f"{where}: row {i}")

@@ -12,8 +12,11 @@ all without a preprocessing script:
   is a letter on some rows and a digit on others), or the option's **text** (SciQ).
 
 ``answer_format: auto`` reads what is unambiguous (a dict column's key, an int index, an option's
-text, a capital letter) and refuses a digit string, which datasets use both 0-based (HellaSwag)
-and 1-based (WinoGrande, Social IQa): the user says which. The prompt is a template over the
+text, a capital letter) and refuses what reads two ways, naming both: a digit string, which
+datasets use both 0-based (HellaSwag) and 1-based (WinoGrande, Social IQa); integer answers that
+are never 0 (1, 2, 3 over four options is 1-based as likely as not); a letter that is also an
+option's text at another place (``"A"`` among options ``["C", "A", "B"]``). Whatever the format,
+a key two options share, or a text that matches two options once spaces are stripped, is refused. The prompt is a template over the
 row's columns plus ``{options}``, the options as lettered lines, for prompts that show them
 (lm-eval-harness scores MMLU both ways); an option's answer text is ``answer_template`` with
 ``{answer}`` (the option's text) and ``{letter}`` (its letter).
@@ -116,6 +119,7 @@ def multiple_choice_rows(
         raise ValueError(f"{where}: the dataset has no rows, so the task has no questions")
     texts, keys = _row_options(ds, options_column, option_cols, where=where)
     answers = column(ds, label_column)
+    check_answer_column(answers, answer_format, where=f"{where}: {label_column}")
     labels = [gold_index(answers[i], texts[i], keys[i], answer_format, where=f"{where}: row {i} ({label_column})")
               for i in range(len(ds))]
     shown = {OPTIONS_FIELD: [lettered(t) for t in texts]} if OPTIONS_FIELD in named else {}
@@ -155,7 +159,29 @@ def question_options(value: Any, *, where: str) -> tuple[list[str], list[str] | 
                          "rows first")
     if key_list is not None and len(key_list) != len(row):
         raise ValueError(f"{where} has {len(row)} options but {len(key_list)} labels {key_list}")
+    if key_list is not None and len(set(key_list)) < len(key_list):
+        twice = sorted({k for k in key_list if key_list.count(k) > 1})
+        raise ValueError(f"{where} has option labels {key_list}: {twice} name more than one option, so an answer "
+                         "naming one could mean either; give each option its own label")
     return row, key_list
+
+
+def check_answer_column(values: Sequence[Any], answer_format: str, *, where: str) -> None:
+    """Refuses an answer column ``auto`` would read one way where it reads two: integers that are
+    never 0, which may as well be 1-based.
+
+    Raises:
+        ValueError: naming both readings and the setting that picks one.
+    """
+    given = [v for v in values if v is not None]
+    ints = [v for v in given if isinstance(v, int) and not isinstance(v, bool)]
+    if answer_format != "auto" or not ints or len(ints) != len(given) or min(ints) < 1:
+        return
+    raise ValueError(
+        f"{where}: the answers are integers from {min(ints)} to {max(ints)} and never 0, which reads two ways: "
+        f"0-based (answer {min(ints)} is option {LETTERS[min(ints)] if min(ints) < len(LETTERS) else min(ints)}) or "
+        f"1-based (answer {min(ints)} is option {LETTERS[min(ints) - 1] if min(ints) <= len(LETTERS) else min(ints)}): "
+        "set answer_format to index (0-based) or number (1-based)")
 
 
 def gold_index(value: Any, texts: list[str], keys: list[str] | None, fmt: str, *, where: str) -> int:
@@ -176,8 +202,7 @@ def gold_index(value: Any, texts: list[str], keys: list[str] | None, fmt: str, *
     elif fmt == "key" and keys is not None:
         index = keys.index(str(value)) if str(value) in keys else None
     elif fmt == "text":
-        stripped = [t.strip() for t in texts]
-        index = stripped.index(str(value).strip()) if str(value).strip() in stripped else None
+        index = _text_index(str(value), texts, where=where)
     if index is None or not 0 <= index < len(texts):
         shown = texts if len(texts) <= 6 else [*texts[:6], "..."]
         raise ValueError(
@@ -188,13 +213,35 @@ def gold_index(value: Any, texts: list[str], keys: list[str] | None, fmt: str, *
     return index
 
 
+def _text_index(value: str, texts: list[str], *, where: str) -> int | None:
+    """The option whose text is ``value``: the one equal to it, else the one equal once spaces are
+    stripped; refused where that is several (``"yes"`` among ``["yes ", "no", " yes"]``)."""
+    exact = [j for j, t in enumerate(texts) if t == value]
+    if len(exact) == 1:
+        return exact[0]
+    stripped = [j for j, t in enumerate(texts) if t.strip() == value.strip()]
+    if len(stripped) > 1:
+        raise ValueError(f"{where}: the answer {value!r} is the text of options {[texts[j] for j in stripped]} "
+                         f"(at {[LETTERS[j] for j in stripped]}) once spaces are stripped: make the options differ "
+                         "by more than spaces, or give the answer as an index")
+    return stripped[0] if stripped else None
+
+
 def _auto_format(value: Any, texts: list[str], keys: list[str] | None, *, where: str) -> str:
-    """What ``answer_format: auto`` reads ``value`` as; a digit string is ambiguous and refused."""
+    """What ``answer_format: auto`` reads ``value`` as; a digit string, or a letter that is also
+    an option's text at another place, reads two ways and is refused."""
     if keys is not None:
         return "key"
     if isinstance(value, int) and not isinstance(value, bool):
         return "index"
     if isinstance(value, str) and value.strip() in [t.strip() for t in texts]:
+        letter = value.strip().upper()
+        at = _text_index(value, texts, where=where)
+        if len(value.strip()) == 1 and letter in LETTERS and at is not None and LETTERS.find(letter) != at:
+            raise ValueError(
+                f"{where}: the answer {value!r} reads two ways: as a letter it is option {letter} "
+                f"({texts[LETTERS.find(letter)]!r}), as text it is option {LETTERS[at]} ({texts[at]!r}): set "
+                "answer_format to letter or text")
         return "text"
     if isinstance(value, str) and value.strip().isdigit():
         raise ValueError(
@@ -216,5 +263,6 @@ def option_answers(texts: Sequence[str], answer_template: str) -> list[str]:
     return [answer_template.format(answer=t, letter=LETTERS[j]) for j, t in enumerate(texts)]
 
 
-__all__ = ["ANSWER_FORMATS", "LETTERS", "OPTIONS_FIELD", "AnswerFormat", "MultipleChoiceRows", "gold_index",
+__all__ = ["ANSWER_FORMATS", "LETTERS", "OPTIONS_FIELD", "AnswerFormat", "MultipleChoiceRows", "check_answer_column",
+           "gold_index",
            "lettered", "multiple_choice_rows", "option_answers", "question_options"]

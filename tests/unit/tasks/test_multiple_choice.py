@@ -168,3 +168,28 @@ def test_sentence_pairs_and_yes_no_answers_classify_through_the_template() -> No
                                     template="{passage}\n{question}?", label_column="answer",
                                     verbalizer={"False": "no", "True": "yes"})
     assert [TOK.decode(boolq.examples[i].answer_ids) for i in (0, 1)] == [" no</s>", " yes</s>"]
+
+
+def test_answers_that_read_two_ways_are_refused_with_both_readings() -> None:
+    """Each was read one way without a word: 1-based integers as 0-based, a letter that is also an
+    option's text as that text, a key two options share as the first, a text two options match
+    once spaces are stripped as the first."""
+    import pytest
+
+    from fmmeta.tasks.choice_rows import check_answer_column, gold_index, question_options
+
+    with pytest.raises(ValueError, match=r"integers from 1 to 3 and never 0, which reads two ways: 0-based .* "
+                                         r"1-based .* set answer_format to index \(0-based\) or number"):
+        check_answer_column([1, 3, 2, 1], "auto", where="t")
+    check_answer_column([1, 0, 3], "auto", where="t")  # a 0: 0-based
+    check_answer_column([1, 3], "number", where="t")  # said
+    with pytest.raises(ValueError, match=r"'A' reads two ways: as a letter it is option A \('C'\), as text it is "
+                                         r"option B \('A'\)"):
+        gold_index("A", ["C", "A", "B"], None, "auto", where="t")
+    assert gold_index("A", ["A", "B", "C"], None, "auto", where="t") == 0  # both readings agree
+    assert gold_index("A", ["C", "A", "B"], None, "text", where="t") == 1  # said
+    with pytest.raises(ValueError, match=r"\['A'\] name more than one option"):
+        question_options({"text": ["x", "y", "z"], "label": ["A", "B", "A"]}, where="t")
+    with pytest.raises(ValueError, match=r"'yes' is the text of options \['yes ', ' yes'\]"):
+        gold_index("yes", ["yes ", "no", " yes"], None, "auto", where="t")
+    assert gold_index("yes", ["yes ", "no", "yes"], None, "text", where="t") == 2  # the exact one
