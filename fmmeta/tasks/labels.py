@@ -68,12 +68,18 @@ def _check_distinct_words(words: list[str], names: list[str], *, where: str) -> 
 
 
 def _check_label_values(values: Sequence[Any], *, key: str, where: str) -> None:
-    """Refuses empty labels, labels of mixed types, and no labels at all."""
+    """Refuses empty labels, labels that are lists or objects, labels of mixed types, and no
+    labels at all."""
     for i, v in enumerate(values):
         if v is None or (isinstance(v, str) and not v.strip()):
             raise ValueError(
                 f"{where}: {key}[{i}]={v!r} is an empty label: every row needs a label; "
                 "filter unlabeled rows first"
+            )
+        if isinstance(v, (list, tuple, dict)):
+            raise ValueError(
+                f"{where}: {key}[{i}]={str(v)[:60]} is a {type(v).__name__}, not one label: every row needs a "
+                f"single label (a string or an integer); keep one value per row, or point {key} at the right column"
             )
     types: dict[str, Any] = {}
     for v in values:

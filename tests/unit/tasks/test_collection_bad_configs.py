@@ -286,3 +286,10 @@ def test_a_template_field_holding_lists_is_refused_not_trained_on_as_python_repr
     with pytest.raises(ValueError, match=r"column 'text' row 1 is a list \(\['owl', 'OWL'\]\), not text"):
         render("Word: {text}", {"text": ["cat", ["owl", "OWL"]]}, 2, where="task 'w'")
     assert render("Word: {text} ({n})", {"text": ["cat"], "n": [3]}, 1, where="task 'w'") == ["Word: cat (3)"]
+
+
+def test_a_label_column_of_lists_is_refused_naming_the_row() -> None:
+    from fmmeta.tasks.labels import labels_to_classes
+
+    with pytest.raises(ValueError, match=r"label\[1\]=\['a', 'b'\] is a list, not one label"):
+        labels_to_classes(["a", ["a", "b"]], verbalizer=None, feature_names=None, key="label", where="task 't'")
