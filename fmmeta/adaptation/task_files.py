@@ -30,7 +30,7 @@ from fmmeta.tasks.choice_rows import (
     question_options,
 )
 from fmmeta.tasks.classification import answer_word_ids
-from fmmeta.tasks.columns import column, render, resolve_template, template_fields
+from fmmeta.tasks.columns import answer_template_problem, column, render, resolve_template, template_fields
 from fmmeta.tasks.episode import Episode, Example
 from fmmeta.tasks.tokens import encode, eos_ids
 
@@ -275,6 +275,10 @@ class TaskTexts:
 def read_task(files: TaskFiles) -> TaskTexts:
     """Reads and checks one task's support and query rows (see :func:`build_task`)."""
     fmt, name = files.format, files.name
+    answer = answer_template_problem(fmt.answer_template, multiple_choice=fmt.builder == "multiple_choice",
+                                     key="--answer-template")
+    if answer is not None:
+        raise UserInputError(f"task {name!r}: {answer}")
     support = read_rows(files.support, what=f"task {name!r} support")
     query = [] if files.query is None else read_rows(files.query, what=f"task {name!r} query")
     key = fmt.output_column if fmt.builder == "dataset" else fmt.label_column

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from fmmeta.tasks.columns import answer_template_problem
 from fmmeta.tasks.data import FORMATS
 from fmmeta.tasks.options import TaskOptions
 from fmmeta.tasks.spec import EpisodeSpec
@@ -185,6 +186,9 @@ class CollectionSource:
                 )
         if builder == "multiple_choice":
             problems.extend(self._multiple_choice_problems())
+        answer = answer_template_problem(self.answer_template, multiple_choice=builder == "multiple_choice")
+        if answer is not None:
+            problems.append(answer)
         try:
             self.spec()
         except ValueError as err:

@@ -6,6 +6,7 @@ column, the row, the value and the fix.
 
 from __future__ import annotations
 
+import difflib
 import string
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -47,6 +48,25 @@ def template_fields(template: str, *, key: str) -> list[str]:
             "single braces, e.g. 'Review: {text}'"
         )
     return fields
+
+
+def answer_template_problem(template: str, *, multiple_choice: bool, key: str = "answer_template") -> str | None:
+    """What is wrong with an answer template, or None: it may name ``{answer}`` (the label word,
+    output or option) and, for multiple choice, ``{letter}``; any other field would fail on the
+    first row (a ``KeyError`` after the model loaded)."""
+    allowed = ("answer", "letter") if multiple_choice else ("answer",)
+    try:
+        fields = template_fields(template, key=key)
+    except ValueError as err:
+        if "refers to no column" in str(err):
+            return f"{key}={template!r} names no field, so every answer would be the same text: include {{answer}}"
+        return str(err)
+    unknown = [f for f in fields if f not in allowed]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], allowed, n=1)
+        return (f"{key}={template!r} names {{{unknown[0]}}}: an answer template takes "
+                + " and ".join(f"{{{a}}}" for a in allowed) + (f" (did you mean {{{close[0]}}}?)" if close else ""))
+    return None
 
 
 def template_tail(template: str) -> str:

@@ -316,3 +316,11 @@ def test_prompts_cut_to_the_budget_are_counted_and_said(caplog: pytest.LogCaptur
     assert task.n_cut == 5  # the 4 support rows and the long query row
     assert "task 'long': cut 4 of 4 support and 1 of 2 query prompts from the left to fit tasks.max_length=32" in caplog.text
     assert build_task(files, tiny_tokenizer(), max_length=1000).n_cut == 0
+
+
+def test_a_misspelt_answer_template_field_is_refused_before_the_model_loads() -> None:
+    bad = TaskFiles("t", SUPPORT, QUERY, TaskFormat(answer_template=" {anwser}"))
+    _refused(r"--answer-template=' \{anwser\}' names \{anwser\}: an answer template takes \{answer\} "
+             r"\(did you mean \{answer\}\?\)", read_task, bad)
+    _refused("names no field, so every answer would be the same text", read_task,
+             TaskFiles("t", SUPPORT, QUERY, TaskFormat(answer_template=" yes")))

@@ -113,6 +113,11 @@ CASES = {
         lambda p: _with(p, 2, templat="{input}"),
         ["unknown key 'tasks.collection[2].templat'; did you mean 'tasks.collection[2].template'?"],
     ),
+    "misspelt answer template field": (
+        lambda p: _with(p, 2, answer_template=" {anwser}"),
+        ["tasks.collection[2].answer_template=' {anwser}' names {anwser}: an answer template takes {answer} "
+         "(did you mean {answer}?)"],
+    ),
     "key that does not apply to the builder": (
         lambda p: _with(p, 0, verbalizer=["a", "b"]),
         ["tasks.collection[0].verbalizer=['a', 'b'] does not apply to builder='task_column' "
