@@ -262,9 +262,7 @@ def _assemble(
     for m in meta:
         a, b = m["start"], m["end"]
         tail = tail_tokens(tokenizer, m.get("template_tail", ""))
-        # Caches written before the rename to "family" call it "domain"; the key (and so the
-        # folder) is the same, so they are read as they are rather than rebuilt.
-        family = m["family"] if "family" in m else m["domain"]
+        family = m["family"]
         spec = EpisodeSpec(**{**m["spec"], "label_pool": tuple(m["spec"]["label_pool"] or ()) or None})
         prompts = cached.rows("prompt", a, b)
         if m.get("kind") == "multiple_choice":

@@ -255,33 +255,6 @@ def test_cache_hit_skips_tokenization(tmp_path: Path, monkeypatch: pytest.Monkey
     assert {n: t.examples for n, t in again.items()} == {n: t.examples for n, t in first.items()}
 
 
-def test_a_cache_written_with_the_old_domain_key_is_read_as_it_is(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Caches written before the rename store each task's family as "domain" in meta.json; the
-    key is unchanged, so they are hits and must read back with the same families."""
-    cfg = _config(tmp_path, {"collection": [
-        {"path": _jsonl(tmp_path / "m.jsonl", _metaicl_rows()), "preset": "metaicl",
-         "family": "mix", "shots": 2, "query": 2}],
-        "split": {"held_out": ["parity"], "validation": ["echo"]}})  # fmt: skip
-    first = _by_name(_build(cfg))
-    (folder,) = _cache_folders(tmp_path)
-    info = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
-    assert all("family" in m for m in info["tasks"])
-    for m in info["tasks"]:
-        m["domain"] = m.pop("family")
-    (folder / "meta.json").write_text(json.dumps(info), encoding="utf-8")
-
-    def no_tokenizing(*args, **kwargs):
-        raise AssertionError("tokenized again: the old cache missed")
-
-    monkeypatch.setattr(task_cache, "_write", no_tokenizing)
-    again = _by_name(_build(cfg))
-    assert {t.family for t in first.values()} == {"mix"}
-    assert {n: t.family for n, t in again.items()} == {n: t.family for n, t in first.items()}
-    assert {n: t.examples for n, t in again.items()} == {n: t.examples for n, t in first.items()}
-
-
 def test_cache_misses_after_a_changed_template(tmp_path: Path) -> None:
     before = _by_name(_build(_one_source(tmp_path)))
     after = _by_name(_build(_one_source(tmp_path, template="Q: {input}")))
