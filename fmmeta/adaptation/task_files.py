@@ -228,6 +228,10 @@ def _answers(rows: list[dict[str, Any]], key: str, *, required: bool, where: str
                 raise UserInputError(f"{where}: row {i} has no {key!r}: every support row needs its label or "
                                      f"answer in column {key!r} (--label-column / --output-column name another)")
             out.append(None)
+        elif isinstance(v, float) and v.is_integer():
+            # A CSV column of integers with a blank row is read as floats (0.0, 1.0): the label is
+            # the integer, as in the file and in the rows without a gap.
+            out.append(str(int(v)))
         else:
             out.append(str(v))
     return out

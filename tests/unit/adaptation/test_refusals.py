@@ -324,3 +324,12 @@ def test_a_misspelt_answer_template_field_is_refused_before_the_model_loads() ->
              r"\(did you mean \{answer\}\?\)", read_task, bad)
     _refused("names no field, so every answer would be the same text", read_task,
              TaskFiles("t", SUPPORT, QUERY, TaskFormat(answer_template=" yes")))
+
+
+def test_integer_labels_with_unlabelled_query_rows_read_as_the_integers(tmp_path: Path) -> None:
+    """A CSV query whose label column has blanks is read as floats (0.0, 1.0); the labels are still
+    the support's integers (it was refused: '0.0' not in ['0', '1'])."""
+    (tmp_path / "s.csv").write_text("text,label\nParis,0\nBerlin,1\nRome,0\nBonn,1\n")
+    (tmp_path / "q.csv").write_text("text,label\nLyon,0\nKoeln,\nMilan,1\n")
+    texts = read_task(TaskFiles("t", tmp_path / "s.csv", tmp_path / "q.csv", TaskFormat()))
+    assert texts.labels == ("0", "1") and texts.answers[1] == ["0", None, "1"]
