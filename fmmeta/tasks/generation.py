@@ -306,7 +306,8 @@ class GenerationTask(ExamplePool):
             ValueError: if the task cannot supply an episode of ``spec``.
         """
         return GenerationTask(
-            self.name, prompts=self._prompts, answers=self._answers, spec=spec, family=self.family, separator_ids=self.separator_ids, n_dropped=self.n_dropped,
+            self.name, prompts=self._prompts, answers=self._answers, spec=spec, family=self.family,
+            separator_ids=self.separator_ids, n_dropped=self.n_dropped,
             n_cut=self.n_cut,
         )  # fmt: skip
 
