@@ -36,7 +36,6 @@ def _build(data: Path, cache: Path, on_barrier=None):  # noqa: ANN001, ANN202
     from fmmeta.tasks import collection
     from fmmeta.tasks.testing import tiny_tokenizer
 
-    collection.PART_FILES = PART_FILES
     if on_barrier is not None:
         group = collection._process_group
 
@@ -62,6 +61,9 @@ def _folders(cache: Path) -> list[str]:
 
 def _worker(rank: int, init_file: str, data: str, cache: str, out_dir: str) -> None:
     torch.set_num_threads(1)
+    from fmmeta.tasks import collection
+
+    collection.PART_FILES = PART_FILES  # a spawned process of its own: nothing else sees it
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD,
                             timeout=datetime.timedelta(seconds=60))
     try:
@@ -82,7 +84,10 @@ def _worker(rank: int, init_file: str, data: str, cache: str, out_dir: str) -> N
 
 
 @pytest.mark.timeout(120)
-def test_two_ranks_share_the_build_and_hold_one_processs_tasks(tmp_path: Path) -> None:
+def test_two_ranks_share_the_build_and_hold_one_processs_tasks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fmmeta.tasks import collection
+
+    monkeypatch.setattr(collection, "PART_FILES", PART_FILES)  # for the one-process build below
     data = tmp_path / "data"
     data.mkdir()
     for k in range(FILES):
