@@ -255,6 +255,10 @@ def describe(src: CollectionSource, index: int) -> str:
     return f"collection[{index}] (path={src.path!r}, {what})"
 
 
+_FINGERPRINTS: dict[str, str] = {}
+"""Each part's fingerprint as the config check computed it, by :func:`_part_id`, for
+the build of the same process: a digest of every byte of the data is not read twice."""
+
 _CHECKED: dict[str, list[TaskRows]] = {}
 """Rows the config check read, by :func:`_check_key`, until the build of the same process takes
 them: the check and the build share one read of each part (up to :data:`KEEP_ROWS`)."""
@@ -272,6 +276,13 @@ def _check_key(part: SourcePart, seed: int, fingerprint: str) -> str:
     return cache_key("checked", fingerprint, dataclasses.asdict(part.src), seed, part.index, part.k, part.count)
 
 
+def _part_id(part: SourcePart) -> str:
+    """What names a part within one process: its source's settings, its place and its files."""
+    from fmmeta.tasks.cache import cache_key
+
+    return cache_key("part", dataclasses.asdict(part.src), part.index, part.k, part.count, part.files)
+
+
 def _checked_record(cache_dir: str | None, key: str) -> Path:
     """Where a part that passed its check records its tasks' names and families, so that the next
     check of the same data and settings reads no row (``<cache_dir>/checked``, or beside the
@@ -287,7 +298,9 @@ def _checked_tasks(part: SourcePart, *, seed: int, max_length: int, cache_dir: s
     Raises:
         ValueError: the first problem with the part's data.
     """
-    key = _check_key(part, seed, part.fingerprint(datasets_cache(cache_dir)))
+    fingerprint = part.fingerprint(datasets_cache(cache_dir))
+    _FINGERPRINTS[_part_id(part)] = fingerprint
+    key = _check_key(part, seed, fingerprint)
     record = _checked_record(cache_dir, key)
     try:
         return [(str(n), str(f)) for n, f in json.loads(record.read_text(encoding="utf-8"))]
@@ -419,7 +432,7 @@ def build_collection(
     parts = [part for i, src in enumerate(sources) for part in source_parts(src, i)]
     keys = {}  # part -> (its cache key, its check key)
     for part in parts:
-        fp = part.fingerprint(data_dir)
+        fp = _FINGERPRINTS.pop(_part_id(part), None) or part.fingerprint(data_dir)
         keys[part] = (cache_key(tok_fp, fp, dataclasses.asdict(part.src), seed, part.index, part.k, part.count),
                       _check_key(part, seed, fp))
     cached = {key for key, _ in keys.values() if os.path.isdir(os.path.join(root, key))}
@@ -450,6 +463,7 @@ def build_collection(
         if part not in built:
             build(part)
     _CHECKED.clear()  # rows checked for other settings would not be asked for again
+    _FINGERPRINTS.clear()
     tasks = [t for part in parts for t in built[part]]
     hits = sum(all(keys[p][0] in cached for p in parts if p.index == i) for i in range(len(sources)))
     check_unique_names(tasks, where="tasks.collection")

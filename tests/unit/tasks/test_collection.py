@@ -478,3 +478,19 @@ def test_past_the_rows_it_may_keep_the_check_lets_rows_go_and_the_build_reads_th
     again = _by_name(_build(cfg))
     assert len(reads) == 2
     assert {n: t.examples for n, t in again.items()} == {n: t.examples for n, t in kept.items()}
+
+
+def test_the_build_takes_the_checks_digest_of_the_data_instead_of_reading_it_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fmmeta.tasks import collection
+
+    digests: list[int] = []
+    real = collection.content_digest
+    monkeypatch.setattr(collection, "content_digest", lambda paths: (digests.append(len(paths)), real(paths))[1])
+    cfg = _one_source(tmp_path)  # the check: one digest of the one file
+    assert digests == [1]
+    _build(cfg)
+    assert digests == [1] and collection._FINGERPRINTS == {}
+    _build(cfg)  # a build without a check before it digests the data itself
+    assert digests == [1, 1]
