@@ -8,6 +8,10 @@ the same folder and is renamed over the target, which POSIX makes atomic.
 Methods that train side by side (``engine.workers``) append to one ``metrics.jsonl`` and add
 their entries to one ``telemetry.json``; :func:`locked` makes each read-modify-write (and each
 append) whole with respect to the others.
+
+A rerun that changes nothing rewrites nothing: a file whose bytes would stay the same keeps its
+modification time, which later commands compare (``fmmeta adapt`` refuses an evaluation older
+than the adapter it chose an lr for; a finished run rerun once more is not "newer").
 """
 
 from __future__ import annotations
@@ -15,10 +19,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ["locked", "replace_text"]
+__all__ = ["locked", "replace_bytes", "replace_changed", "replace_text"]
 
 
 @contextlib.contextmanager
@@ -33,9 +38,41 @@ def locked(path: Path) -> Iterator[None]:
         os.close(fd)
 
 
+def _same_bytes(path: Path, data: bytes) -> bool:
+    try:
+        return path.stat().st_size == len(data) and path.read_bytes() == data
+    except OSError:
+        return False
+
+
 def replace_text(path: Path, text: str) -> Path:
-    """Writes ``text`` (UTF-8) to ``path`` through ``.<name>.tmp`` and an atomic rename; returns ``path``."""
+    """Writes ``text`` (UTF-8) to ``path`` through ``.<name>.tmp`` and an atomic rename, unless
+    ``path`` already holds exactly that; returns ``path``."""
+    return replace_bytes(path, text.encode("utf-8"))
+
+
+def replace_bytes(path: Path, data: bytes) -> Path:
+    """:func:`replace_text` for bytes (a plot's PNG)."""
+    if _same_bytes(path, data):
+        return path
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
+    tmp.write_bytes(data)
     os.replace(tmp, path)
     return path
+
+
+def replace_changed(fresh: Path, folder: Path) -> list[str]:
+    """Moves every file of the folder ``fresh`` into ``folder`` (made if missing) whose bytes
+    differ from the file of that name there, each by an atomic rename, then removes ``fresh``.
+
+    Returns:
+        The names of the files replaced or added (empty when ``folder`` already held them all).
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    changed = []
+    for file in sorted(fresh.iterdir()):
+        if file.is_file() and not _same_bytes(folder / file.name, file.read_bytes()):
+            os.replace(file, folder / file.name)
+            changed.append(file.name)
+    shutil.rmtree(fresh)
+    return changed

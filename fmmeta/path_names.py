@@ -10,10 +10,11 @@ NFC and case, as on macOS and Windows).
 
 from __future__ import annotations
 
+import os
 import unicodedata
 from collections.abc import Sequence
 
-__all__ = ["check_path_names", "path_name_problem"]
+__all__ = ["FOLDER_ROOM", "check_path_names", "folder_room_problem", "path_name_problem"]
 
 _FORBIDDEN = frozenset('/\\\0:*?"<>|')
 """Characters a name must not hold: separators on any system, NUL, and what Windows refuses."""
@@ -62,3 +63,35 @@ def check_path_names(names: Sequence[str], *, what: str) -> list[str]:
                             "apart: give them names that differ in more than case")
         seen.setdefault(key, name)
     return problems
+
+
+FOLDER_ROOM = 255
+"""Bytes a command's output folder must leave below the system's path limit for what it writes
+inside: a run's deepest file (``replicate_<r>/<method>/checkpoints/.tmp_step_<n>/adapter/
+adapter_model.safetensors``) is under 100 bytes, DeepSpeed's ZeRO shards and an evaluation's
+``eval-<name>`` folder add less than one more folder name (255)."""
+
+
+def folder_room_problem(folder: str, *, what: str) -> str | None:
+    """Why files cannot be written inside ``folder`` (to :data:`FOLDER_ROOM` bytes deep), or None.
+
+    An ``output_dir`` near the path-length limit failed only when training wrote its first
+    checkpoint, with a fix ("free space and rerun") that failed again."""
+    path = os.path.abspath(os.path.expanduser(folder))
+    probe = path
+    while not os.path.isdir(probe):
+        probe = os.path.dirname(probe)
+    try:
+        path_max, name_max = os.pathconf(probe, "PC_PATH_MAX"), os.pathconf(probe, "PC_NAME_MAX")
+    except (OSError, ValueError):  # a system without pathconf: Linux's limits
+        path_max, name_max = 4096, 255
+    long_names = [n for n in path.split(os.sep) if len(os.fsencode(n)) > name_max]
+    if long_names:
+        return (f"{what}={folder!r} holds a folder name of {len(os.fsencode(long_names[0]))} bytes, longer than this "
+                f"file system's {name_max}: give a shorter name")
+    size = len(os.fsencode(path))
+    if size + FOLDER_ROOM > path_max:
+        return (f"{what}={folder!r} is {size} bytes long as an absolute path, leaving less than the {FOLDER_ROOM} "
+                f"bytes the files written inside it need below this system's path limit ({path_max}): give a "
+                "shorter path")
+    return None

@@ -22,6 +22,7 @@ from fmmeta.engine.build import compile_problems
 from fmmeta.engine.ds_config import DSConfigError, owned_values, resolve_ds_config
 from fmmeta.engine.optim import OuterOptimConfig
 from fmmeta.models.precision import auto_dtype, engine_precision
+from fmmeta.path_names import folder_room_problem
 from fmmeta.sampling.sampler import SamplerConfig
 from fmmeta.tasks.config import TasksConfig
 
@@ -182,8 +183,25 @@ class RecipeConfig:
                 f"bound anything; use >= {self.tasks.max_length}, or 0 for micro_batch_size x the "
                 "longest sequence"
             )
+        problems.extend(self._bucket_problems())
         problems.extend(self._launch_problems())
         return problems
+
+    def _bucket_problems(self) -> list[str]:
+        """A ``sampler.length_buckets`` width no pass can reach: every pass past the one below it
+        would be padded up to it (a width of 10**9 asked for a tensor no machine holds, and died
+        as a raw allocation error in the first pass)."""
+        buckets = self.sampler.length_buckets
+        longest = max(self.tasks.max_length, self.algorithm.icl_max_length)
+        widest = (max(self.sampler.tokens_per_pass, self.sampler.micro_batch_size * longest)
+                  if self.algorithm.padding_free else longest)
+        if not buckets or not isinstance(buckets[-1], int) or buckets[-1] <= widest:
+            return []
+        return [f"sampler.length_buckets={list(buckets)} is invalid: its widest bucket {buckets[-1]} is wider "
+                f"than any pass can be ({widest} tokens: " + ("sampler.tokens_per_pass, or micro_batch_size x the "
+                "longest row, with algorithm.padding_free" if self.algorithm.padding_free else
+                "the longest row, max of tasks.max_length and algorithm.icl_max_length") + "), so it would only "
+                f"pad; use widths <= {widest}"]
 
     def on_this_machine(self) -> RecipeConfig:
         """This config with ``model.dtype="auto"`` replaced by the dtype this machine computes
@@ -240,6 +258,8 @@ class RecipeConfig:
                 "set engine.workers=1 (or auto)"
             )
         problems.extend(compile_problems(self.engine))
+        room = folder_room_problem(self.output_dir, what="output_dir")
+        problems.extend([room] if room else [])
         path = self.engine.deepspeed_config
         if path is None or not os.path.isfile(os.path.expanduser(path)):
             return problems  # a missing file is reported by the engine section

@@ -34,7 +34,7 @@ from fmmeta.adaptation.task_files import FORMAT_KEYS, KINDS, describe_source, re
 from fmmeta.adaptation.task_list import task_list
 from fmmeta.errors import UserInputError
 from fmmeta.library_warnings import show_library_warnings_once
-from fmmeta.path_names import check_path_names
+from fmmeta.path_names import check_path_names, folder_room_problem
 from fmmeta.progress import Progress
 from fmmeta.strict_json import dumps_strict
 
@@ -153,6 +153,7 @@ def adapt(args: argparse.Namespace) -> dict[str, Any]:
     files = task_files(args)
     problems = [] if args.no_adapters else check_path_names([f.name for f in files], what="task name")
     problems += number_problems(args, plan.cfg.tasks.max_length)
+    problems += [p for p in [folder_room_problem(str(args.out), what="--out")] if p]
     if problems:  # each names a folder of --out/adapters
         raise UserInputError("; ".join(problems))
     texts = [read_task(f) for f in files]  # every file checked before the model loads

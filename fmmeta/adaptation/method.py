@@ -194,6 +194,33 @@ def _adapter(run: Path, folder: Path, method: str, given: Path | None, cfg: Reci
     return given
 
 
+class EditedRunError(UserInputError):
+    """The run's ``config.yaml`` was edited after training: no method of it can be adapted."""
+
+
+def _check_config_fits(run: Path, folder: Path, method: str, adapter: Path, cfg: RecipeConfig) -> None:
+    """Refuses a run whose ``config.yaml`` no longer describes its own adapter (edited after
+    training: another model, LoRA shape or scale). The adapter's ``adapter_config.json`` and the
+    method's newest checkpoint record what it was made with; loading it under the edited config
+    failed deep in peft after the model loaded, or, for ``lora.alpha``, scaled it wrongly without
+    a word."""
+    from fmmeta.checkpoint.resume import ADAPTER_KEYS, RESUME_FACTS, facts_checkpoint, resume_differences, resume_facts
+
+    peft = (adapter / "adapter_config.json").is_file()
+    problems = foreign_adapter_problems(adapter, cfg) if peft else []
+    ckpt = facts_checkpoint(cfg, folder, method)
+    if ckpt is not None:
+        now = {k: v for k, v in resume_facts(cfg, method).items() if k in ADAPTER_KEYS}
+        problems += [d.replace("in the checkpoint", f"in its checkpoint {ckpt.path.name}")
+                     for d in resume_differences(ckpt.meta[RESUME_FACTS], now)
+                     if not (peft and d.startswith(("lora.r:", "lora.alpha:", "lora.target_modules:")))]
+    problems = [d.replace(" now", " in config.yaml") for d in dict.fromkeys(problems)]
+    if problems:
+        raise EditedRunError(f"--run {str(run)!r}: its config.yaml no longer fits its {method} adapter, so it was "
+                             "edited after training (" + "; ".join(problems) + "). Put config.yaml back as training "
+                             "wrote it; to adapt under other settings, train a run with them")
+
+
 MAX_LR = 1e3
 """The largest adaptation lr adapt takes: the evaluation's grid tops out at 1, and an lr of 1e30
 (or inf) turned every query's log-probability into NaN."""
@@ -224,6 +251,8 @@ def resolve_method(run: Path, method: str, *, replicate: int = 0, steps: int | N
     if adapter is not None and not (adapter / ADAPTER_FILE).is_file():
         raise UserInputError(f"--method {method!r}: {str(adapter / ADAPTER_FILE)!r} does not exist: the run did "
                              "not finish that method; rerun training to resume it, or pick another method")
+    if own and adapter is not None:
+        _check_config_fits(run, folder, method, adapter, rep_cfg)
     if steps is not None and steps < 0:
         raise UserInputError(f"--steps {steps} is invalid: must be >= 0 (0 = no adaptation)")
     if lr is not None and not 0 < lr <= MAX_LR:
@@ -256,6 +285,36 @@ def resolve_method(run: Path, method: str, *, replicate: int = 0, steps: int | N
     return RunMethod(run, rep_cfg, method, adapter, lr, steps if steps is not None else default_steps, source)
 
 
+AUTO = "auto"
+"""``--method auto``: the candidate that does best in cross-validation on the user's support rows."""
+
+
+def candidate_methods(run: Path, replicate: int = 0) -> tuple[dict[str, RunMethod], dict[str, str]]:
+    """Every method of the run ``--method auto`` can compare, as its evaluation adapts each: base,
+    in_context and each method the run trained, in that order (the simplest first); and why each
+    other one cannot be (e.g. no evaluation chose its lr).
+
+    Raises:
+        UserInputError: the run or replicate is refused as a whole (not a run, still training,
+            its config edited), or no candidate is left.
+    """
+    cfg = load_run_config(run)
+    _not_training(run)
+    _replicate(run, cfg, replicate)
+    plans, skipped = {}, {}
+    for method in ("base", IN_CONTEXT, *cfg.methods):
+        try:
+            plans[method] = resolve_method(run, method, replicate=replicate)
+        except EditedRunError:
+            raise
+        except UserInputError as err:
+            skipped[method] = str(err)
+    if not plans:
+        raise UserInputError(f"--method {AUTO}: no method of the run {str(run)!r} can be adapted: "
+                             + "; ".join(skipped.values()))
+    return plans, skipped
+
+
 def _takes_no_steps(method: str) -> bool:
     """Whether the method's evaluation takes the support as demonstrations and no gradient step
     (the in-context row; a method scored with demonstrations, as MetaICL)."""
@@ -263,4 +322,5 @@ def _takes_no_steps(method: str) -> bool:
     return method == IN_CONTEXT or (registered is not None and registered.scoring == "demonstrations")
 
 
-__all__ = ["RunMethod", "foreign_adapter_problems", "load_run_config", "resolve_method"]
+__all__ = ["AUTO", "EditedRunError", "RunMethod", "candidate_methods", "foreign_adapter_problems", "load_run_config",
+           "resolve_method"]

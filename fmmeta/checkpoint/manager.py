@@ -23,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -137,10 +138,11 @@ class CheckpointManager:
             return self._save(step, write, meta=meta)
         except OSError as err:
             last = self.latest(verify=False)
+            fix = ("Move the run to a shorter path (its whole folder) and rerun with that output_dir" if
+                   err.errno == errno.ENAMETOOLONG else "Free space (or make the folder writable) and rerun the same command")
             raise CheckpointWriteError(
                 f"writing checkpoint {step_dirname(step)} into {str(self.root)!r} failed ({err.strerror}: "
-                f"{err.filename!r}). Free space (or make the folder writable) and rerun the same command: it "
-                "resumes from the last complete checkpoint, "
+                f"{err.filename!r}). {fix}: it resumes from the last complete checkpoint, "
                 + (f"{str(last.path)!r} (after meta-step {last.step})" if last else "none yet (from step 0)")
             ) from None
 

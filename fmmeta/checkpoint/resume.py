@@ -22,7 +22,7 @@ from fmmeta.config import to_dict
 from fmmeta.errors import UserInputError
 
 __all__ = ["ADAPTER_KEYS", "DATA_FINGERPRINT", "RESUME_FACTS", "RESUME_KEYS", "adapter_problems", "check_task_pool",
-           "find_resume_checkpoint", "resume_differences", "resume_facts", "resume_problems"]
+           "facts_checkpoint", "find_resume_checkpoint", "resume_differences", "resume_facts", "resume_problems"]
 
 RESUME_FACTS = "resume_facts"
 """The manifest ``meta`` entry that holds :func:`resume_facts`."""
@@ -296,6 +296,13 @@ def _changed_settings(what: str, diffs: list[str], afresh: str, *, acceptable: b
     )
 
 
+def facts_checkpoint(cfg: Any, run_dir: Path, method: str) -> Checkpoint | None:
+    """The method's newest verified checkpoint that records the settings it was made with."""
+    ckpts = CheckpointManager(run_dir / method / "checkpoints", keep_last=max(2, cfg.train.keep_last))
+    ckpt = ckpts.latest() if ckpts.root.is_dir() else None
+    return None if ckpt is None or RESUME_FACTS not in ckpt.meta else ckpt  # older ones predate the facts
+
+
 def adapter_problems(cfg: Any, run_dir: Path, methods: Iterable[str],
                      saved: Callable[[], Any]) -> list[str]:
     """Every reason the adapters of ``methods`` in the run ``run_dir`` cannot be evaluated under
@@ -308,10 +315,7 @@ def adapter_problems(cfg: Any, run_dir: Path, methods: Iterable[str],
     """
     problems = []
     for method in methods:
-        ckpts = CheckpointManager(run_dir / method / "checkpoints", keep_last=max(2, cfg.train.keep_last))
-        ckpt = ckpts.latest() if ckpts.root.is_dir() else None
-        if ckpt is not None and RESUME_FACTS not in ckpt.meta:
-            ckpt = None  # written before the facts were recorded
+        ckpt = facts_checkpoint(cfg, run_dir, method)
         if ckpt is not None:
             then, source = ckpt.meta[RESUME_FACTS], f"checkpoint {str(ckpt.path)!r}"
         else:

@@ -11,6 +11,7 @@ saving and restoring cannot drift apart.
 from __future__ import annotations
 
 import logging
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 from torch import nn
 
 from fmmeta.algorithms.protocol import MetaAlgorithm
+from fmmeta.atomic import replace_changed
 from fmmeta.checkpoint.manager import CheckpointManager, CheckpointWriter
 from fmmeta.checkpoint.resume import DATA_FINGERPRINT, RESUME_FACTS, find_resume_checkpoint, resume_facts
 from fmmeta.checkpoint.state import load_rng_state, save_rng_state
@@ -109,10 +111,20 @@ class TrainingState:
 
     def save_adapter(self, adapter_dir: Path) -> Path:
         """The trained adapter in peft's format, with what the algorithm keeps next to it; every
-        rank calls it, and it returns ``adapter_dir`` once the folder is complete on every rank."""
-        self.engine.save_adapter(adapter_dir)
+        rank calls it, and it returns ``adapter_dir`` once the folder is complete on every rank.
+
+        It is written beside ``adapter_dir`` first and only changed files are moved in: a rerun
+        of a finished method leaves the adapter's files as they were (their times included, which
+        ``fmmeta adapt`` compares with the evaluation's), and a crash mid-write leaves the old
+        adapter whole."""
+        fresh = adapter_dir.with_name(f".{adapter_dir.name}.writing")
+        if self.engine.rank == 0 and fresh.exists():
+            shutil.rmtree(fresh)  # left by a crash
+        self.engine.barrier()
+        self.engine.save_adapter(fresh)
         if self.engine.rank == 0:
-            self._save_with_adapter(adapter_dir)
+            self._save_with_adapter(fresh)
+            replace_changed(fresh, adapter_dir)
         self.engine.barrier()
         return adapter_dir
 

@@ -9,12 +9,13 @@ method, and the meta-training curves from ``metrics.jsonl``. Plots use matplotli
 
 from __future__ import annotations
 
+import io
 import logging
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fmmeta.atomic import replace_text
+from fmmeta.atomic import replace_bytes, replace_text
 from fmmeta.evaluation.intervals import N_BOOTSTRAP, Interval
 from fmmeta.evaluation.methods import IN_CONTEXT, MULTITASK
 from fmmeta.evaluation.replicated import Replicated
@@ -321,8 +322,15 @@ def plot_adaptation_curves(result: EvalResult, path: str | Path) -> Path:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    _save_png(fig, Path(path))
     return path
+
+
+def _save_png(fig: Figure, path: Path) -> None:
+    """The figure as a PNG, written only where its bytes changed (a rerun rewrites nothing)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    replace_bytes(path, buf.getvalue())
 
 
 def plot_training_curves(metrics_jsonl: str | Path, path: str | Path) -> Path:
@@ -366,7 +374,7 @@ def plot_training_curves(metrics_jsonl: str | Path, path: str | Path) -> Path:
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    _save_png(fig, Path(path))
     return path
 
 

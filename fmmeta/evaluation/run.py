@@ -73,7 +73,7 @@ def read_adapter_state(model: torch.nn.Module, folder: Path) -> list[torch.Tenso
 
     Raises:
         FileNotFoundError: the folder holds no adapter file.
-        UserInputError: the file is cut short or damaged.
+        UserInputError: the file is cut short or damaged, or made for another model width or rank.
     """
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
@@ -94,7 +94,18 @@ def read_adapter_state(model: torch.nn.Module, folder: Path) -> list[torch.Tenso
         ) from None
     params = [p for p in model.parameters() if p.requires_grad]
     initial = [p.detach().clone() for p in params]
-    set_peft_model_state_dict(model, state)
+    try:
+        set_peft_model_state_dict(model, state)
+    except RuntimeError as err:  # torch's load_state_dict: "size mismatch for <name>: ..."
+        mismatch = [line.strip() for line in str(err).splitlines() if "size mismatch" in line]
+        if not mismatch:
+            raise
+        raise UserInputError(
+            f"{file} does not fit this model's adapter ({mismatch[0]}"
+            + (f"; and {len(mismatch) - 1} more" if len(mismatch) > 1 else "")
+            + "): it was made for another base model or LoRA rank; use it with the model and LoRA it was "
+            "trained with (the config.yaml of its run)"
+        ) from None
     loaded = [p.detach().clone() for p in params]
     with torch.no_grad():
         for p, v in zip(params, initial, strict=True):

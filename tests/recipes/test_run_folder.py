@@ -173,3 +173,19 @@ def test_ctrl_c_while_the_recipe_imports_is_a_message(tmp_path: Path) -> None:
     text = log.read_text()
     assert "stopped by Ctrl-C while starting up; nothing was written" in text, text[-3000:]
     assert "Traceback" not in text and not (tmp_path / "run").exists()
+
+
+@pytest.mark.timeout(240)
+def test_a_rerun_of_a_finished_run_rewrites_no_file(tmp_path: Path) -> None:
+    """Files a rerun does not change keep their bytes and their times: ``fmmeta adapt`` compares an
+    adapter's time with its evaluation's, and a rewritten adapter read as one trained after it."""
+    out = tmp_path / "run"
+    args = [*_recipe.SHORT, "train.meta_steps=2", f"output_dir={out}"]
+    _recipe.run("python", args, timeout_s=120)
+    times = lambda: {p.relative_to(out).as_posix(): p.stat().st_mtime_ns for p in sorted(out.rglob("*"))
+                     if p.is_file() and not p.name.endswith(".lock")}
+    before, snapshot = times(), _snapshot(out)
+    time.sleep(0.05)  # a rewrite would carry a later time
+    _recipe.run("python", args, timeout_s=120)
+    assert _snapshot(out) == snapshot
+    assert times() == before, sorted(k for k, v in times().items() if before.get(k) != v)

@@ -134,6 +134,17 @@ CONFIG_CASES = {
         ["sampler.length_buckets=[128, 64]"],
         ["sampler.length_buckets=(128, 64) is invalid: need ascending distinct integer widths >= 1",
          "e.g. [64, 128, 256, 512], or [] for none"]),
+    "length_bucket_wider_than_any_pass": (
+        ["sampler.length_buckets=[64, 1000000000]"],
+        ["sampler.length_buckets=[64, 1000000000] is invalid: its widest bucket 1000000000 is wider than any pass "
+         "can be (32768 tokens: sampler.tokens_per_pass", "use widths <= 32768"]),
+    "output_dir_near_the_path_limit": (
+        ["output_dir=" + "/".join(["d" * 200] * 20)],
+        ["bytes long as an absolute path, leaving less than the 255 bytes the files written inside it need below "
+         "this system's path limit (4096): give a shorter path"]),
+    "output_dir_name_past_the_name_limit": (
+        ["output_dir=runs/" + "d" * 300],
+        ["holds a folder name of 300 bytes, longer than this file system's 255: give a shorter name"]),
     "unknown_inner_format": (["algorithm.inner_format=icl"],
                              ["algorithm.inner_format='icl' is invalid: allowed ['plain', 'in_context']"]),
     "method_listed_twice": (["methods=[fomaml,fomaml]"],

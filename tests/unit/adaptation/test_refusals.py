@@ -273,6 +273,7 @@ def test_numbers_adapt_takes_are_range_checked_before_the_model_loads(
         (["--lr", "inf"], "--lr inf is invalid: must be > 0 and <= 1000"),
         (["--lr", "1e30"], "--lr 1e+30 is invalid"),
         (["--lr", "nan"], "--lr nan is invalid"),
+        (["--out", str(tmp_path / "/".join(["o" * 200] * 20))], "leaving less than the 255 bytes the files written"),
     ]:
         assert recipe.main(base + extra) == 2
         err = capsys.readouterr().err
@@ -333,3 +334,23 @@ def test_integer_labels_with_unlabelled_query_rows_read_as_the_integers(tmp_path
     (tmp_path / "q.csv").write_text("text,label\nLyon,0\nKoeln,\nMilan,1\n")
     texts = read_task(TaskFiles("t", tmp_path / "s.csv", tmp_path / "q.csv", TaskFormat()))
     assert texts.labels == ("0", "1") and texts.answers[1] == ["0", None, "1"]
+
+
+def test_a_run_whose_config_was_edited_after_training_is_refused_before_the_model_loads(tmp_path: Path) -> None:
+    from fmmeta.adaptation.method import load_run_config
+    from fmmeta.checkpoint import CheckpointManager
+    from fmmeta.checkpoint.resume import RESUME_FACTS, resume_facts
+
+    run = _run(tmp_path, lrs={"fomaml": 0.3})
+    adapter = run / "fomaml" / "adapter"
+    (adapter / "adapter_config.json").write_text(json.dumps({"r": 4, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]}))
+    cfg = load_run_config(run)
+    CheckpointManager(run / "fomaml" / "checkpoints").save(1, lambda writer: None,
+                                                           meta={RESUME_FACTS: resume_facts(cfg, "fomaml")})
+    assert resolve_method(run, "fomaml").adapter == adapter  # as training wrote it
+    text = (run / "config.yaml").read_text()
+    (run / "config.yaml").write_text(text.replace("tiny_hidden_size: 32", "tiny_hidden_size: 64"))
+    message = _refused("its config.yaml no longer fits its fomaml adapter", resolve_method, run, "fomaml")
+    assert "model.tiny_hidden_size: 32 in its checkpoint" in message and "64 in config.yaml" in message
+    (run / "config.yaml").write_text(text.replace("  r: 4", "  r: 8"))
+    _refused("lora.r: 4 in the adapter, 8 in config.yaml", resolve_method, run, "fomaml")

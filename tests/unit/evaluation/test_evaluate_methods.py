@@ -437,3 +437,19 @@ def test_the_lr_choice_takes_each_episodes_first_gradient_once(padding_free: boo
         assert shared_rows < apart_rows
     else:
         assert apart_rows - shared_rows == (len(grid) - 1) * sum(len(ep.support) for ep in eps)
+
+
+def test_an_adapter_of_another_model_width_is_refused_with_both_shapes(tmp_path) -> None:
+    """peft's ``size mismatch`` traceback, raised after the model loaded, is one message naming the file."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from fmmeta.errors import UserInputError
+    from fmmeta.evaluation.run import read_adapter_state
+
+    wide = LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2))
+    get_peft_model(wide, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])).save_pretrained(tmp_path)
+    with pytest.raises(UserInputError, match=r"does not fit this model's adapter \(size mismatch .*64.*32") as err:
+        read_adapter_state(tiny_lora_llama(), tmp_path)
+    assert "adapter_model.safetensors" in str(err.value) and "more" in str(err.value)
