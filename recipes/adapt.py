@@ -29,7 +29,8 @@ from fmmeta.startup import Terminated, ctrl_c_raises  # first: Ctrl-C during the
 
 # isort: split
 from fmmeta.adaptation import Adapted, Adapter, TaskFiles, TaskFormat, resolve_method
-from fmmeta.adaptation.method import RunMethod, load_run_config
+from fmmeta.adaptation.cross_validation import DEFAULT_FOLDS, Comparison, below_base, fold_count
+from fmmeta.adaptation.method import AUTO, RunMethod, candidate_methods, load_run_config
 from fmmeta.adaptation.task_files import FORMAT_KEYS, KINDS, describe_source, read_task
 from fmmeta.adaptation.task_list import task_list
 from fmmeta.errors import UserInputError
@@ -46,7 +47,12 @@ def parse_args(argv: list[str], prog: str | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", type=Path, required=True, help="a finished run's output_dir")
-    p.add_argument("--method", required=True, help="a method the run trained, or base / in_context")
+    p.add_argument("--method", required=True, help="a method the run trained, base / in_context, or auto: the "
+                   "one that does best in cross-validation on the support rows")
+    p.add_argument("--compare", action="store_true", help="with a named --method: also cross-validate every "
+                   "candidate on the support rows, report them and warn if the method trails the base model")
+    p.add_argument("--folds", type=int, default=DEFAULT_FOLDS, help="cross-validation folds of auto / --compare "
+                   f"(default {DEFAULT_FOLDS}; fewer where a label has fewer support rows)")
     p.add_argument("--replicate", type=int, default=0, help="training replicate (runs of train.replicates > 1)")
     p.add_argument("--adapter", type=Path, help="adapt this peft adapter folder the way --method adapts, instead "
                    "of the method's own (it must fit the run's model and LoRA)")
@@ -132,8 +138,10 @@ def number_problems(args: argparse.Namespace, max_length: int) -> list[str]:
     return problems
 
 
-def summary(plan: RunMethod, adapter: Adapter, done: list[Adapted], seconds: float) -> dict[str, Any]:
-    """Tasks, rows, seconds, and accuracy and loss over the queries whose labels were given."""
+def summary(plan: RunMethod, adapter: Adapter, done: list[Adapted], seconds: float,
+            comparison: Comparison | None = None, warning: str | None = None) -> dict[str, Any]:
+    """Tasks, rows, seconds, and accuracy and loss over the queries whose labels were given; with
+    auto / --compare, every candidate's cross-validated score and the choice."""
     rows = [r for a in done for r in a.predictions]
     known = [r for r in rows if "correct" in r]
     tokens = sum(r["answer_tokens"] for r in known)
@@ -142,26 +150,56 @@ def summary(plan: RunMethod, adapter: Adapter, done: list[Adapted], seconds: flo
             "labelled_rows": len(known), "seconds": round(seconds, 3),
             "prompts_cut": sum(a.task.n_cut for a in done),
             "accuracy": sum(r["correct"] for r in known) / len(known) if known else None,
-            "loss": -sum(r["answer_logprob"] for r in known) / tokens if tokens else None}
+            "loss": -sum(r["answer_logprob"] for r in known) / tokens if tokens else None,
+            **({"cross_validation": comparison.as_dict(), "warning": warning} if comparison else {})}
+
+
+def _plans(args: argparse.Namespace) -> tuple[RunMethod | None, dict[str, RunMethod], dict[str, str]]:
+    """The named method's plan (None for auto), and with auto / --compare every candidate's."""
+    auto = args.method == AUTO
+    if auto and (args.lr is not None or args.steps is not None or args.adapter is not None):
+        raise UserInputError(f"--method {AUTO} compares the run's methods as its evaluation adapts them: drop --lr, "
+                             "--steps and --adapter, or name the method they apply to (with --compare to compare)")
+    plan = None if auto else resolve_method(args.run, args.method, replicate=args.replicate, steps=args.steps,
+                                            lr=args.lr, adapter=args.adapter)
+    if not (auto or args.compare):
+        if args.folds != DEFAULT_FOLDS:
+            raise UserInputError(f"--folds {args.folds} with --method {args.method}: folds are for cross-validation; "
+                                 f"add --compare, or use --method {AUTO}")
+        return plan, {}, {}
+    plans, skipped = candidate_methods(args.run, args.replicate)
+    for method, why in skipped.items():
+        logger.warning("%s is not compared: %s", method, why)
+    return plan, plans, skipped
 
 
 def adapt(args: argparse.Namespace) -> dict[str, Any]:
-    """Checks everything that needs no model, then loads it once and adapts every task."""
+    """Checks everything that needs no model, then loads it once, cross-validates the candidates
+    (auto / --compare) and adapts every task."""
     start = time.monotonic()
-    plan = resolve_method(args.run, args.method, replicate=args.replicate, steps=args.steps, lr=args.lr,
-                          adapter=args.adapter)
+    plan, plans, skipped = _plans(args)
     files = task_files(args)
     problems = [] if args.no_adapters else check_path_names([f.name for f in files], what="task name")
-    problems += number_problems(args, plan.cfg.tasks.max_length)
+    max_length = (plan or next(iter(plans.values()))).cfg.tasks.max_length
+    problems += number_problems(args, max_length)
     problems += [p for p in [folder_room_problem(str(args.out), what="--out")] if p]
     if problems:  # each names a folder of --out/adapters
         raise UserInputError("; ".join(problems))
     texts = [read_task(f) for f in files]  # every file checked before the model loads
+    k = fold_count(texts, args.folds) if plans else 0
     out = out_folder(args.out, args.run)
+    adapter = Adapter(plan or next(iter(plans.values())), tasks_per_pass=args.tasks_per_pass,
+                      max_new_tokens=args.max_new_tokens or min(64, max_length))
+    comparison = warning = None
+    if plans:
+        logger.info("cross-validating %s on the support rows of %d task(s), %d folds", ", ".join(plans), len(texts), k)
+        comparison = adapter.compare(plans, texts, k, skipped, time.monotonic)
+        plan = plan or plans[comparison.chosen]
+        adapter = adapter.with_method(plan)
+        warning = below_base(plan.method, comparison.scores)
+    assert plan is not None
     logger.info("adapting %d task(s) with %s of %s: %s, %d step(s)", len(texts), plan.method, plan.run,
                 f"lr {plan.lr:g} ({plan.lr_source})" if plan.lr is not None else plan.lr_source, plan.steps)
-    adapter = Adapter(plan, tasks_per_pass=args.tasks_per_pass,
-                      max_new_tokens=args.max_new_tokens or min(64, plan.cfg.tasks.max_length))
     progress = Progress("adapted", len(texts), "tasks", every_s=10.0)
     done = adapter.adapt([adapter.build(t) for t in texts], on_group=progress.advance)
     with (out / "predictions.jsonl").open("w", encoding="utf-8") as fh:
@@ -170,7 +208,7 @@ def adapt(args: argparse.Namespace) -> dict[str, Any]:
     if not args.no_adapters:
         for adapted in done:
             adapted.save(out / "adapters" / adapted.task.name)
-    result = summary(plan, adapter, done, time.monotonic() - start)
+    result = summary(plan, adapter, done, time.monotonic() - start, comparison, warning)
     (out / "summary.json").write_text(dumps_strict(result, indent=1) + "\n", encoding="utf-8")  # NaN: null
     (out / CLAIM).unlink()  # complete: a crash leaves the claim, and the folder is refused as not empty
     return result
@@ -201,6 +239,16 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         print(f"stopped by {'SIGTERM' if isinstance(err, Terminated) else 'Ctrl-C'}: the run was only read; "
               f"{str(args.out)!r} may hold part of the output", file=sys.stderr)
         return 143 if isinstance(err, Terminated) else 130
+    cv = result.get("cross_validation")
+    if cv is not None:
+        print(f"cross-validated on the support rows ({cv['folds']} folds):")
+        for method, score in cv["candidates"].items():
+            print(f"  {method:<12} accuracy {score['accuracy']:.3f} ± {score['accuracy_se']:.3f}   loss "
+                  f"{score['loss']:.4f} ± {score['loss_se']:.4f}" + ("   <- best" if method == cv["chosen"] else ""))
+        if args.method == AUTO:
+            print(f"auto chose {cv['chosen']}: {cv['why']}")
+        if result["warning"]:
+            print(f"warning: {result['warning']}")
     accuracy = "" if result["accuracy"] is None else (
         f", accuracy {result['accuracy']:.3f} and loss {result['loss']:.4f} on {result['labelled_rows']} labelled rows")
     print(f"adapted {result['tasks']} task(s), {result['query_rows']} query rows, with {result['method']} in "

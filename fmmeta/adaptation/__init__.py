@@ -4,17 +4,22 @@ A finished run's method adapts to a task the run never saw, from a handful of la
 rows, exactly as the run's held-out evaluation adapted its episodes (same inner loop, lr chosen on
 validation, learned step sizes, demonstrations), then predicts the query rows and can write the
 adapted adapter in peft format. :mod:`.method` reads the run, :mod:`.task_files` the user's rows,
-:mod:`.session` adapts (many tasks in groups) and :mod:`.predict` ranks or decodes.
+:mod:`.session` adapts (many tasks in groups), :mod:`.predict` ranks or decodes, and
+:mod:`.cross_validation` chooses among the run's methods on the user's own rows (``auto``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from fmmeta.adaptation.method import RunMethod, resolve_method
+from fmmeta.adaptation.cross_validation import DEFAULT_FOLDS, fold_count
+from fmmeta.adaptation.method import AUTO, RunMethod, candidate_methods, resolve_method
 from fmmeta.adaptation.session import Adapted, Adapter
-from fmmeta.adaptation.task_files import TaskFiles, TaskFormat, UserTask, build_task
+from fmmeta.adaptation.task_files import TaskFiles, TaskFormat, UserTask, build_task, read_task
+from fmmeta.errors import UserInputError
 
 Rows = Sequence[Mapping[str, Any]] | str | Path
 
@@ -25,12 +30,15 @@ def _data(rows: Rows | None) -> Path | Sequence[Mapping[str, Any]] | None:
 
 def adapt(run: str | Path, method: str, support: Rows, query: Rows | None = None, *, replicate: int = 0,
           steps: int | None = None, lr: float | None = None, name: str = "task",
-          max_new_tokens: int = 64, adapter: str | Path | None = None, **format_keys: Any) -> Adapted:
+          max_new_tokens: int = 64, adapter: str | Path | None = None, folds: int = DEFAULT_FOLDS,
+          **format_keys: Any) -> Adapted:
     """Adapts a run's ``method`` to one new task, as the run's evaluation adapts, and predicts its query.
 
     Args:
         run: a finished run folder (its ``config.yaml`` names the model it was trained on).
-        method: a method the run trained, or ``base`` / ``in_context`` (its initial adapter).
+        method: a method the run trained, ``base`` / ``in_context`` (its initial adapter), or
+            ``auto``: the candidate that does best in cross-validation on the support rows
+            (:mod:`~fmmeta.adaptation.cross_validation`; its scores in ``.comparison``).
         support: labelled rows (a file any task builder reads, or a list of dicts).
         query: rows to predict (labels optional: where given, accuracy and loss are reported,
             never used to adapt); ``None``: predict later with :meth:`Adapted.predict`.
@@ -40,6 +48,7 @@ def adapt(run: str | Path, method: str, support: Rows, query: Rows | None = None
             method's own (e.g. one :meth:`Adapted.save` wrote); it must fit the run's model and LoRA.
         name: the task's name in predictions.
         max_new_tokens: longest greedy answer of a generation task.
+        folds: cross-validation folds of ``auto``.
         format_keys: the task source keys of :class:`~fmmeta.adaptation.task_files.TaskFormat`
             (``builder``, ``template``, ``text_column``, ``label_column``, ``labels``, ...).
 
@@ -56,11 +65,22 @@ def adapt(run: str | Path, method: str, support: Rows, query: Rows | None = None
         ...                        template="Country: {text}\\nContinent:")  # doctest: +SKIP
         >>> adapted.predictions[0]["prediction"]; adapted.save("my_adapter")  # doctest: +SKIP
     """
-    plan = resolve_method(Path(run), method, replicate=replicate, steps=steps, lr=lr,
-                          adapter=None if adapter is None else Path(adapter))
     files = TaskFiles(name, _data(support), _data(query), TaskFormat().replace(**format_keys))  # type: ignore[arg-type]
-    loaded = Adapter(plan, max_new_tokens=max_new_tokens)
-    return loaded.adapt([loaded.build(files)])[0]
+    if method != AUTO:
+        plan = resolve_method(Path(run), method, replicate=replicate, steps=steps, lr=lr,
+                              adapter=None if adapter is None else Path(adapter))
+        loaded = Adapter(plan, max_new_tokens=max_new_tokens)
+        return loaded.adapt([loaded.build(files)])[0]
+    if steps is not None or lr is not None or adapter is not None:
+        raise UserInputError(f"method={AUTO!r} compares the run's methods as its evaluation adapts them: drop steps, "
+                             "lr and adapter, or name the method they apply to")
+    plans, skipped = candidate_methods(Path(run), replicate)
+    texts = read_task(files)
+    k = fold_count([texts], folds)
+    loaded = Adapter(next(iter(plans.values())), max_new_tokens=max_new_tokens)
+    comparison = loaded.compare(plans, [texts], k, skipped, time.monotonic)
+    loaded = loaded.with_method(plans[comparison.chosen])
+    return dataclasses.replace(loaded.adapt([loaded.build(texts)])[0], comparison=comparison)
 
 
 __all__ = ["Adapted", "Adapter", "RunMethod", "TaskFiles", "TaskFormat", "UserTask", "adapt", "build_task",

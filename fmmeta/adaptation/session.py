@@ -12,6 +12,7 @@ used again for new rows.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import json
 import logging
@@ -20,6 +21,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
+from fmmeta.adaptation.cross_validation import Comparison, choose, cross_validate
 from fmmeta.adaptation.method import RunMethod
 from fmmeta.adaptation.predict import generate, rank, subset_route
 from fmmeta.adaptation.task_files import TaskFiles, TaskTexts, UserTask, build_task, read_rows
@@ -47,6 +49,8 @@ class Adapted:
     adapter: Adapter
     fast: list[torch.Tensor]
     predictions: list[dict[str, Any]]
+    comparison: Comparison | None = None
+    """With ``method="auto"``: every candidate's cross-validated score and the choice."""
 
     def predict(self, rows: Sequence[Mapping[str, Any]] | str | Path) -> list[dict[str, Any]]:
         """Predictions for new rows (a file or dicts, read as the query was), through this task's
@@ -82,21 +86,35 @@ class Adapter:
         from fmmeta.models import add_lora, build_model_and_tokenizer
 
         cfg = plan.cfg
-        self.plan = plan
         self.micro_batch_size = micro_batch_size or cfg.eval.micro_batch_size
         self.tasks_per_pass = tasks_per_pass or cfg.eval.episodes_per_pass
         self.max_new_tokens = max_new_tokens
         base, self.tokenizer = build_model_and_tokenizer(cfg.model)
         self.model = add_lora(base, cfg.lora, seed=cfg.train.seed)  # this replicate's initial adapter
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.spec = self._method()
-        self.start = [p.detach().clone() for p in self.params] if self.spec.state is None else list(self.spec.state)
-        self.inner = cfg.algorithm.inner_loop
-        if plan.lr is not None:
-            self.inner = dataclasses.replace(self.inner, inner_lr=plan.lr)
+        self._use(plan)
         if self.inner.padding_free:
             check_lines(self.model)
         self.lora = TaskLoRA(self.model, self.params)
+
+    def _use(self, plan: RunMethod) -> None:
+        """Adapts as ``plan``'s method from now on: its adapter as the start, its lr and steps."""
+        self.plan = plan
+        self.spec = self._method()
+        self.start = [p.detach().clone() for p in self.params] if self.spec.state is None else list(self.spec.state)
+        self.inner = plan.cfg.algorithm.inner_loop
+        if plan.lr is not None:
+            self.inner = dataclasses.replace(self.inner, inner_lr=plan.lr)
+
+    def with_method(self, plan: RunMethod) -> Adapter:
+        """An adapter for another method of the same run and replicate, on this one's model (loaded
+        once for every candidate ``--method auto`` compares)."""
+        if (plan.run, plan.cfg.train.seed) != (self.plan.run, self.plan.cfg.train.seed):
+            raise ValueError(f"{plan.method} of {plan.run} (seed {plan.cfg.train.seed}) is not of this adapter's run "
+                             f"{self.plan.run} (seed {self.plan.cfg.train.seed}): its initial adapter differs")
+        other = copy.copy(self)
+        other._use(plan)
+        return other
 
     def _method(self) -> EvalMethod:
         """The method as the evaluation's report row scores it (:func:`eval_methods`)."""
@@ -165,6 +183,26 @@ class Adapter:
             for g, r in zip(group, rows):
                 out[g] = [{"task": tasks[g].name, "row": i, **row} for i, row in enumerate(r)]
         return out
+
+    def compare(self, plans: Mapping[str, RunMethod], tasks: Sequence[TaskTexts], k: int,
+                skipped: Mapping[str, str], clock: Callable[[], float]) -> Comparison:
+        """Cross-validates every plan's method on ``tasks`` on this model (loaded once): the
+        folds of all tasks adapt together for each candidate
+        (:func:`~fmmeta.adaptation.cross_validation.cross_validate`).
+
+        Args:
+            plans: the candidates as the run's evaluation adapts them, simplest first
+                (:func:`~fmmeta.adaptation.method.candidate_methods`).
+            tasks: the user's tasks, read and checked; k: folds per task.
+            skipped: candidates left out, with why; clock: seconds.
+        """
+        def adapt_with(name: str, fold_tasks: list[TaskTexts]) -> list[list[dict[str, Any]]]:
+            candidate = self.with_method(plans[name])
+            return [a.predictions for a in candidate.adapt([candidate.build(t) for t in fold_tasks])]
+
+        scores = cross_validate(adapt_with, list(plans), tasks, k, clock)
+        chosen, why = choose(scores, list(plans))
+        return Comparison(k, scores, chosen, why, dict(skipped))
 
     def adapt(self, tasks: Sequence[UserTask], on_group: Callable[[int], None] | None = None) -> list[Adapted]:
         """Adapts the tasks in groups of ``tasks_per_pass`` (similar lengths together, as the

@@ -125,6 +125,7 @@ def test_recipe_refuses_with_exit_2_before_the_model_loads(tmp_path: Path, monke
     run = _run(tmp_path, lrs={"fomaml": 0.3})
     (tmp_path / "s.csv").write_text("text,label\nParis,fr\nBerlin,de\nRome,it\n")
     (tmp_path / "q.csv").write_text("text\nLyon\n")
+    (tmp_path / "lone.csv").write_text("text,label\nParis,fr\nLyon,fr\nBerlin,de\n")
     base = ["--run", str(run), "--method", "fomaml", "--support", str(tmp_path / "s.csv"), "--query",
             str(tmp_path / "q.csv"), "--out", str(tmp_path / "out")]
     cases = [
@@ -264,6 +265,7 @@ def test_numbers_adapt_takes_are_range_checked_before_the_model_loads(
     run = _run(tmp_path, lrs={"fomaml": 0.3})
     (tmp_path / "s.csv").write_text("text,label\nParis,fr\nBerlin,de\n")
     (tmp_path / "q.csv").write_text("text\nLyon\n")
+    (tmp_path / "lone.csv").write_text("text,label\nParis,fr\nLyon,fr\nBerlin,de\n")
     base = ["--run", str(run), "--method", "fomaml", "--support", str(tmp_path / "s.csv"), "--query",
             str(tmp_path / "q.csv"), "--out", str(tmp_path / "out")]
     for extra, message in [
@@ -274,6 +276,10 @@ def test_numbers_adapt_takes_are_range_checked_before_the_model_loads(
         (["--lr", "1e30"], "--lr 1e+30 is invalid"),
         (["--lr", "nan"], "--lr nan is invalid"),
         (["--out", str(tmp_path / "/".join(["o" * 200] * 20))], "leaving less than the 255 bytes the files written"),
+        (["--folds", "3"], "--folds 3 with --method fomaml: folds are for cross-validation"),
+        (["--compare", "--folds", "1"], "--folds 1 is invalid: cross-validation needs >= 2 folds"),
+        (["--method", "auto", "--lr", "0.1"], "--method auto compares the run's methods as its evaluation adapts them"),
+        (["--method", "auto", "--support", str(tmp_path / "lone.csv")], "has 1 support row of one of its labels"),
     ]:
         assert recipe.main(base + extra) == 2
         err = capsys.readouterr().err
