@@ -96,6 +96,7 @@ def _headline(result: EvalResult) -> list[str]:
         kept = "kept out of this section" if result is not full else "every task is at chance: nothing below tells methods apart"
         lines += [f"At chance, {kept}: {named}. On these tasks no method's 95% accuracy interval "
                   "leaves the chance rate (a uniform guess among the candidates).", ""]
+    lines += _out_of_format(full)
     if not comparisons:
         return lines
     holds = [c for c in comparisons if c.accuracy.excludes_zero]
@@ -122,6 +123,22 @@ def _headline(result: EvalResult) -> list[str]:
               + (" (with one replicate training variance is unknown: both are lower bounds)." if r == 1 else "."),
               ""]
     return lines
+
+
+def _out_of_format(result: EvalResult) -> list[str]:
+    """Every method against the base model on the held-out families of a format no meta-training
+    task has, apart from the rest: the held-out tasks above share the suite's templates and label
+    words, and a method that leads there can trail the base model on a user's own format."""
+    shifted = result.against_base()
+    if not shifted:
+        return []
+    lines = [f"Out of format ({', '.join(result.format_shift)}: a template and label words no meta-training task "
+             "has), each method against the base model, accuracy:", ""]
+    lines += ["| method - base | family | estimate [95%] | holds |", "|---|---|---|---|"]
+    lines += [f"| {c.method} | {c.family} | {_interval(c.accuracy, signed=True)} | "
+              f"{('yes, ' + ('above' if c.accuracy.estimate > 0 else 'below')) if c.accuracy.excludes_zero else 'no'} |"
+              for c in shifted]
+    return [*lines, ""]
 
 
 def _sentence(c: Comparison) -> str:

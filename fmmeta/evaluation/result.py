@@ -20,7 +20,7 @@ import numpy as np
 
 from fmmeta.algorithms.config import InnerLoopConfig
 from fmmeta.evaluation.intervals import Interval
-from fmmeta.evaluation.methods import IN_CONTEXT, MULTITASK
+from fmmeta.evaluation.methods import BASE, IN_CONTEXT, MULTITASK
 from fmmeta.evaluation.replicated import Replicated, replicated_interval
 from fmmeta.tasks.episode import Episode
 
@@ -195,6 +195,8 @@ class EvalResult:
             ``train_seeds[r]``); empty when the evaluation does not know it (one replicate).
         replicate_lrs: the adaptation lrs of each replicate, each chosen on validation for its
             own adapters, when there are several (``inner_lrs`` is replicate 0's).
+        format_shift: held-out families of a format no meta-training task has, scored apart
+            against the base model (:meth:`against_base`).
     """
 
     records: list[EpisodeRecord]
@@ -208,6 +210,7 @@ class EvalResult:
     step_sizes: dict[str, list[float]] = field(default_factory=dict)
     train_seeds: list[int] = field(default_factory=list)
     replicate_lrs: list[dict[str, float]] = field(default_factory=list)
+    format_shift: list[str] = field(default_factory=list)
     _summary: dict[str, dict[str, dict[int, MetricSummary]]] | None = field(
         default=None, repr=False, compare=False
     )
@@ -294,6 +297,17 @@ class EvalResult:
         self._comparisons[key] = out
         return out
 
+    def against_base(self) -> list[Comparison]:
+        """Every method against the base model on each :attr:`format_shift` family: whether
+        meta-training helps or hurts on a task of a format it never saw."""
+        out = []
+        for family in self.format_shift:
+            for method in self.methods:
+                c = None if method == BASE else self.compare(method, BASE, family)
+                if c is not None:
+                    out.append(c)
+        return out
+
     def at_chance(self) -> dict[str, float]:
         """Tasks where no method's accuracy leaves chance: ``task -> chance rate`` for every task
         with candidates on which, for every method at its headline step, the 95% accuracy interval
@@ -357,6 +371,7 @@ class EvalResult:
             inner=InnerLoopConfig(**inner),
             lr_selection=selection, notes=list(raw.get("notes", [])), step_sizes=dict(raw.get("step_sizes", {})),
             train_seeds=list(raw.get("train_seeds", [])), replicate_lrs=list(raw.get("replicate_lrs", [])),
+            format_shift=list(raw.get("format_shift", [])),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -390,8 +405,10 @@ class EvalResult:
             "step_sizes": self.step_sizes,
             "train_seeds": self.train_seeds,
             "replicate_lrs": self.replicate_lrs,
+            "format_shift": self.format_shift,
             "summary": summary,
             "comparisons": [dataclasses.asdict(c) for c in self.comparisons()],
+            "against_base": [dataclasses.asdict(c) for c in self.against_base()],
             "records": [dataclasses.asdict(r) for r in self.records],
         }
 

@@ -303,6 +303,7 @@ def evaluate_run(
         results.append(_with_rows_of(result, results[0], shared) if shared else result)
     result = merge_replicates(results, [rep.cfg.train.seed for rep in replicates])
     result.notes = budget_notes(cfg) if notes is None else list(notes)
+    result.format_shift = list(suite.format_shift)
     if query is not None:
         result.notes.append(f"Every evaluation episode has {query} query examples per class (per "
                             "episode for generation tasks; eval.query), not each task's own.")

@@ -470,7 +470,8 @@ def build_collection(
     where, problems = assign_splits([(t.name, t.family) for t in tasks], split, seed=seed)
     if problems:
         raise ValueError("tasks." + "; tasks.".join(problems))
-    out = TaskSet(**{s: [t for t in tasks if where[t.name] == s] for s in SPLITS})
+    out = TaskSet(**{s: [t for t in tasks if where[t.name] == s] for s in SPLITS},
+                  format_shift=split.format_shift_families)
     logger.info(
         "collection: %d sources (%d from the cache in %s), %d/%d/%d meta-train/val/test tasks",
         len(sources), hits, root, len(out.meta_train), len(out.validation), len(out.held_out),

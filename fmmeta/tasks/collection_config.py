@@ -244,6 +244,9 @@ class CollectionSplit:
     """Task names for validation (choose each method's adaptation lr)."""
     held_out_families: list[str] = field(default_factory=list)
     """Families whose every task goes to held-out."""
+    format_shift_families: list[str] = field(default_factory=list)
+    """Held-out families whose template and label words no meta-training task has (a user's
+    task of another format): the report scores them apart, every method against the base model."""
     validation_families: list[str] = field(default_factory=list)
     """Families whose every task goes to validation."""
     held_out_file: str | None = None
@@ -272,6 +275,11 @@ class CollectionSplit:
                     read_task_list(path)
                 except ValueError as err:
                     problems.append(f"{key}={path!r}: {err}")
+        loose = [f for f in self.format_shift_families if f not in self.held_out_families]
+        if loose:
+            problems.append(f"format_shift_families={loose} is invalid: each must be one of held_out_families "
+                            f"{self.held_out_families} (a family scored as out of format is held out whole); add "
+                            "it there")
         return problems
 
 

@@ -95,14 +95,18 @@ class TaskSet:
         meta_train: tasks the meta-learner trains on.
         validation: tasks for choosing hyper-parameters (e.g. the adaptation lr).
         held_out: held-out tasks, touched only for the final evaluation.
+        format_shift: held-out families whose template and label words no meta-training task
+            has (a user's task of another format): the report scores them apart, against the
+            base model.
     """
 
     meta_train: list[Task] = field(default_factory=list)
     validation: list[Task] = field(default_factory=list)
     held_out: list[Task] = field(default_factory=list)
+    format_shift: list[str] = field(default_factory=list)
 
     def __init__(self, meta_train: Sequence[Task] = (), validation: Sequence[Task] = (),
-                 held_out: Sequence[Task] = (), **renamed: Any) -> None:
+                 held_out: Sequence[Task] = (), format_shift: Sequence[str] = (), **renamed: Any) -> None:
         # Written out (init=False) only to refuse the splits' earlier names with the fix: a suite
         # builder of the user's that still says meta_val= would otherwise get a bare TypeError.
         if renamed:
@@ -110,6 +114,7 @@ class TaskSet:
         object.__setattr__(self, "meta_train", list(meta_train))
         object.__setattr__(self, "validation", list(validation))
         object.__setattr__(self, "held_out", list(held_out))
+        object.__setattr__(self, "format_shift", list(format_shift))
         self.__post_init__()
 
     def __post_init__(self) -> None:
@@ -117,6 +122,11 @@ class TaskSet:
             [*self.meta_train, *self.validation, *self.held_out],
             where="TaskSet (meta_train + validation + held_out)",
         )
+        held = {t.family for t in self.held_out}
+        missing = [f for f in self.format_shift if f not in held]
+        if missing:
+            raise ValueError(f"format_shift families {missing} have no held-out task (held-out families: "
+                             f"{sorted(held)}): only a held-out family can be scored as out of format")
 
     def names(self) -> dict[str, list[str]]:
         """Task names per split."""
@@ -203,7 +213,7 @@ def _split_by_names(tasks: Sequence[Task], names: Mapping[str, Sequence[str]]) -
     for t in tasks:
         if t.name in where:
             out[where[t.name]].append(t)
-    return TaskSet(**out)
+    return TaskSet(out.get("meta_train", ()), out.get("validation", ()), out.get("held_out", ()))
 
 
 __all__ = [

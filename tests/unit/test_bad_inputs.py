@@ -145,6 +145,9 @@ CONFIG_CASES = {
     "output_dir_name_past_the_name_limit": (
         ["output_dir=runs/" + "d" * 300],
         ["holds a folder name of 300 bytes, longer than this file system's 255: give a shorter name"]),
+    "format_shift_family_not_held_out": (
+        ["tasks.split.format_shift_families=[words]"],
+        ["tasks.split.format_shift_families=['words'] is invalid: each must be one of held_out_families []"]),
     "unknown_inner_format": (["algorithm.inner_format=icl"],
                              ["algorithm.inner_format='icl' is invalid: allowed ['plain', 'in_context']"]),
     "method_listed_twice": (["methods=[fomaml,fomaml]"],

@@ -14,6 +14,9 @@ with two families side by side:
   name written in a held-out language by its continent, labels remapped the same way. No
   meta-training task asks about continents, so it tests learning a *new kind* of task from a
   handful of examples, not a new language of a trained kind.
+* ``words`` (held out only): English words by category, in a template and with label words no
+  meta-training task has (:mod:`~fmmeta.tasks.suites.word_categories`): a user's task of another
+  format, which the report scores apart against the base model.
 
 Languages are assigned to meta-train / validation / held-out once (seeded) and shared by
 all families, so a held-out task never uses a language the meta-learner trained on. The held-out
@@ -30,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from fmmeta.tasks.suites.word_categories import FAMILY as WORDS_FAMILY
+from fmmeta.tasks.suites.word_categories import word_category_tasks
 from fmmeta.tasks.task import ClassificationTask, EpisodeSpec, GenerationTask, OnTooLong, Task, TaskSet
 
 logger = logging.getLogger(__name__)
@@ -112,7 +117,10 @@ TRANSLATION_SPEC = EpisodeSpec(shots=4, query=4)
 LANGID_SPEC = EpisodeSpec(shots=2, query=2, ways=3, remap_labels=True, label_pool=LABEL_POOL)
 """Calibration setup: 3-way, 2 shots + 2 queries per class, labels remapped from 12 words."""
 
-FAMILIES: tuple[str, ...] = ("translation", "langid", "continent")
+FAMILIES: tuple[str, ...] = ("translation", "langid", "continent", "words")
+HELD_OUT_ONLY: tuple[str, ...] = ("continent", "words")
+"""Families built for held-out only: a new kind of task (continent), and a new format (words:
+:mod:`~fmmeta.tasks.suites.word_categories`, scored apart as out of format)."""
 
 
 def _territory_names(lang: str, countries: Sequence[str]) -> dict[str, str]:
@@ -137,10 +145,10 @@ def _check_families(families: Sequence[str]) -> None:
             f"build_cldr_suite families={list(families)!r} is invalid: choose from "
             f"{', '.join(map(repr, FAMILIES))}"
         )
-    if set(families) == {"continent"}:
+    if set(families) <= set(HELD_OUT_ONLY):
         raise ValueError(
-            "build_cldr_suite families=['continent'] leaves nothing to meta-train on: the continent "
-            "family is held out; add 'translation' or 'langid'"
+            f"build_cldr_suite families={list(families)!r} leaves nothing to meta-train on: "
+            f"{' and '.join(HELD_OUT_ONLY)} are held out only; add 'translation' or 'langid'"
         )
 
 
@@ -178,7 +186,7 @@ def build_cldr_suite(
     also form 3 ``langid`` tasks of 5 languages each), 5 for validation (one translation task
     per language plus one ``langid`` task over the 5 languages) and 5 for held-out (one
     translation and one ``continent`` task per language, and a ``langid`` task for every
-    ``ways``-subset of the 5 languages).
+    ``ways``-subset of the 5 languages), plus the 4 ``words`` tasks, held out and out of format.
 
     Args:
         tokenizer: a Hugging Face tokenizer (any; sequences stay short with SmolLM2's).
@@ -190,8 +198,8 @@ def build_cldr_suite(
         n_held_out_languages: languages (none meta-trained on) of the held-out tasks.
         n_langid_train_languages: meta-train languages used by the ``langid`` family.
         langid_group_size: languages per ``langid`` task (each episode draws ``ways`` of them).
-        families: which families to build, among ``"translation"``, ``"langid"`` and
-            ``"continent"`` (always held out: held-out only).
+        families: which families to build, among ``"translation"``, ``"langid"``,
+            ``"continent"`` and ``"words"`` (the last two held out only).
         translation_spec: episode shape of translation tasks.
         langid_spec: episode shape of ``langid`` and ``continent`` tasks (classification with
             remapping).
@@ -237,9 +245,11 @@ def build_cldr_suite(
         split_langs["held_out"] = split_langs["validation"]
     names = {lang: _locale_names(lang, countries) for lang in langs}
     english = _territory_names("en", countries)
+    # Scoring on validation languages leaves out what is not split by language: translation's
+    # validation tasks are the validation split's, and the words family has no languages.
     scored = {
         "meta_train": families, "validation": families,
-        "held_out": families if score_on == "held_out" else [f for f in families if f != "translation"],
+        "held_out": families if score_on == "held_out" else [f for f in families if f not in ("translation", "words")],
     }  # fmt: skip
     out = {
         split: _split_tasks(
@@ -250,7 +260,7 @@ def build_cldr_suite(
         )
         for split, ls in split_langs.items()
     }  # fmt: skip
-    suite = TaskSet(**out)
+    suite = TaskSet(**out, format_shift=[WORDS_FAMILY] if "words" in scored["held_out"] else [])
     logger.info(
         "CLDR suite: %d meta-train, %d validation, %d held-out tasks (held-out languages %s / %s%s)",
         len(suite.meta_train), len(suite.validation), len(suite.held_out),
@@ -306,6 +316,8 @@ def _split_tasks(
             out.append(
                 _continent_task(lang, names[lang], tokenizer, langid_spec, max_length)
             )
+    if "words" in families and split == "held_out":
+        out.extend(word_category_tasks(tokenizer, max_length=max_length))
     return out
 
 

@@ -227,3 +227,33 @@ def test_summary_keys_come_in_the_same_order_in_every_process() -> None:
                               capture_output=True, text=True, check=True).stdout for seed in range(6)}
     assert len(outputs) == 1, outputs
     assert json.loads(outputs.pop())["a"] == ["overall", "classification", "fam-x", "generation", "fam-y"]
+
+
+def test_an_out_of_format_family_is_scored_apart_against_the_base_model(tmp_path: Path) -> None:
+    """A method that leads the base model on the suite's own families and trails it on the out-of-format
+    family: the headline lists the second apart, with the paired difference computed by hand."""
+    rng = np.random.default_rng(0)
+    recs = []
+    for method, own, shifted in (("base", 0.5, 0.8), ("reptile", 0.8, 0.4), (IN_CONTEXT, 0.5, 0.6)):
+        for task, family, mean in (("langid", "cldr-langid", own), ("words-1", "word-categories", shifted)):
+            for seed in range(3):
+                for episode in range(6):
+                    acc = float(np.clip(mean + rng.normal(0, 0.05), 0, 1))
+                    recs.append(EpisodeRecord(method=method, seed=seed, episode=episode, task=task, family=family,
+                                              kind="classification", step=0, loss=1.0, accuracy=acc, n=6))
+    result = EvalResult(records=recs, methods=["base", "reptile", IN_CONTEXT], max_steps=0, n_seeds=3,
+                        inner_lrs={}, inner=InnerLoopConfig(), format_shift=["word-categories"])
+    by_hand = {m: np.mean([r.accuracy for r in recs if r.method == m and r.family == "word-categories"])
+               for m in ("base", "reptile")}
+    (c, icl) = result.against_base()
+    assert (c.method, c.baseline, c.family) == ("reptile", "base", "word-categories")
+    assert c.accuracy.estimate == pytest.approx(by_hand["reptile"] - by_hand["base"]) and c.accuracy.high < 0
+    md = format_markdown(result)
+    headline = md.split("## What holds", 1)[1].split("\n## ", 1)[0]
+    assert "Out of format (word-categories: a template and label words no meta-training task has)" in headline
+    assert f"| reptile | word-categories | {c.accuracy.estimate:+.3f}" in headline and "yes, below |" in headline
+    assert icl.method == IN_CONTEXT
+    paths = write_report(result, tmp_path)
+    raw = json.loads(paths["eval.json"].read_text())
+    assert raw["format_shift"] == ["word-categories"] and raw["against_base"][0]["method"] == "reptile"
+    assert format_markdown(EvalResult.from_dict(raw)) == md

@@ -39,13 +39,16 @@ def test_cldr_suite_shape_and_language_disjoint_splits(suite: TaskSet) -> None:
     assert [len(continent[k]) for k in names] == [0, 0, 5]  # a family held out whole
     assert {_langs(n).pop() for n in continent["held_out"]} == {
         lang for n in trans["held_out"] for lang in _langs(n)}
+    words = {k: [n for n in v if n.startswith("words-")] for k, v in names.items()}
+    assert [len(words[k]) for k in names] == [0, 0, 4] and suite.format_shift == ["word-categories"]
+    names = {k: [n for n in v if not n.startswith("words-")] for k, v in names.items()}  # no languages
     used = {k: set().union(*(_langs(n) for n in v)) for k, v in names.items()}
     assert not used["meta_train"] & used["validation"]
     assert not used["meta_train"] & used["held_out"]
     assert not used["validation"] & used["held_out"]
     assert used["meta_train"] | used["validation"] | used["held_out"] == set(DEFAULT_LANGUAGES)
     for t in suite.meta_train + suite.validation + suite.held_out:
-        assert t.family in ("cldr-translation", "cldr-langid", "cldr-continent")
+        assert t.family in ("cldr-translation", "cldr-langid", "cldr-continent", "word-categories")
         # only a generation task drops examples (a classification task refuses instead)
         assert isinstance(t, ClassificationTask) or t.n_dropped == 0
 
@@ -136,9 +139,32 @@ def test_continent_episodes_name_each_country_by_its_continent(suite: TaskSet) -
         assert len(set(meaning.values())) == 3 and "Oceania" not in meaning.values()
 
 
-def test_continent_alone_is_refused() -> None:
-    with pytest.raises(ValueError, match="held out"):
-        build_cldr_suite(TOK, families=("continent",))
+def test_held_out_only_families_alone_are_refused() -> None:
+    for families in (("continent",), ("words",), ("continent", "words")):
+        with pytest.raises(ValueError, match="held out only"):
+            build_cldr_suite(TOK, families=families)
+
+
+def test_the_words_family_is_out_of_format_every_meta_training_task_being_otherwise(suite: TaskSet) -> None:
+    """Its template and its label words appear in no meta-training (or validation) task."""
+    from fmmeta.tasks.suites.word_categories import TEMPLATE, WORDS
+
+    words = [t for t in suite.held_out if t.family == "word-categories"]
+    head = TEMPLATE.split("{")[0]
+    categories = {c for t in words for c in t.class_names}
+    assert categories == set(WORDS) and not categories & set(LABEL_POOL)
+    assert not set().union(*WORDS.values()) & set(LABEL_POOL)
+    rng = np.random.default_rng(0)
+    for task in words:
+        ep = task.sample_episode(rng)
+        assert ep.ways == 3 and all(TOK.decode(list(ex.prompt_ids)).startswith(head) for ex in ep.support)
+        for ex in ep.support:  # the category is the word's own
+            word = TOK.decode(list(ex.prompt_ids)).split('"')[1]
+            label = TOK.decode(list(ep.choices[ex.label])).strip()
+            assert word in WORDS[label.removesuffix(TOK.eos_token or "").strip()]
+    for task in suite.meta_train + suite.validation:
+        prompt = TOK.decode(list(task.sample_episode(rng).support[0].prompt_ids))
+        assert not prompt.startswith(head)
 
 
 def test_score_on_validation_builds_the_held_out_layout_on_validation_languages(suite: TaskSet) -> None:
@@ -148,12 +174,14 @@ def test_score_on_validation_builds_the_held_out_layout_on_validation_languages(
     assert names["validation"] == default["validation"]
     val_langs = set().union(*(_langs(n) for n in default["validation"]))
     scored = set().union(*(_langs(n) for n in names["held_out"]))
-    assert scored == val_langs and not scored & set().union(*(_langs(n) for n in default["held_out"]))
+    by_language = [n for n in default["held_out"] if not n.startswith("words-")]
+    assert scored == val_langs and not scored & set().union(*(_langs(n) for n in by_language))
     # the held-out split's classification tasks (10 langid, 5 continent); translation's
     # validation tasks already choose the adaptation lr in validation
     prefix = lambda ns: sorted(n.split("-")[0] for n in ns if not n.startswith("translate-"))  # noqa: E731
-    assert prefix(names["held_out"]) == prefix(default["held_out"]) == ["continent"] * 5 + ["langid"] * 10
-    assert not any(n.startswith("translate-") for n in names["held_out"])
+    assert prefix(names["held_out"]) == prefix(by_language) == ["continent"] * 5 + ["langid"] * 10
+    assert not any(n.startswith(("translate-", "words-")) for n in names["held_out"])  # words has no languages
+    assert tuning.format_shift == []
     with pytest.raises(ValueError, match="score_on='heldout' is invalid"):
         build_cldr_suite(TOK, seed=0, max_length=128, score_on="heldout")
 
@@ -188,3 +216,9 @@ def test_earlier_split_names_are_refused_with_the_fix() -> None:
         TaskSet(meta_val=[], meta_test=[])
     with pytest.raises(ValueError, match=r"renamed \(meta_test -> held_out\)"):
         split_tasks([], seed=0, names={"meta_test": []})
+
+
+def test_only_a_held_out_family_can_be_out_of_format(suite: TaskSet) -> None:
+    with pytest.raises(ValueError, match=r"format_shift families \['cldr-langid'\] have no held-out task"):
+        TaskSet(suite.meta_train, [], [t for t in suite.held_out if t.family != "cldr-langid"],
+                format_shift=["cldr-langid"])
