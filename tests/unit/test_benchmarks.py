@@ -256,3 +256,9 @@ def test_collection_scale_benchmark_runs_small() -> None:
         assert size["cold_2ranks_s"] > 0 and size["cold_2ranks_over_1"] > 0 and size["cold_1core_s"] > 0
         assert size["same_tasks_1core"]  # the tokenizer's threads change no id
     assert out["sizes"][0]["digest"] != out["sizes"][1]["digest"]  # the digest sees the data
+
+
+def test_adapt_cv_benchmark_runs_small() -> None:
+    out = _run("adapt_cv.py", "--tiny", "--tasks", "2", "--repeats", "1")
+    assert out["folds"] == 4 and out["tasks"] == 2 and "reptile" in out["candidates"]
+    assert out["single_s"] > 0 and out["cv_one_s"] > 0 and out["cv_many_s"] > 0 and out["auto_cv_s"] > 0

@@ -117,6 +117,16 @@ TRANSLATION_SPEC = EpisodeSpec(shots=4, query=4)
 LANGID_SPEC = EpisodeSpec(shots=2, query=2, ways=3, remap_labels=True, label_pool=LABEL_POOL)
 """Calibration setup: 3-way, 2 shots + 2 queries per class, labels remapped from 12 words."""
 
+TRANSLATION_TEMPLATES: tuple[str, ...] = ("Country: {english}\nIn {language}:", "{english} in {language}:",
+                                          "English: {english}\n{language}:")
+"""The translation family's prompt templates: the first always; the others only with
+``meta_train_templates`` > 1, and only in meta-training tasks."""
+
+LANGID_TEMPLATES: tuple[str, ...] = ("Name: {name}\nLanguage:", "{name}\nThat name is written in",
+                                     "Language of '{name}':")
+"""The langid family's prompt templates, used as :data:`TRANSLATION_TEMPLATES` are. None is written
+as the out-of-format family is (a question and an answer line)."""
+
 FAMILIES: tuple[str, ...] = ("translation", "langid", "continent", "words")
 HELD_OUT_ONLY: tuple[str, ...] = ("continent", "words")
 """Families built for held-out only: a new kind of task (continent), and a new format (words:
@@ -178,6 +188,7 @@ def build_cldr_suite(
     langid_spec: EpisodeSpec = LANGID_SPEC,
     on_too_long: OnTooLong = "drop",
     score_on: str = "held_out",
+    meta_train_templates: int = 1,
     **renamed: Any,
 ) -> SuiteSplit:
     """Builds the CLDR suite: translation, remapped language-id and continent tasks, split by language.
@@ -210,6 +221,10 @@ def build_cldr_suite(
             steps) can be chosen by scoring on validation tasks without ever seeing a held-out
             language. Meta-train and validation stay as they are; translation is not scored,
             since its validation tasks are the validation ones (a task lives in one split).
+        meta_train_templates: every meta-training task's rows under this many prompt templates
+            (1 to 3; :data:`TRANSLATION_TEMPLATES`, :data:`LANGID_TEMPLATES`), each row once per
+            template: a lever against learning the suite's one format (validation and held-out
+            tasks keep the first template, so their scores compare across settings).
         **renamed: the options' earlier names, still read from YAML with a warning:
             ``n_val_languages``, ``n_test_languages`` (and ``score_on="test"``).
 
@@ -225,6 +240,9 @@ def build_cldr_suite(
         ['translate-xx', ...]
     """
     _check_families(families)
+    if not 1 <= meta_train_templates <= len(LANGID_TEMPLATES):
+        raise ValueError(f"build_cldr_suite meta_train_templates={meta_train_templates} is invalid: choose 1 to "
+                         f"{len(LANGID_TEMPLATES)} (the templates each family has)")
     n_validation_languages, n_held_out_languages, score_on = read_options(
         {"n_validation_languages": n_validation_languages, "n_held_out_languages": n_held_out_languages,
          "score_on": score_on}, renamed).values()
@@ -256,7 +274,7 @@ def build_cldr_suite(
             split, ls, families=scored[split], english=english, names=names, tokenizer=tokenizer,
             translation_spec=translation_spec, langid_spec=langid_spec, max_length=max_length,
             on_too_long=on_too_long, n_langid_train_languages=n_langid_train_languages,
-            langid_group_size=langid_group_size,
+            langid_group_size=langid_group_size, templates=meta_train_templates if split == "meta_train" else 1,
         )
         for split, ls in split_langs.items()
     }  # fmt: skip
@@ -284,6 +302,7 @@ def _split_tasks(
     on_too_long: OnTooLong,
     n_langid_train_languages: int,
     langid_group_size: int,
+    templates: int = 1,
 ) -> list[Task]:
     """The tasks of one split's languages ``ls``, family by family (continent: held-out only)."""
     out: list[Task] = []
@@ -292,7 +311,7 @@ def _split_tasks(
             out.append(
                 _translation_task(
                     lang, english, names[lang], tokenizer, translation_spec, max_length,
-                    on_too_long,
+                    on_too_long, TRANSLATION_TEMPLATES[:templates],
                 )  # fmt: skip
             )
     if "langid" in families:
@@ -309,7 +328,7 @@ def _split_tasks(
         for group in groups:
             if len(group) >= ways:
                 out.append(
-                    _langid_task(group, names, tokenizer, langid_spec, max_length)
+                    _langid_task(group, names, tokenizer, langid_spec, max_length, LANGID_TEMPLATES[:templates])
                 )
     if "continent" in families and split == "held_out":
         for lang in ls:
@@ -329,13 +348,14 @@ def _translation_task(
     spec: EpisodeSpec,
     max_length: int,
     on_too_long: OnTooLong,
+    templates: Sequence[str] = TRANSLATION_TEMPLATES[:1],
 ) -> Task:
     lang_name = _language_name(lang)
     codes = [c for c in english if c in local]
     return GenerationTask.from_texts(
         f"translate-{lang}",
-        [f"Country: {english[c]}\nIn {lang_name}:" for c in codes],
-        [f" {local[c]}" for c in codes],
+        [t.format(english=english[c], language=lang_name) for t in templates for c in codes],
+        [f" {local[c]}" for _ in templates for c in codes],
         tokenizer,
         spec=spec,
         family="cldr-translation",
@@ -350,6 +370,7 @@ def _langid_task(
     tokenizer: Any,
     spec: EpisodeSpec,
     max_length: int,
+    templates: Sequence[str] = LANGID_TEMPLATES[:1],
 ) -> Task:
     # A name spelled the same in two languages of the group ("Francia" in es/it) has no single
     # right answer, so it is left out.
@@ -359,11 +380,12 @@ def _langid_task(
             seen[n] = seen.get(n, 0) + 1
     prompts: list[str] = []
     labels: list[int] = []
-    for k, lang in enumerate(group):
-        for n in sorted(set(names[lang].values())):
-            if seen[n] == 1:
-                prompts.append(f"Name: {n}\nLanguage:")
-                labels.append(k)
+    for template in templates:
+        for k, lang in enumerate(group):
+            for n in sorted(set(names[lang].values())):
+                if seen[n] == 1:
+                    prompts.append(template.format(name=n))
+                    labels.append(k)
     return ClassificationTask.from_texts(
         "langid-" + "-".join(group),
         prompts,

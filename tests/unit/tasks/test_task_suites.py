@@ -222,3 +222,20 @@ def test_only_a_held_out_family_can_be_out_of_format(suite: TaskSet) -> None:
     with pytest.raises(ValueError, match=r"format_shift families \['cldr-langid'\] have no held-out task"):
         TaskSet(suite.meta_train, [], [t for t in suite.held_out if t.family != "cldr-langid"],
                 format_shift=["cldr-langid"])
+
+
+def test_meta_train_templates_multiply_meta_training_rows_only(suite: TaskSet) -> None:
+    from fmmeta.tasks.suites.cldr import LANGID_TEMPLATES, TRANSLATION_TEMPLATES
+
+    three = build_cldr_suite(TOK, seed=0, max_length=128, meta_train_templates=3)
+    assert three.names() == suite.names()
+    for split in ("validation", "held_out"):  # scored alike under every setting
+        for a, b in zip(getattr(suite, split), getattr(three, split)):
+            assert [e.prompt_ids for e in a.examples] == [e.prompt_ids for e in b.examples]
+    for one, many in zip(suite.meta_train, three.meta_train):
+        assert len(many.examples) == 3 * len(one.examples)
+        heads = {TOK.decode(list(e.prompt_ids))[:6] for e in many.examples}
+        templates = LANGID_TEMPLATES if one.name.startswith("langid-") else TRANSLATION_TEMPLATES
+        assert len(heads) >= len(templates)  # every template's rows are there
+    with pytest.raises(ValueError, match="meta_train_templates=4 is invalid: choose 1 to 3"):
+        build_cldr_suite(TOK, meta_train_templates=4)
