@@ -74,6 +74,11 @@ def _headline(result: EvalResult) -> list[str]:
     full = result
     if chance and len(chance) < len({r.task for r in result.records}):
         result = result.without_tasks(list(chance))
+    # Out-of-format families have a table of their own (against base); the comparisons per kind
+    # stay on the tasks of the suite's format, comparable with a suite that has none.
+    shifted = {r.task for r in result.records if r.family in result.format_shift}
+    if shifted and len(shifted) < len({r.task for r in result.records}):
+        result = result.without_tasks(list(shifted))
     # Per kind of task (overall is in the tables below), each contender against each baseline,
     # in_context - multitask left out as the mirror of multitask - in_context.
     families = [f for f in KINDS if f in result.families()] or [OVERALL]
@@ -133,7 +138,7 @@ def _out_of_format(result: EvalResult) -> list[str]:
     if not shifted:
         return []
     lines = [f"Out of format ({', '.join(result.format_shift)}: a template and label words no meta-training task "
-             "has), each method against the base model, accuracy:", ""]
+             "has), each method against the base model, accuracy (the comparisons below leave these tasks out):", ""]
     lines += ["| method - base | family | estimate [95%] | holds |", "|---|---|---|---|"]
     lines += [f"| {c.method} | {c.family} | {_interval(c.accuracy, signed=True)} | "
               f"{('yes, ' + ('above' if c.accuracy.estimate > 0 else 'below')) if c.accuracy.excludes_zero else 'no'} |"

@@ -257,3 +257,16 @@ def test_an_out_of_format_family_is_scored_apart_against_the_base_model(tmp_path
     raw = json.loads(paths["eval.json"].read_text())
     assert raw["format_shift"] == ["word-categories"] and raw["against_base"][0]["method"] == "reptile"
     assert format_markdown(EvalResult.from_dict(raw)) == md
+
+
+def test_the_comparisons_per_kind_leave_the_out_of_format_tasks_out() -> None:
+    recs = [EpisodeRecord(method=m, seed=s, episode=e, task=t, family=f, kind="classification", step=0, loss=1.0,
+                          accuracy=acc, n=4)
+            for m, own, shifted in (("reptile", 0.9, 0.1), ("multitask", 0.5, 0.9), ("base", 0.5, 0.9))
+            for t, f, acc in (("langid", "cldr-langid", own), ("words-1", "word-categories", shifted))
+            for s in range(3) for e in range(4)]
+    result = EvalResult(records=recs, methods=["base", "reptile", "multitask"], max_steps=0, n_seeds=3,
+                        inner_lrs={}, inner=InnerLoopConfig(), format_shift=["word-categories"])
+    headline = format_markdown(result).split("## What holds", 1)[1].split("\n## ", 1)[0]
+    assert "- reptile above multitask on classification: +0.400" in headline  # langid alone
+    assert "| reptile | word-categories | -0.800" in headline
