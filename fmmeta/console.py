@@ -9,6 +9,7 @@ reads as one voice.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any, Mapping
 
 from torch import nn
@@ -60,5 +61,6 @@ def step_line(method: str, record: Mapping[str, Any], meta_steps: int) -> str:
         + f" | data wait {record['data_wait_fraction']:.1%}"
         f" | lr {record['lr']:.3g} | grad norm {record['grad_norm']:.3g}"
         + (f" | inner lr {record['inner_lr_mean']:.4g}" if "inner_lr_mean" in record else "")
+        + (f" | B_noise {record['noise_scale']:.3g}" if math.isfinite(record.get("noise_scale", math.nan)) else "")
         + (" | SKIPPED (non-finite)" if record["skipped"] else "")
     )

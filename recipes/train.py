@@ -40,6 +40,7 @@ from fmmeta.algorithms.answer_loss import check_lines
 from fmmeta.algorithms.build import METHODS, build_algorithm
 from fmmeta.algorithms.gather import gather_step
 from fmmeta.algorithms.meta_step import meta_step
+from fmmeta.algorithms.noise_scale import GradientNoise, NoiseScale
 from fmmeta.checkpoint.resume import check_task_pool
 from fmmeta.checkpoint.run_folder import claimed_output_dir
 from fmmeta.checkpoint.shared_folder import check_shared_folder
@@ -252,6 +253,7 @@ def meta_train(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.M
     bar = tqdm(total=cfg.train.meta_steps, initial=start, desc=method, dynamic_ncols=True,
                file=sys.stderr, disable=engine.rank != 0 or in_worker() or not sys.stderr.isatty())
     step = start
+    noise_scale = NoiseScale()
     with prefetcher, metrics, interrupt_note(method, ckpts, lambda: step):
         for step in range(start, cfg.train.meta_steps):
             item = prefetcher.get()
@@ -268,6 +270,9 @@ def meta_train(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.M
             prefetcher.observe(gathered.observations)
             record = {"method": method, **gathered.record(), "data_wait_fraction": prefetcher.wait_fraction,
                       "placement": item.plan.placement}
+            noise = GradientNoise.from_record(record)
+            if noise is not None:  # B_noise over the run so far (a resume starts its average afresh)
+                record["noise_scale"] = noise_scale.observe(noise)
             metrics.write(record)
             watch.observe(gathered)
             bar.update(1)

@@ -31,7 +31,7 @@ from torch import nn
 from fmmeta.algorithms.config import AlgorithmConfig
 from fmmeta.algorithms.inner_loop import InnerOptimizer, adapt_tasks, only_adapting
 from fmmeta.algorithms.passes import inverse_tokens, per_token, run_passes
-from fmmeta.algorithms.protocol import RankResult, RankWork, Stateless, make_whole, prepare_rank
+from fmmeta.algorithms.protocol import RankResult, RankWork, Stateless, make_whole, prepare_rank, task_sq_norms
 from fmmeta.algorithms.task_lora import TaskLoRA, stack_adapters
 from fmmeta.sampling.plan import RankPlan
 
@@ -128,10 +128,13 @@ class FOMAML(Stateless):
                 ])
         grads = [g[:n].sum(dim=0) for g in res.grads]
         after = per_token(res.task_sums[:n], work.query_answers[:n])
+        # With rows across ranks a task's query gradient is split over the ranks: no norm of its own.
+        sq = task_sq_norms(res.grads, n) if work.share is None else None
         return RankResult(grads=grads, query_loss_before=before, query_loss_after=after,
                           support_seconds=mean_seconds(adaptation.seconds), query_seconds=res.seconds,
                           support_repeats=self.inner.inner_steps,
-                          query_repeats=1 + self.cfg.measure_query_before, step_size_grad=step_size_grad)
+                          query_repeats=1 + self.cfg.measure_query_before, step_size_grad=step_size_grad,
+                          task_grad_sq=sq)
 
 
 class Reptile(Stateless):
@@ -179,10 +182,13 @@ class Reptile(Stateless):
         with torch.no_grad():
             # Difference first, then sum: theta - phi is small next to theta, and n * theta - sum(phi)
             # would lose its digits to cancellation.
-            grads = [(p.detach().unsqueeze(0) - f[: work.n_tasks]).sum(dim=0) for p, f in zip(params, fast)]
+            per_task = [p.detach().unsqueeze(0) - f[: work.n_tasks] for p, f in zip(params, fast)]
+            grads = [d.sum(dim=0) for d in per_task]
+            sq = task_sq_norms(per_task, work.n_tasks)
             if work.share is not None and not work.share.lead:
                 grads = [torch.zeros_like(g) for g in grads]  # every rank holds the same phi: count it once
+                sq = torch.zeros_like(sq)
         return RankResult(grads=grads, query_loss_before=before, query_loss_after=after,
                           support_seconds=mean_seconds(adaptation.seconds), query_seconds=q_seconds,
                           support_repeats=self.inner.inner_steps,
-                          query_repeats=1 + self.cfg.measure_query_before)
+                          query_repeats=1 + self.cfg.measure_query_before, task_grad_sq=sq)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fmmeta.algorithms.meta_step import StepStats, peak_memory_kind
+from fmmeta.algorithms.noise_scale import NOISE_KEYS
 from fmmeta.engine.protocol import Engine
 from fmmeta.sampling.source import Observation
 
@@ -96,8 +97,9 @@ class GatheredStep:
             "grad_norm": self.outer.get("grad_norm", math.nan),
             "lr": self.outer.get("lr", math.nan),
             "skipped": self.outer.get("skipped", 0.0),
-            # metasgd: its learned inner step sizes after this step (identical on every rank)
-            **{k: v for k, v in self.outer.items() if k.startswith("inner_lr_")},
+            # metasgd: its learned inner step sizes after this step (identical on every rank); the
+            # meta-gradient's noise where the method has per-task gradients
+            **{k: v for k, v in self.outer.items() if k.startswith("inner_lr_") or k in NOISE_KEYS},
             "rank_compute_s": [s.compute_seconds for s in self.ranks],
             "rank_collective_s": [s.collective_seconds for s in self.ranks],
             "rank_data_wait_s": [s.data_wait_seconds for s in self.ranks],

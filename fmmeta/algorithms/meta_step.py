@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from fmmeta.algorithms.noise_scale import GradientNoise
 from fmmeta.algorithms.passes import Pass
 from fmmeta.algorithms.protocol import MetaAlgorithm, OuterUpdate, RankResult, RankWork, RowShare
 from fmmeta.engine.protocol import Engine
@@ -179,6 +180,18 @@ def _all_reduce_in_place(engine: Engine) -> Callable[[Sequence[torch.Tensor]], N
     return reduce
 
 
+def _gradient_noise(engine: Engine, result: RankResult, n_tasks: int, grad_norm: float) -> GradientNoise | None:
+    """The step's meta-gradient statistics: every task's squared outer-gradient norm summed over
+    ranks (one all-reduce of one number) beside the norm of their mean the outer step measured;
+    ``None`` where the algorithm has no per-task gradient (the same on every rank)."""
+    if result.task_grad_sq is None:
+        return None
+    total = result.task_grad_sq.double().sum().reshape(1)
+    if engine.world_size > 1:
+        total = engine.all_reduce_sum(total.to(engine.device))
+    return GradientNoise(tasks=n_tasks, task_sq_mean=float(total.item()) / n_tasks, mean_sq=float(grad_norm) ** 2)
+
+
 def _check_plan(plan: MetaBatchPlan, world_size: int) -> None:
     """Refuses a plan a meta-step cannot run: no real task, or built for another world size."""
     if plan.n_real_tasks < 1:
@@ -231,6 +244,9 @@ def meta_step(
     if isinstance(algorithm, OuterUpdate):  # e.g. Meta-SGD's step sizes, on every rank alike
         outer.update(algorithm.outer_update(engine, result, plan.n_real_tasks,
                                             skipped=bool(outer.get("skipped", 0.0))))
+    noise = _gradient_noise(engine, result, plan.n_real_tasks, outer.get("grad_norm", math.nan))
+    if noise is not None:
+        outer.update(noise.as_record())
     _synchronize(engine.device)
     updated = time.perf_counter()
     s_real, s_pad = _tokens(work.support, result.support_repeats)

@@ -117,6 +117,10 @@ class RankResult:
         step_size_grad: Meta-SGD only: ``[n adapter tensors]`` fp32, the sum over the rank's tasks
             of each task's query-loss gradient with respect to the log inner step sizes
             (``None`` for the other algorithms).
+        task_grad_sq: ``[n_tasks]`` fp32, each task's outer gradient's squared L2 norm over every
+            adapter tensor (:mod:`fmmeta.algorithms.noise_scale`); ``None`` where the tasks share
+            one gradient (multi-task, MetaICL: no fast weights) or a task's gradient is split
+            over ranks (rows across ranks).
     """
 
     grads: list[torch.Tensor]
@@ -127,6 +131,13 @@ class RankResult:
     support_repeats: int
     query_repeats: int
     step_size_grad: torch.Tensor | None = None
+    task_grad_sq: torch.Tensor | None = None
+
+
+def task_sq_norms(per_task: Sequence[torch.Tensor], n_tasks: int) -> torch.Tensor:
+    """``[n_tasks]`` fp32: each task's squared L2 norm over tensors stacked ``[T, *shape]``."""
+    with torch.no_grad():
+        return torch.stack([g[:n_tasks].float().flatten(1).square().sum(dim=1) for g in per_task]).sum(dim=0)
 
 
 class MetaAlgorithm(Protocol):

@@ -121,6 +121,11 @@ def _check(out: Path, spec: str, ref_dir: Path, ref: str, tol: float = TOL) -> d
         assert all(n > 0.001 for n in ref_meta["grad_norms"])
     for a, b in zip(meta["grad_norms"], ref_meta["grad_norms"], strict=True):
         assert abs(a - b) <= 1e-5 * b, f"{spec}: grad norms {meta['grad_norms']} vs {ref_meta['grad_norms']}"
+    # each step's per-task meta-gradient statistics (fomaml, metasgd, reptile: None with rows across ranks)
+    got_sq, want_sq = meta["grad_task_sq"], ref_meta["grad_task_sq"]
+    if None not in got_sq and None not in want_sq:
+        for a, b in zip(got_sq, want_sq, strict=True):
+            assert abs(a - b) <= 1e-5 * b, f"{spec}: per-task squared norms {got_sq} vs {want_sq}"
     return meta
 
 
@@ -154,7 +159,7 @@ def test_bf16_zero3_close_to_fp32(one_proc: Path) -> None:
                                   "ds3:one:gc:save", "ds3:all:ckpt"])
 def test_two_processes_match_local(two_proc: Path, one_proc: Path, spec: str) -> None:
     meta = _check(two_proc, spec, one_proc, "local:all")
-    assert meta["world"] == 2
+    assert meta["world"] == 2 and None not in meta["grad_task_sq"]  # the noise statistics were compared
     if ":gc" in spec:
         assert meta["gc_on"], "activation checkpointing was not enabled"
 

@@ -126,7 +126,8 @@ def main() -> None:
         clip = 2e-4 if "clip" in flags else None  # below the inner gradients' norms: it acts
         algo = build_algorithm(method, AlgorithmConfig(inner_steps=2, inner_lr=0.05, inner_clip_norm=clip,
                                                        padding_free="lines" in flags), pad_id=0)
-        norms = []
+        norms: list[float] = []
+        task_sq: list[float | None] = []  # each step's mean squared per-task meta-gradient norm
         passes = padded_tokens = 0
         shapes_ok = True
         gathered = []
@@ -153,6 +154,7 @@ def main() -> None:
                                  "n_real_tasks": g.n_real_tasks, "n_tokens": g.n_tokens,
                                  "record": g.record(), "mine": [o.to_dict() for o in stats.observations]})
             norms.append(stats.outer["grad_norm"])
+            task_sq.append(stats.outer.get("grad_task_sq"))
             passes += stats.n_passes
             padded_tokens += stats.n_padded_tokens
             shapes_ok &= all(p.numel() > 0 for p in engine.adapter_parameters())
@@ -165,7 +167,7 @@ def main() -> None:
             tensors = {f"p{i}": p.detach().float().cpu().contiguous() for i, p in enumerate(params)}
             save_file(tensors, str(out / f"{tag}.safetensors"))
             (out / f"{tag}.json").write_text(json.dumps({
-                "grad_norms": norms, "world": world, "shapes_ok": shapes_ok,
+                "grad_norms": norms, "grad_task_sq": task_sq, "world": world, "shapes_ok": shapes_ok,
                 "shapes_after_init": shapes_after_init, "gc_on": gc_on,
                 "dtype": str(params[0].dtype), "passes": passes, "padded_tokens": padded_tokens, "layer_calls": layer_calls[0],
                 "layers": sum(type(m).__name__.endswith("MLP") for m in engine.model.modules()),

@@ -31,6 +31,26 @@ def test_metrics_have_sane_per_rank_lists(deepspeed_short: Path) -> None:
     assert summary["slow_rank"] is None and summary["slow_rank_rule"]["window"] == 4
 
 
+@pytest.mark.timeout(300)
+def test_every_step_records_the_meta_gradients_noise(deepspeed_short: Path) -> None:
+    """FOMAML on 2 ZeRO-3 ranks: each step's per-task statistics, recomputed from the record's own
+    fields, and B_noise as the ratio of their moving averages."""
+    from fmmeta.algorithms.noise_scale import GradientNoise, NoiseScale
+
+    scale, placements = NoiseScale(), []
+    for r in _recipe.records(deepspeed_short / "metrics.jsonl"):
+        placements.append(r["placement"])
+        if r["placement"] == "rows":  # a task's gradient is split over the ranks: none recorded
+            assert "grad_task_sq" not in r and "noise_scale" not in r
+            continue
+        noise = GradientNoise(r["tasks"], r["grad_task_sq"], r["grad_norm"] ** 2)
+        assert r["grad_task_sq"] > 0 and r["grad_noise_trace"] == pytest.approx(noise.trace, rel=1e-9)
+        assert r["grad_signal_sq"] == pytest.approx(noise.signal, rel=1e-9, abs=1e-12)
+        want = scale.observe(noise)
+        assert (r["noise_scale"] is None and math.isnan(want)) or r["noise_scale"] == pytest.approx(want, rel=1e-9)
+    assert "tasks" in placements, placements
+
+
 @pytest.mark.timeout(400)
 def test_a_slowed_rank_is_named_once_with_its_host(tmp_path: Path) -> None:
     out = tmp_path / "slow"

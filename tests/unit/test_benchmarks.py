@@ -262,3 +262,8 @@ def test_adapt_cv_benchmark_runs_small() -> None:
     out = _run("adapt_cv.py", "--tiny", "--tasks", "2", "--repeats", "1")
     assert out["folds"] == 4 and out["tasks"] == 2 and "reptile" in out["candidates"]
     assert out["single_s"] > 0 and out["cv_one_s"] > 0 and out["cv_many_s"] > 0 and out["auto_cv_s"] > 0
+
+
+def test_noise_scale_benchmark_runs_small() -> None:
+    out = _run("noise_scale.py", "--tiny", "--reps", "1")
+    assert out["method"] == "fomaml" and out["meta_step_s_on"] > 0 and out["meta_step_s_off"] > 0
