@@ -355,8 +355,13 @@ def _save_png(fig: Figure, path: Path) -> None:
     replace_bytes(path, buf.getvalue())
 
 
+NOISE_CURVE_KEYS: tuple[str, ...] = ("noise_scale", "tasks")
+"""Drawn on a second axis where a method records them: B_noise and the tasks of each meta-step."""
+
+
 def plot_training_curves(metrics_jsonl: str | Path, path: str | Path) -> Path:
-    """Meta-training curves: outer loss and query loss before/after adaptation vs meta-step.
+    """Meta-training curves: outer loss and query loss before/after adaptation vs meta-step, and
+    where the method records it, the meta-gradient's noise scale B_noise beside the tasks per step.
 
     Reads one JSON object per line; draws whichever of :data:`TRAINING_CURVE_KEYS` are present,
     against the first of :data:`STEP_KEYS` (or the line number), one panel per ``method`` (a run
@@ -371,13 +376,13 @@ def plot_training_curves(metrics_jsonl: str | Path, path: str | Path) -> Path:
     for number, row in enumerate(read_json_lines(metrics_jsonl), 1):  # a torn last line is dropped
         x = next((row[k] for k in STEP_KEYS if k in row), number)
         series = panels.setdefault(str(row.get("method", "")), {})
-        for key in TRAINING_CURVE_KEYS:
+        for key in (*TRAINING_CURVE_KEYS, *NOISE_CURVE_KEYS):
             v = row.get(key)
             if isinstance(v, (int, float)) and math.isfinite(v):
                 xs, ys = series.setdefault(key, ([], []))
                 xs.append(float(x))
                 ys.append(float(v))
-    panels = {m: series for m, series in panels.items() if series}
+    panels = {m: series for m, series in panels.items() if set(series) & set(TRAINING_CURVE_KEYS)}
     if not panels:
         raise ValueError(
             f"{metrics_jsonl} has no field among {list(TRAINING_CURVE_KEYS)}: it is not a "
@@ -394,7 +399,13 @@ def plot_training_curves(metrics_jsonl: str | Path, path: str | Path) -> Path:
         ax.set_ylabel("loss per answer token (nats)")
         ax.set_title(f"meta-training: {method}" if method else "meta-training")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
+        ax.legend(fontsize="small", loc="upper left")
+        if "noise_scale" in series:  # the tasks per step past which more stop paying, beside the run's
+            right = ax.twinx()
+            right.plot(*series["noise_scale"], color="gray", linestyle="--", label="B_noise")
+            right.plot(*series["tasks"], color="gray", linestyle=":", label="tasks per meta-step")
+            right.set_ylabel("tasks")
+            right.legend(fontsize="small", loc="upper right")
     fig.tight_layout()
     _save_png(fig, Path(path))
     return path

@@ -270,3 +270,28 @@ def test_the_comparisons_per_kind_leave_the_out_of_format_tasks_out() -> None:
     headline = format_markdown(result).split("## What holds", 1)[1].split("\n## ", 1)[0]
     assert "- reptile above multitask on classification: +0.400" in headline  # langid alone
     assert "| reptile | word-categories | -0.800" in headline
+
+
+def test_training_curves_draw_the_noise_scale_beside_the_tasks_per_step(tmp_path, monkeypatch) -> None:
+    """A method that records B_noise gets a second axis with it and its tasks per step; one that
+    records none (multi-task) is drawn as before."""
+    import matplotlib.axes
+
+    from fmmeta.evaluation.report import plot_training_curves
+
+    drawn: list[str] = []
+    plot = matplotlib.axes.Axes.plot
+
+    def spy(self, *args, **kwargs):  # noqa: ANN001, ANN202 - matplotlib's signature
+        drawn.append(str(kwargs.get("label")))
+        return plot(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", spy)
+    rows = [{"method": "fomaml", "step": s, "outer_loss": 3.0 - 0.1 * s, "tasks": 4, "noise_scale": 10.0 + s}
+            for s in range(4)] + [{"method": "multitask", "step": s, "outer_loss": 3.0, "tasks": 4} for s in range(4)]
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    plot_training_curves(tmp_path / "m.jsonl", tmp_path / "m.png")
+    assert drawn == ["outer loss", "B_noise", "tasks per meta-step", "outer loss"]
+    (tmp_path / "n.jsonl").write_text(json.dumps({"step": 0, "noise_scale": 3.0, "tasks": 4}) + "\n")
+    with pytest.raises(ValueError, match="has no field among"):
+        plot_training_curves(tmp_path / "n.jsonl", tmp_path / "n.png")
