@@ -36,13 +36,12 @@ from common import (  # noqa: E402  (benchmarks/common.py)
     add_dtype_argument,
     add_model_arguments,
     add_pass_arguments,
-    build_lora_model,
     compute_dtype,
-    give_trained_scale,
     median_times,
     model_name,
     recipe_config,
     recipe_plans,
+    trained_model_and_tasks,
 )
 
 from fmmeta.algorithms.build import build_algorithm  # noqa: E402
@@ -50,7 +49,6 @@ from fmmeta.algorithms.config import ANILConfig  # noqa: E402
 from fmmeta.algorithms.inner_loop import adapt_tasks, only_adapting  # noqa: E402
 from fmmeta.algorithms.protocol import RankWork  # noqa: E402
 from fmmeta.algorithms.task_lora import TaskLoRA, stack_adapters  # noqa: E402
-from fmmeta.tasks.config import build_task_set  # noqa: E402
 
 
 def main() -> None:
@@ -64,9 +62,7 @@ def main() -> None:
     compute_dtype(args)
     cfg = recipe_config(args)
     cfg = dataclasses.replace(cfg, algorithm=dataclasses.replace(cfg.algorithm, anil=ANILConfig(layers=args.layers)))
-    model, params, tok = build_lora_model(args, args.dtype, cfg.lora)
-    give_trained_scale(params)
-    suite = build_task_set(cfg.tasks, tok, seed=0)
+    model, params, tok, suite = trained_model_and_tasks(args, cfg)
     algorithms = {m: build_algorithm(m, cfg.algorithm, tok.pad_token_id) for m in ("fomaml", "anil")}
     # Both run FOMAML's plan: the same passes, so only the tensors the inner loop adapts differ.
     work = algorithms["fomaml"].prepare(recipe_plans(suite.meta_train, cfg, algorithms["fomaml"], 1)[0])

@@ -113,6 +113,16 @@ def give_trained_scale(params: Sequence[torch.Tensor], seed: int = 1) -> None:
             p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
 
 
+def trained_model_and_tasks(args: argparse.Namespace, cfg: RecipeConfig) -> tuple[torch.nn.Module, list[torch.nn.Parameter], Any, Any]:
+    """The benchmark's model with an adapter of a trained one's scale (:func:`give_trained_scale`)
+    and the recipe's task set for ``cfg``; returns ``(model, adapter parameters, tokenizer, suite)``."""
+    from fmmeta.tasks.config import build_task_set
+
+    model, params, tok = build_lora_model(args, args.dtype, cfg.lora)
+    give_trained_scale(params)
+    return model, params, tok, build_task_set(cfg.tasks, tok, seed=0)
+
+
 def recipe_plans(tasks: Sequence[Any], cfg: RecipeConfig, algorithm: Any, steps: int) -> list[RankPlan]:
     """The first ``steps`` meta-batches the recipe's sampler (one rank, seed 0) plans for
     ``algorithm`` from ``tasks``: the work a benchmark times as a run would."""

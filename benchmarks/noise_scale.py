@@ -28,13 +28,12 @@ from common import (  # noqa: E402  (benchmarks/common.py)
     add_dtype_argument,
     add_model_arguments,
     add_pass_arguments,
-    build_lora_model,
     compute_dtype,
-    give_trained_scale,
     median_times,
     model_name,
     recipe_config,
     recipe_plans,
+    trained_model_and_tasks,
 )
 
 import fmmeta.algorithms.first_order as first_order  # noqa: E402
@@ -42,7 +41,6 @@ from fmmeta.algorithms.build import build_algorithm  # noqa: E402
 from fmmeta.algorithms.meta_step import meta_step  # noqa: E402
 from fmmeta.engine.local import LocalEngine  # noqa: E402
 from fmmeta.sampling.plan import MetaBatchPlan  # noqa: E402
-from fmmeta.tasks.config import build_task_set  # noqa: E402
 
 
 def main() -> None:
@@ -55,9 +53,7 @@ def main() -> None:
     args = ap.parse_args()
     compute_dtype(args)
     cfg = recipe_config(args)
-    model, params, tok = build_lora_model(args, args.dtype, cfg.lora)
-    give_trained_scale(params)
-    suite = build_task_set(cfg.tasks, tok, seed=0)
+    model, params, tok, suite = trained_model_and_tasks(args, cfg)
     algorithm = build_algorithm(args.method, cfg.algorithm, tok.pad_token_id)
     rank = recipe_plans(suite.meta_train, cfg, algorithm, 1)[0]
     plan = MetaBatchPlan(step=0, ranks=(rank,), n_real_tasks=len(rank.slots))
