@@ -254,6 +254,10 @@ def meta_train(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.M
                file=sys.stderr, disable=engine.rank != 0 or in_worker() or not sys.stderr.isatty())
     step = start
     noise_scale = NoiseScale()
+    for past in metrics.history:  # a resume continues the average the uninterrupted run would hold
+        noise = GradientNoise.from_record(past)
+        if noise is not None:
+            noise_scale.observe(noise)
     with prefetcher, metrics, interrupt_note(method, ckpts, lambda: step):
         for step in range(start, cfg.train.meta_steps):
             item = prefetcher.get()
@@ -271,7 +275,7 @@ def meta_train(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.M
             record = {"method": method, **gathered.record(), "data_wait_fraction": prefetcher.wait_fraction,
                       "placement": item.plan.placement}
             noise = GradientNoise.from_record(record)
-            if noise is not None:  # B_noise over the run so far (a resume starts its average afresh)
+            if noise is not None:  # B_noise over the run so far
                 record["noise_scale"] = noise_scale.observe(noise)
             metrics.write(record)
             watch.observe(gathered)

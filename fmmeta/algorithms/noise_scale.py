@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, Mapping
 
 NOISE_KEYS: tuple[str, ...] = ("grad_task_sq", "grad_noise_trace", "grad_signal_sq")
 """The step's fields in ``metrics.jsonl`` (:meth:`GradientNoise.as_record`); ``noise_scale`` is
@@ -61,11 +62,12 @@ class GradientNoise:
         return dict(zip(NOISE_KEYS, (self.task_sq_mean, self.trace, self.signal), strict=True))
 
     @classmethod
-    def from_record(cls, record: dict[str, float]) -> GradientNoise | None:
+    def from_record(cls, record: Mapping[str, Any]) -> GradientNoise | None:
         """The statistics of a ``metrics.jsonl`` step (``None`` where the method records none)."""
         if "grad_task_sq" not in record:
             return None
-        return cls(int(record["tasks"]), float(record["grad_task_sq"]), float(record["grad_norm"]) ** 2)
+        number = lambda key: math.nan if record.get(key) is None else float(record[key])  # noqa: E731 (JSON null: NaN)
+        return cls(int(record["tasks"]), number("grad_task_sq"), number("grad_norm") ** 2)
 
 
 class NoiseScale:

@@ -28,6 +28,9 @@ class MetricsLog:
     def __init__(self, path: Path, *, rank: int, method: str, keep_until: int,
                  trackers: Sequence[Tracker] = ()) -> None:
         self.path, self.rank, self.trackers = path, rank, list(trackers)
+        self.history: list[dict[str, Any]] = []
+        """This method's records kept from before ``keep_until`` (rank 0; a resume replays what
+        it averages over steps from them, as the run that never stopped had it)."""
         if rank != 0:
             return
         with locked(path):  # methods training side by side share the file
@@ -39,6 +42,7 @@ class MetricsLog:
                 raise UserInputError(f"{err} (the run appends to it and cannot resume over it)") from None
             kept = [r for r in records if r.get("method") != method or r.get("step", -1) <= keep_until]
             replace_text(path, "".join(dumps_strict(r) + "\n" for r in kept))  # a crash keeps the history
+            self.history = [r for r in kept if r.get("method") == method]
 
     def write(self, record: Mapping[str, Any]) -> None:
         """Appends ``record`` (one meta-step over all ranks) to the file and logs it to every tracker."""

@@ -87,3 +87,11 @@ def test_the_meta_step_records_the_statistics_of_its_tasks(peft_factory, episode
     assert stats.outer["grad_norm"] ** 2 == pytest.approx(want.mean_sq, rel=1e-5)
     assert stats.outer["grad_noise_trace"] == pytest.approx(want.trace, rel=1e-4)
     assert stats.outer["grad_signal_sq"] == pytest.approx(want.signal, rel=1e-3, abs=1e-9)
+
+
+def test_a_skipped_step_read_back_from_json_is_left_out_of_the_average() -> None:
+    scale = NoiseScale()
+    assert GradientNoise.from_record({"tasks": 4, "grad_norm": 1.0}) is None  # a method that records none
+    skipped = GradientNoise.from_record({"tasks": 4, "grad_task_sq": None, "grad_norm": None})  # NaN written as null
+    assert skipped is not None and math.isnan(scale.observe(skipped))
+    assert scale.observe(GradientNoise.from_record({"tasks": 4, "grad_task_sq": 5.0, "grad_norm": 2.0 ** 0.5})) == 4.0
