@@ -253,11 +253,7 @@ def meta_train(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.M
     bar = tqdm(total=cfg.train.meta_steps, initial=start, desc=method, dynamic_ncols=True,
                file=sys.stderr, disable=engine.rank != 0 or in_worker() or not sys.stderr.isatty())
     step = start
-    noise_scale = NoiseScale()
-    for past in metrics.history:  # a resume continues the average the uninterrupted run would hold
-        noise = GradientNoise.from_record(past)
-        if noise is not None:
-            noise_scale.observe(noise)
+    noise_scale = NoiseScale.replayed(metrics.history)  # a resume goes on with the run's average
     with prefetcher, metrics, interrupt_note(method, ckpts, lambda: step):
         for step in range(start, cfg.train.meta_steps):
             item = prefetcher.get()

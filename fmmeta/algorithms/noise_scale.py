@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 NOISE_KEYS: tuple[str, ...] = ("grad_task_sq", "grad_noise_trace", "grad_signal_sq")
 """The step's fields in ``metrics.jsonl`` (:meth:`GradientNoise.as_record`); ``noise_scale`` is
@@ -88,6 +88,17 @@ class NoiseScale:
         self.decay = decay
         self._trace = self._signal = 0.0
         self._weight = 0.0
+
+    @classmethod
+    def replayed(cls, records: Iterable[Mapping[str, Any]]) -> NoiseScale:
+        """The average of a run's ``metrics.jsonl`` records so far (one method's, in order): what a
+        resumed run goes on from, so its records are those of a run that never stopped."""
+        scale = cls()
+        for record in records:
+            noise = GradientNoise.from_record(record)
+            if noise is not None:
+                scale.observe(noise)
+        return scale
 
     def observe(self, noise: GradientNoise) -> float:
         """Takes one step's statistics; returns B_noise so far (``nan`` until there is signal)."""

@@ -10,6 +10,7 @@ saving and restoring cannot drift apart.
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from dataclasses import dataclass
@@ -34,6 +35,18 @@ logger = logging.getLogger("fmmeta.train")
 
 RECIPE_STATE = frozenset({"step", "prefetcher"})
 """Keys of a checkpoint's ``state.json`` the recipe owns; every other key is the algorithm's."""
+
+
+def _stable_peft_config(path: Path) -> None:
+    """peft writes ``target_modules`` from a set, in the order of the process's string hashes: two
+    processes write the same adapter's config in two orders. Sorted, a rerun's config is byte for
+    byte the one before and is not rewritten (:func:`~fmmeta.atomic.replace_changed`)."""
+    if not path.is_file():
+        return
+    config = json.loads(path.read_text(encoding="utf-8"))
+    if isinstance(config.get("target_modules"), list):
+        config["target_modules"] = sorted(config["target_modules"])
+        path.write_text(json.dumps(config, indent=2, sort_keys=True), encoding="utf-8")
 
 
 @dataclass
@@ -124,6 +137,7 @@ class TrainingState:
         self.engine.save_adapter(fresh)
         if self.engine.rank == 0:
             self._save_with_adapter(fresh)
+            _stable_peft_config(fresh / "adapter_config.json")
             replace_changed(fresh, adapter_dir)
         self.engine.barrier()
         return adapter_dir

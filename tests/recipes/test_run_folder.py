@@ -181,11 +181,13 @@ def test_a_rerun_of_a_finished_run_rewrites_no_file(tmp_path: Path) -> None:
     adapter's time with its evaluation's, and a rewritten adapter read as one trained after it."""
     out = tmp_path / "run"
     args = [*_recipe.SHORT, "train.meta_steps=2", f"output_dir={out}"]
-    _recipe.run("python", args, timeout_s=120)
+    # Two string-hash seeds that order {"q_proj", "v_proj"} differently: peft writes its adapter
+    # config's target_modules from a set, so each process would write the same config another way.
+    _recipe.run("python", args, timeout_s=120, env={**_recipe.environment(), "PYTHONHASHSEED": "0"})
     times = lambda: {p.relative_to(out).as_posix(): p.stat().st_mtime_ns for p in sorted(out.rglob("*"))
                      if p.is_file() and not p.name.endswith(".lock")}
     before, snapshot = times(), _snapshot(out)
     time.sleep(0.05)  # a rewrite would carry a later time
-    _recipe.run("python", args, timeout_s=120)
+    _recipe.run("python", args, timeout_s=120, env={**_recipe.environment(), "PYTHONHASHSEED": "3"})
     assert _snapshot(out) == snapshot
     assert times() == before, sorted(k for k, v in times().items() if before.get(k) != v)

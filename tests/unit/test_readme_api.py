@@ -1,4 +1,4 @@
-"""The README's "Meta-train on them" snippet runs as written (with a tiny model swapped in)."""
+"""The README's Python API snippet (meta-train on a task set) runs as written (with a tiny model swapped in)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 def _snippet() -> str:
     text = README.read_text(encoding="utf-8")
-    section = text.split("### Meta-train on them", 1)[1]
+    section = text.split("## Python API", 1)[1]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 

@@ -147,8 +147,12 @@ def _language_name(lang: str) -> str:
 
 
 
-def _check_families(families: Sequence[str]) -> None:
-    """Refuses unknown families and a suite with nothing to meta-train on."""
+def _check_families(families: Sequence[str], templates: int = 1) -> None:
+    """Refuses unknown families, a suite with nothing to meta-train on, and more templates than
+    each family has."""
+    if not 1 <= templates <= len(LANGID_TEMPLATES):
+        raise ValueError(f"build_cldr_suite meta_train_templates={templates} is invalid: choose 1 to "
+                         f"{len(LANGID_TEMPLATES)} (the templates each family has)")
     unknown = sorted(set(families) - set(FAMILIES))
     if unknown or not families:
         raise ValueError(
@@ -239,10 +243,7 @@ def build_cldr_suite(
         >>> [t.name for t in suite.held_out][:2]  # doctest: +SKIP
         ['translate-xx', ...]
     """
-    _check_families(families)
-    if not 1 <= meta_train_templates <= len(LANGID_TEMPLATES):
-        raise ValueError(f"build_cldr_suite meta_train_templates={meta_train_templates} is invalid: choose 1 to "
-                         f"{len(LANGID_TEMPLATES)} (the templates each family has)")
+    _check_families(families, meta_train_templates)
     n_validation_languages, n_held_out_languages, score_on = read_options(
         {"n_validation_languages": n_validation_languages, "n_held_out_languages": n_held_out_languages,
          "score_on": score_on}, renamed).values()
@@ -265,10 +266,8 @@ def build_cldr_suite(
     english = _territory_names("en", countries)
     # Scoring on validation languages leaves out what is not split by language: translation's
     # validation tasks are the validation split's, and the words family has no languages.
-    scored = {
-        "meta_train": families, "validation": families,
-        "held_out": families if score_on == "held_out" else [f for f in families if f not in ("translation", "words")],
-    }  # fmt: skip
+    held = families if score_on == "held_out" else [f for f in families if f not in ("translation", "words")]
+    scored = {"meta_train": families, "validation": families, "held_out": held}
     out = {
         split: _split_tasks(
             split, ls, families=scored[split], english=english, names=names, tokenizer=tokenizer,
