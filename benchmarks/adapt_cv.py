@@ -80,7 +80,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
-    from fmmeta.adaptation.cross_validation import cross_validate, fold_count
+    from fmmeta.adaptation.cross_validation import fold_count
     from fmmeta.adaptation.method import candidate_methods
     from fmmeta.adaptation.session import Adapter
     from fmmeta.adaptation.task_files import TaskFiles, TaskFormat, read_task
@@ -101,10 +101,7 @@ def main() -> None:
         one = adapter.build(texts[0])
 
         def cv(names: list[str], tasks: list) -> None:  # noqa: ANN001 - TaskTexts
-            def adapt_with(name: str, fold_tasks: list) -> list:  # noqa: ANN001
-                candidate = adapter.with_method(plans[name])
-                return [a.predictions for a in candidate.adapt([candidate.build(t) for t in fold_tasks])]
-            cross_validate(adapt_with, names, tasks, k, time.perf_counter)
+            adapter.compare({n: plans[n] for n in names}, tasks, k, {}, time.perf_counter)  # adapt's own path
 
         single = _median(lambda: adapter.adapt([one]), args.repeats)
         cv_one = _median(lambda: cv([args.method], texts[:1]), args.repeats)
