@@ -267,3 +267,12 @@ def test_adapt_cv_benchmark_runs_small() -> None:
 def test_noise_scale_benchmark_runs_small() -> None:
     out = _run("noise_scale.py", "--tiny", "--reps", "1")
     assert out["method"] == "fomaml" and out["meta_step_s_on"] > 0 and out["meta_step_s_off"] > 0
+
+
+def test_meta_batch_benchmark_runs_small(tmp_path: Path) -> None:
+    figure = tmp_path / "meta_batch.png"
+    out = _run("meta_batch.py", "--tiny", "--draws", "2", "--sizes", "1,2", "--figure", str(figure))
+    assert [row["tasks"] for row in out["sizes"]] == [1, 2] and figure.stat().st_size > 0
+    for row in out["sizes"]:
+        assert row["variance"] >= 0 and row["predicted"] > 0 and row["lockstep_cost"] > 0 and row["seconds"] > 0
+    assert out["sizes"][1]["lockstep_cost"] > out["sizes"][0]["lockstep_cost"]  # two tasks cost more than one
