@@ -1,7 +1,7 @@
 """What recording the meta-gradient's noise costs a meta-step (the issue's bound: <= 2%).
 
 Every meta-step of FOMAML, Meta-SGD, ANIL and Reptile takes each task's outer-gradient squared
-norm before the tasks are summed (:mod:`fmmeta.algorithms.noise_scale`). This times the recipe's
+norm before the tasks are summed (:mod:`fmmeta.sampling.noise_scale`). This times the recipe's
 meta-step (the default run's first meta-batches, the default model) with it and without it, the
 two interleaved in one process (:func:`common.median_times`), on a local engine; ``overhead`` is
 the ratio of the medians less one. "Without" is the same code with the per-task norm returning

@@ -27,19 +27,19 @@ logger = logging.getLogger("fmmeta.train")
 def banner(cfg: RecipeConfig, method: str, engine: Engine, model: nn.Module, fast_weight_numel: int) -> None:
     """The facts a person checks first: what runs where, and how much of it."""
     trainable, total = count_parameters(model)
-    per_rank = cfg.sampler.meta_batch_size / engine.world_size
+    per_rank = cfg.sampler.first_batch_size / engine.world_size
     budget = cfg.sampler.tokens_per_pass or f"{cfg.sampler.micro_batch_size} x longest sequence"
     logger.info(
         "== %s | model %s (%s) | params trainable %s / total %s (%.3f%%) | world size %d | %s"
-        " | tasks per meta-step %d (~%.1f per rank, packed into passes of %s tokens, %s)"
+        " | tasks per meta-step %s (~%.1f per rank, packed into passes of %s tokens, %s)"
         " | inner steps %d | meta-steps %d",
         method, model_id(cfg.model), cfg.model.dtype, f"{trainable:,}", f"{total:,}", 100 * trainable / total,
-        engine.world_size, engine.sharding, cfg.sampler.meta_batch_size,
+        engine.world_size, engine.sharding, cfg.sampler.batch_description(),
         per_rank, budget, "padding-free" if cfg.algorithm.padding_free else "padded",
         cfg.algorithm.inner_steps, cfg.train.meta_steps,
     )
     if engine.world_size > 1:
-        n = cfg.sampler.meta_batch_size
+        n = cfg.sampler.auto_batch_max if cfg.sampler.meta_batch_size == "auto" else cfg.sampler.meta_batch_size
         logger.info(
             "placement %s | rows across ranks would hold %d fast-weight copies on every rank (%.1f MiB)"
             " and all-reduce %.1f MiB per inner step", cfg.sampler.placement, n if fast_weight_numel else 0,

@@ -244,7 +244,7 @@ class RecipeConfig:
         of model loading and task tokenization."""
         problems: list[str] = []
         world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-        if self.sampler.on_uneven == "error" and self.sampler.meta_batch_size % world:
+        if self.sampler.on_uneven == "error" and self.sampler.meta_batch_size != "auto" and self.sampler.meta_batch_size % world:
             problems.append(
                 f"sampler.meta_batch_size={self.sampler.meta_batch_size} does not divide by the "
                 f"{world} ranks of this launch and sampler.on_uneven='error': use a multiple of "

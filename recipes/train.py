@@ -40,7 +40,6 @@ from fmmeta.algorithms.answer_loss import check_lines
 from fmmeta.algorithms.build import METHODS, build_algorithm
 from fmmeta.algorithms.gather import gather_step
 from fmmeta.algorithms.meta_step import meta_step
-from fmmeta.algorithms.noise_scale import GradientNoise, NoiseScale
 from fmmeta.checkpoint.resume import check_task_pool
 from fmmeta.checkpoint.run_folder import claimed_output_dir
 from fmmeta.checkpoint.shared_folder import check_shared_folder
@@ -65,7 +64,8 @@ from fmmeta.models import add_lora, count_parameters, initial_adapter
 from fmmeta.progress import Progress
 from fmmeta.recipe_args import IMPORT_HELP, OneConfig, import_modules
 from fmmeta.recipe_config import RecipeConfig
-from fmmeta.sampling import CostAwareSampler, Prefetcher, check_pool_size
+from fmmeta.sampling import CostAwareSampler, NoiseObservation, Prefetcher, check_pool_size
+from fmmeta.sampling.noise_scale import GradientNoise, NoiseScale
 from fmmeta.shipped import shipped_path, with_shipped_paths
 from fmmeta.tasks.config import build_task_set
 from fmmeta.tasks.in_context import InContextTask
@@ -267,10 +267,12 @@ def meta_train(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.M
                     "rerun with the same output_dir to resume from it"
                 ) from err
             gathered = gather_step(engine, stats)  # every rank's step: one all_gather
-            prefetcher.observe(gathered.observations)
             record = {"method": method, **gathered.record(), "data_wait_fraction": prefetcher.wait_fraction,
                       "placement": item.plan.placement}
             noise = GradientNoise.from_record(record)
+            seen = [NoiseObservation(step=step, tasks=noise.tasks, task_sq_mean=noise.task_sq_mean,
+                                     mean_sq=noise.mean_sq)] if noise is not None else []
+            prefetcher.observe([*gathered.observations, *seen])  # meta_batch_size auto chooses from the noise
             if noise is not None:  # B_noise over the run so far
                 record["noise_scale"] = noise_scale.observe(noise)
             metrics.write(record)

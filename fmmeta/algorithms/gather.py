@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from fmmeta.algorithms.meta_step import StepStats, peak_memory_kind
-from fmmeta.algorithms.noise_scale import NOISE_KEYS
 from fmmeta.engine.protocol import Engine
+from fmmeta.sampling.noise_scale import NOISE_KEYS
 from fmmeta.sampling.source import Observation
 
 __all__ = ["GatheredStep", "gather_step"]

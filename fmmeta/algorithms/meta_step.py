@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fmmeta.algorithms.noise_scale import GradientNoise
 from fmmeta.algorithms.passes import Pass
 from fmmeta.algorithms.protocol import MetaAlgorithm, OuterUpdate, RankResult, RankWork, RowShare
 from fmmeta.engine.protocol import Engine
+from fmmeta.sampling.noise_scale import GradientNoise
 from fmmeta.sampling.plan import MetaBatchPlan, RankPlan, pass_features
 from fmmeta.sampling.source import PassObservation, TaskObservation
 

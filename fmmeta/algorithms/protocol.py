@@ -118,7 +118,7 @@ class RankResult:
             of each task's query-loss gradient with respect to the log inner step sizes
             (``None`` for the other algorithms).
         task_grad_sq: ``[n_tasks]`` fp32, each task's outer gradient's squared L2 norm over every
-            adapter tensor (:mod:`fmmeta.algorithms.noise_scale`); ``None`` where the tasks share
+            adapter tensor (:mod:`fmmeta.sampling.noise_scale`); ``None`` where the tasks share
             one gradient (multi-task, MetaICL: no fast weights) or a task's gradient is split
             over ranks (rows across ranks).
     """

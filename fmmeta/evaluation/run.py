@@ -207,7 +207,7 @@ def budget_notes(cfg: RecipeConfig) -> list[str]:
     s, a = cfg.sampler, cfg.algorithm
     r = cfg.train.replicates
     notes = [
-        f"Every method: {cfg.train.meta_steps} meta-steps x {s.meta_batch_size} episodes, "
+        f"Every method: {cfg.train.meta_steps} meta-steps x {s.batch_description()} episodes, "
         f"outer lr {cfg.optim.outer_lr:g}, from the same initial adapter and the same episode draws"
         + (f"; {r} training replicates (training seeds {cfg.train.seed}..{cfg.train.seed + r - 1}: "
            "initial adapter, episode draws, dropout), each scored on the same held-out episodes."

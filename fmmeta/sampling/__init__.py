@@ -8,6 +8,7 @@ from fmmeta.sampling.rows_plan import fast_weight_megabytes, plan_cost, plan_pla
 from fmmeta.sampling.sampler import CostAwareSampler, PoolTooSmallError, SamplerConfig, check_pool_size
 from fmmeta.sampling.source import (
     EpisodeSource,
+    NoiseObservation,
     Observation,
     PassObservation,
     TaskObservation,
@@ -22,6 +23,7 @@ __all__ = [
     "CostModel",
     "EpisodeSource",
     "MetaBatchPlan",
+    "NoiseObservation",
     "Observation",
     "PackedPass",
     "PassObservation",

@@ -109,6 +109,15 @@ class NoiseScale:
             self._weight = self.decay * self._weight + (1 - self.decay)
         return self.value
 
+    def state_dict(self) -> dict[str, float]:
+        """The averages so far, JSON-able (floats round-trip exactly)."""
+        return {"trace": self._trace, "signal": self._signal, "weight": self._weight, "decay": self.decay}
+
+    def load_state_dict(self, state: Mapping[str, float]) -> None:
+        """Restores :meth:`state_dict`: observing goes on as if never stopped."""
+        self.decay = float(state["decay"])
+        self._trace, self._signal, self._weight = float(state["trace"]), float(state["signal"]), float(state["weight"])
+
     @property
     def value(self) -> float:
         """B_noise: the averaged tr(Sigma) over the averaged |G|^2 (the bias corrections of the

@@ -27,141 +27,25 @@ import numpy as np
 
 from fmmeta.config import raise_if_invalid
 from fmmeta.errors import UserInputError
+from fmmeta.sampling.auto_batch import AUTO, AutoBatch
 from fmmeta.sampling.cost import CostModel
-from fmmeta.sampling.plan import MetaBatchPlan, ascending_widths, bucketed
-from fmmeta.sampling.rows_plan import PLACEMENTS, plan_placed
+from fmmeta.sampling.plan import MetaBatchPlan, bucketed
+from fmmeta.sampling.rows_plan import fast_weight_megabytes, plan_placed
+from fmmeta.sampling.sampler_config import SamplerConfig
 from fmmeta.sampling.source import (
     EpisodeSource,
+    NoiseObservation,
     Observation,
     PassObservation,
     TaskObservation,
 )
-from fmmeta.sampling.strategies import (
-    STRATEGIES,
-    Curriculum,
-    Diversity,
-    Hard,
-    PoolView,
-    Strategy,
-    Uniform,
-    UniformDifficulty,
-)
+from fmmeta.sampling.strategies import PoolView
 from fmmeta.tasks.episode import Episode
 
 logger = logging.getLogger(__name__)
 
 _STREAM_STRATEGY, _STREAM_EPISODE, _STREAM_PLAN, _STREAM_PROBE, _STREAM_SUPPORT = 0, 1, 2, 3, 4
 _STATE_VERSION = 1
-
-
-@dataclass(kw_only=True)
-class SamplerConfig:
-    """How meta-batches are chosen and planned.
-
-    The inner-step count that weights a task's support cost is not a field: it is the
-    algorithm's, passed to :class:`CostAwareSampler` by whoever builds both.
-    """
-
-    meta_batch_size: int = 8
-    """Tasks per outer step, over all ranks (>= 1, at most the meta-training pool's size)."""
-    micro_batch_size: int = 4
-    """With tokens_per_pass = 0, a pass holds at most this many of the meta-batch's longest
-    sequences (>= 1)."""
-    tokens_per_pass: int = 0
-    """Padded tokens per forward/backward pass, over all the tasks it packs (>= 0; 0 =
-    micro_batch_size x the meta-batch's longest sequence). Peak activation memory follows it."""
-    strategy: str = "uniform"
-    """Task selection: uniform | curriculum | diversity | hard | uniform_difficulty."""
-    placement: str = "auto"
-    """How a meta-batch is placed on ranks: "tasks" (each task on one rank), "rows" (every rank
-    holds every task and runs a share of each task's rows; the inner steps all-reduce the tasks'
-    gradients) or "auto" (whichever the cost model prices lower, per meta-step). One rank always
-    plans "tasks"."""
-    on_uneven: str = "pad"
-    """When meta_batch_size does not divide by world size: "pad" (ranks hold different task
-    counts; packing keeps their pass counts equal) or "error"."""
-    difficulty: str = "shots"
-    """Difficulty measure for curriculum and uniform_difficulty: shots | lengths | loss."""
-    pacing_start: float = 0.2
-    """Curriculum: fraction of the pool admitted at step 0, in (0, 1]."""
-    pacing_steps: int = 1000
-    """Curriculum: step at which the whole pool is admitted (>= 1)."""
-    pacing: str = "linear"
-    """Curriculum: linear | root growth of the admitted fraction."""
-    hard_floor: float = 0.1
-    """Hard: uniform probability mass so no task starves, in (0, 1]."""
-    hard_temperature: float = 1.0
-    """Hard: softmax temperature on the query loss (> 0)."""
-    difficulty_bins: int = 4
-    """Uniform_difficulty: equal-width difficulty bins (>= 1)."""
-    loss_ema: float = 0.5
-    """Weight of a new loss observation in a task's running estimate, in (0, 1]."""
-    fit_cost: bool = False
-    """Fit the cost model to measured pass times after each observe. Plans then follow the
-    hardware but depend on timing: two runs (or a run and its resume) pack passes differently and
-    agree only to float rounding, not bitwise."""
-    cost_a: float = 64.0
-    """Initial per-pass cost (token-equivalents, >= 0)."""
-    cost_b: float = 1.0
-    """Initial per-token cost (>= 0)."""
-    cost_c: float = 1.0 / 2048.0
-    """Initial per-squared-length cost (attention, >= 0)."""
-    cost_r: float = 4.0
-    """Initial cost of all-reducing a million floats across ranks (token-equivalents, >= 0):
-    what the rows placement pays per inner step for T x adapter floats."""
-    cost_damping: float = 0.5
-    """Fraction of old cost coefficients kept per fit, in [0, 1)."""
-    balance_tol: float = 1e-3
-    """Stop improving rank balance within this fraction of the lower bound (>= 0)."""
-    length_buckets: tuple[int, ...] = ()
-    """Ascending widths (>= 1) each training pass is padded up to, for static-shape graphs; [] = its own width."""
-
-    def validate(self) -> list[str]:
-        """Range and choice checks, one problem per field."""
-        problems: list[str] = []
-
-        def need(ok: bool, key: str, allowed: str, fix: str = "") -> None:
-            if not ok:
-                problems.append(
-                    f"{key}={getattr(self, key)!r} is invalid: {allowed}" + (f"; {fix}" if fix else "")
-                )
-
-        def is_int(v: Any) -> bool:
-            return isinstance(v, int) and not isinstance(v, bool)
-
-        for key in ("meta_batch_size", "micro_batch_size", "pacing_steps", "difficulty_bins"):
-            need(is_int(getattr(self, key)) and getattr(self, key) >= 1, key, "must be an integer >= 1")
-        need(is_int(self.tokens_per_pass) and self.tokens_per_pass >= 0, "tokens_per_pass",
-             "must be an integer >= 0", "0 derives it from micro_batch_size")
-        need(self.strategy in STRATEGIES, "strategy", f"allowed: {', '.join(STRATEGIES)}")
-        need(self.on_uneven in ("pad", "error"), "on_uneven", "allowed: pad, error")
-        need(self.placement in PLACEMENTS, "placement", f"allowed: {', '.join(PLACEMENTS)}")
-        need(self.difficulty in ("shots", "lengths", "loss"), "difficulty", "allowed: shots, lengths, loss")
-        need(self.pacing in ("linear", "root"), "pacing", "allowed: linear, root")
-        need(0.0 < self.pacing_start <= 1.0, "pacing_start", "must be in (0, 1]")
-        need(0.0 < self.hard_floor <= 1.0, "hard_floor", "must be in (0, 1]", "a floor of 0 lets tasks starve")
-        need(self.hard_temperature > 0, "hard_temperature", "must be > 0")
-        need(0.0 < self.loss_ema <= 1.0, "loss_ema", "must be in (0, 1]")
-        for key in ("cost_a", "cost_b", "cost_c", "cost_r"):
-            v = getattr(self, key)
-            need(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0, key, "must be a finite number >= 0")
-        need(0.0 <= self.cost_damping < 1.0, "cost_damping", "must be in [0, 1)")
-        need(self.balance_tol >= 0, "balance_tol", "must be >= 0")
-        need(ascending_widths(self.length_buckets), "length_buckets", "need ascending distinct integer widths >= 1",
-             "e.g. [64, 128, 256, 512], or [] for none")
-        return problems
-
-    def build_strategy(self) -> Strategy:
-        """The strategy object this config names."""
-        if self.strategy == "curriculum":
-            return Curriculum(self.difficulty, self.pacing_start, self.pacing_steps, self.pacing)
-        if self.strategy == "diversity":
-            return Diversity()
-        if self.strategy == "hard":
-            return Hard(self.hard_floor, self.hard_temperature)
-        if self.strategy == "uniform_difficulty":
-            return UniformDifficulty(self.difficulty, self.difficulty_bins)
-        return Uniform()
 
 
 @dataclass
@@ -188,11 +72,12 @@ def check_pool_size(config: SamplerConfig, n_tasks: int) -> None:
     Raises:
         PoolTooSmallError: naming both numbers and the fix.
     """
-    if config.meta_batch_size > n_tasks:
+    key = "auto_batch_min" if config.meta_batch_size == AUTO else "meta_batch_size"
+    if config.first_batch_size > n_tasks:
         raise PoolTooSmallError(
-            f"sampler.meta_batch_size={config.meta_batch_size} is larger than the "
+            f"sampler.{key}={config.first_batch_size} is larger than the "
             f"meta-training pool ({n_tasks} tasks), so a meta-batch would hold a task "
-            f"twice: set sampler.meta_batch_size to at most {n_tasks}, or add tasks"
+            f"twice: set sampler.{key} to at most {n_tasks}, or add tasks"
         )
 
 
@@ -207,7 +92,7 @@ def _check_arguments(sources: Sequence[EpisodeSource], config: SamplerConfig, *,
         raise ValueError(f"world_size={world_size!r} is invalid: must be an integer >= 1")
     if not (isinstance(seed, int) and seed >= 0):
         raise ValueError(f"seed={seed!r} is invalid: must be an integer >= 0")
-    if config.on_uneven == "error" and config.meta_batch_size % world_size:
+    if config.on_uneven == "error" and config.meta_batch_size != AUTO and config.meta_batch_size % world_size:
         raise ValueError(
             f"sampler.meta_batch_size={config.meta_batch_size} does not divide by "
             f"world_size={world_size} and sampler.on_uneven='error'; use a multiple of "
@@ -275,6 +160,12 @@ class CostAwareSampler:
         self.fast_weight_numel = fast_weight_numel
         self.lockstep = lockstep
         self.strategy = config.build_strategy()
+        self.auto_batch = None if config.meta_batch_size != AUTO else AutoBatch(
+            low=config.auto_batch_min, high=min(config.auto_batch_max, len(sources)),
+            warmup=config.auto_batch_warmup, every=config.auto_batch_every,
+            multiple=world_size if config.on_uneven == "error" else 1,
+            mib_per_task=fast_weight_megabytes(1, fast_weight_numel))
+        """Chooses the tasks per meta-step of ``meta_batch_size: auto`` (``None`` otherwise)."""
         self.cost_model = CostModel(a=config.cost_a, b=config.cost_b, c=config.cost_c, r=config.cost_r,
                                     damping=config.cost_damping)
         n = len(self.sources)
@@ -325,9 +216,12 @@ class CostAwareSampler:
 
     def select(self, step: int) -> np.ndarray:
         """Task ids of step ``step``'s meta-batch (the strategy's choice, before planning)."""
-        return self.strategy.select(
-            self.config.meta_batch_size, self._rng(_STREAM_STRATEGY, step), self.pool_view(), step
-        )
+        return self.strategy.select(self.batch_size, self._rng(_STREAM_STRATEGY, step), self.pool_view(), step)
+
+    @property
+    def batch_size(self) -> int:
+        """Tasks in the next meta-batch: the config's, or ``auto``'s current choice."""
+        return self.config.first_batch_size if self.auto_batch is None else self.auto_batch.size
 
     def sample(self, step: int) -> MetaBatchPlan:
         """Chooses, assembles and plans the meta-batch of ``step``; equal on every rank.
@@ -381,7 +275,7 @@ class CostAwareSampler:
     # -- feedback -----------------------------------------------------------------------------
 
     def observe(self, observations: Sequence[Observation]) -> None:
-        """Updates loss estimates and the cost model from one meta-step's observations.
+        """Updates loss estimates, the cost model and ``auto``'s B from one meta-step's observations.
 
         Pass the observations of *all* ranks (gathered), identically on every rank; they are
         applied in a canonical order, so gather order does not matter.
@@ -423,6 +317,10 @@ class CostAwareSampler:
             self._n_observed[o.task_id] += 1
         if self.config.fit_cost and passes:
             self.cost_model.fit(critical_passes(passes, self.cost_model))
+        if self.auto_batch is not None:
+            for noise in sorted((o for o in observations if isinstance(o, NoiseObservation)),
+                                key=NoiseObservation.sort_key):
+                self.auto_batch.observe(noise)
 
     @property
     def loss_estimates(self) -> np.ndarray:
@@ -443,6 +341,7 @@ class CostAwareSampler:
             "loss": [None if math.isnan(v) else float(v) for v in self._loss.tolist()],
             "n_observed": [int(v) for v in self._n_observed.tolist()],
             "cost_model": self.cost_model.state_dict(),
+            **({"auto_batch": self.auto_batch.state_dict()} if self.auto_batch is not None else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -476,6 +375,8 @@ class CostAwareSampler:
         self._loss = np.array([math.nan if v is None else float(v) for v in state["loss"]], dtype=np.float64)
         self._n_observed = np.array(state["n_observed"], dtype=np.int64)
         self.cost_model.load_state_dict(state["cost_model"])
+        if self.auto_batch is not None and "auto_batch" in state:  # absent: saved with a fixed B
+            self.auto_batch.load_state_dict(state["auto_batch"])
 
 
 def _plain(value: Any) -> Any:

@@ -92,24 +92,51 @@ class PassObservation:
                 _nan_last(self.seconds), *self.features)
 
 
-Observation = TaskObservation | PassObservation
+@dataclass(frozen=True, kw_only=True)
+class NoiseObservation:
+    """One meta-step's meta-gradient statistics (:class:`~fmmeta.sampling.noise_scale.GradientNoise`'s
+    fields), the same on every rank: what ``sampler.meta_batch_size: auto`` chooses B from.
+
+    Attributes:
+        step: the meta-step.
+        tasks: B, the tasks whose outer gradients were averaged.
+        task_sq_mean: the mean over tasks of each task's squared outer-gradient norm.
+        mean_sq: the squared norm of the averaged outer gradient.
+    """
+
+    step: int
+    tasks: int
+    task_sq_mean: float
+    mean_sq: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict (NaN written as ``None``)."""
+        return {"kind": "noise", **_plain(asdict(self))}
+
+    def sort_key(self) -> tuple[float, ...]:
+        """A total order (one per step, so the step alone)."""
+        return (self.step,)
+
+
+Observation = TaskObservation | PassObservation | NoiseObservation
+_KINDS: dict[str, type[Observation]] = {"task": TaskObservation, "pass": PassObservation, "noise": NoiseObservation}
 
 
 def observation_from_dict(d: dict[str, Any]) -> Observation:
-    """Inverse of ``to_dict`` of either observation type.
+    """Inverse of ``to_dict`` of every observation type.
 
     Raises:
         ValueError: for a dict of another shape (e.g. saved by an fmmeta version before packed
             passes, whose observations had no ``kind``).
     """
     kind = d.get("kind")
-    cls: type[TaskObservation | PassObservation] = PassObservation if kind == "pass" else TaskObservation
+    cls = _KINDS.get(kind, TaskObservation)  # type: ignore[arg-type]  # an unknown kind is refused below
     out = {k: (math.nan if v is None else v) for k, v in d.items() if k != "kind"}
     names = {f.name for f in fields(cls)}
-    if kind not in ("task", "pass") or not set(out) <= names:
+    if kind not in _KINDS or not set(out) <= names:
         raise ValueError(
-            f"sampler observation {sorted(d)} is not one this fmmeta version writes (kind 'task' or "
-            "'pass'): the checkpoint comes from an older version; resume it with that version, or "
+            f"sampler observation {sorted(d)} is not one this fmmeta version writes (kind 'task', 'pass' "
+            "or 'noise'): the checkpoint comes from an older version; resume it with that version, or "
             "start again with train.resume=never or a new output_dir"
         )
     if cls is PassObservation:

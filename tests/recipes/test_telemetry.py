@@ -35,7 +35,7 @@ def test_metrics_have_sane_per_rank_lists(deepspeed_short: Path) -> None:
 def test_every_step_records_the_meta_gradients_noise(deepspeed_short: Path) -> None:
     """FOMAML on 2 ZeRO-3 ranks: each step's per-task statistics, recomputed from the record's own
     fields, and B_noise as the ratio of their moving averages."""
-    from fmmeta.algorithms.noise_scale import GradientNoise, NoiseScale
+    from fmmeta.sampling.noise_scale import GradientNoise, NoiseScale
 
     scale, placements = NoiseScale(), []
     for r in _recipe.records(deepspeed_short / "metrics.jsonl"):

@@ -145,6 +145,17 @@ CONFIG_CASES = {
     "output_dir_name_past_the_name_limit": (
         ["output_dir=runs/" + "d" * 300],
         ["holds a folder name of 300 bytes, longer than this file system's 255: give a shorter name"]),
+    "meta_batch_size_neither_a_number_nor_auto": (
+        ["sampler.meta_batch_size=big"],
+        ["sampler.meta_batch_size='big' has the wrong type: expected int | one of 'auto'"]),
+    "meta_batch_size_zero": (["sampler.meta_batch_size=0"],
+                             ["sampler.meta_batch_size=0 is invalid: must be an integer >= 1 or auto"]),
+    "auto_batch_bounds_out_of_range": (
+        ["sampler.meta_batch_size=auto", "sampler.auto_batch_min=1", "sampler.auto_batch_max=0",
+         "sampler.auto_batch_every=-1"],
+        ["sampler.auto_batch_min=1 is invalid: must be an integer >= 2; the noise is measured from the spread",
+         "sampler.auto_batch_max=0 is invalid: must be an integer >= auto_batch_min (1)",
+         "sampler.auto_batch_every=-1 is invalid: must be an integer >= 0; 0 chooses once, after the warm-up"]),
     "format_shift_family_not_held_out": (
         ["tasks.split.format_shift_families=[words]"],
         ["tasks.split.format_shift_families=['words'] is invalid: each must be one of held_out_families []"]),

@@ -11,9 +11,9 @@ import torch
 from fmmeta.algorithms.build import build_algorithm
 from fmmeta.algorithms.config import AlgorithmConfig
 from fmmeta.algorithms.meta_step import meta_step
-from fmmeta.algorithms.noise_scale import GradientNoise, NoiseScale
 from fmmeta.engine.local import LocalEngine
 from fmmeta.engine.optim import OuterOptimConfig
+from fmmeta.sampling.noise_scale import GradientNoise, NoiseScale
 from fmmeta.sampling.plan import MetaBatchPlan
 
 from ._tiny import PAD_ID, make_rank

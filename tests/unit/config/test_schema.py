@@ -63,7 +63,7 @@ def test_help_shows_the_run_default_and_a_doc_for_every_key(capsys: pytest.Captu
             f"--help shows a wrong default or doc for {key}; the run uses {value!r}"
         )
     # The values where the recipe departs from its sections' class defaults.
-    assert "sampler.meta_batch_size (int, default 4)" in text
+    assert "sampler.meta_batch_size (int | one of 'auto', default 4)" in text
     assert "optim.outer_lr (float, default 0.003)" in text
     assert "train.meta_steps (int, default 20)" in text
 
