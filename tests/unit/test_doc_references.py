@@ -48,3 +48,14 @@ def test_every_named_path_and_module_exists() -> None:
         missing += [f"{where}: {p}" for p in sorted(set(PATH.findall(text))) if not (REPO / p).exists()]
         missing += [f"{where}: {n}" for n in sorted(set(NAME.findall(text))) if not _resolves(n)]
     assert not missing, "references to nothing:\n" + "\n".join(missing)
+
+
+def test_the_docs_index_lists_every_page() -> None:
+    """A page nobody links to is a page nobody finds: docs/index.md names every page of docs/ and
+    every notebook of docs/research/ (the reports in their folders are linked from the notebooks)."""
+    index = (REPO / "docs" / "index.md").read_text()
+    linked = set(re.findall(r"\]\(([\w/.-]+\.md)\)", index))
+    pages = {p.relative_to(REPO / "docs").as_posix() for p in [*REPO.glob("docs/*.md"), *REPO.glob("docs/research/*.md")]}
+    pages -= {"index.md"}
+    assert not pages - linked, f"docs/index.md does not list {sorted(pages - linked)}"
+    assert not linked - pages, f"docs/index.md links to missing pages {sorted(linked - pages)}"
