@@ -54,6 +54,9 @@ class AutoBatch:
         self.low, self.high, self.warmup, self.every, self.multiple = low, high, warmup, every, multiple
         self.mib_per_task = mib_per_task
         self.size = self._bounded(low)
+        self.due: int | None = warmup - 1
+        """The step whose statistics the next choice follows (``None``: no more choices). A step
+        without statistics (rows across ranks split each task's gradient) moves it to the next one."""
         self.scale = NoiseScale()
         self.choices: list[dict[str, Any]] = []
         """One entry per choice: the step it followed, B_noise then, and the B it took."""
@@ -66,16 +69,12 @@ class AutoBatch:
         """B for a measured B_noise: rounded, within the bounds (the current B while there is none)."""
         return self._bounded(round(b_noise)) if math.isfinite(b_noise) else self.size
 
-    def chooses_after(self, step: int) -> bool:
-        """Whether the statistics of ``step`` end a warm-up or a re-check period."""
-        done = step + 1
-        return done == self.warmup or (self.every > 0 and done > self.warmup and (done - self.warmup) % self.every == 0)
-
     def observe(self, noise: NoiseObservation) -> None:
         """Takes one step's statistics; at the end of a period, chooses B for the steps ahead."""
         b_noise = self.scale.observe(GradientNoise(noise.tasks, noise.task_sq_mean, noise.mean_sq))
-        if not self.chooses_after(noise.step):
+        if self.due is None or noise.step < self.due:
             return
+        self.due = noise.step + self.every if self.every > 0 else None
         before, self.size = self.size, self.choose(b_noise)
         self.choices.append({"step": noise.step, "b_noise": None if math.isnan(b_noise) else b_noise, "size": self.size})
         logger.info(
@@ -87,11 +86,12 @@ class AutoBatch:
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-able: the current B, its choices and the noise averages."""
-        return {"size": self.size, "choices": list(self.choices), "scale": self.scale.state_dict()}
+        return {"size": self.size, "due": self.due, "choices": list(self.choices), "scale": self.scale.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores :meth:`state_dict`: later choices are those of a run that never stopped."""
         self.size = int(state["size"])
+        self.due = state["due"]
         self.choices = list(state["choices"])
         self.scale.load_state_dict(state["scale"])
 

@@ -31,10 +31,17 @@ def test_the_choice_is_b_noise_rounded_within_the_bounds() -> None:
     assert [even.choose(b) for b in (6.9, 9.0, 15.9)] == [4, 8, 16]
 
 
+def _choice_steps(sizer: AutoBatch, steps: list[int]) -> list[int]:
+    for step in steps:
+        sizer.observe(_noise(step, 10.0, 1.0))
+    return [c["step"] for c in sizer.choices]
+
+
 def test_choices_end_the_warmup_and_every_period_after_it() -> None:
-    sizer = AutoBatch(low=2, high=64, warmup=3, every=4)
-    assert [s for s in range(16) if sizer.chooses_after(s)] == [2, 6, 10, 14]
-    assert [s for s in range(16) if AutoBatch(low=2, high=8, warmup=3, every=0).chooses_after(s)] == [2]
+    assert _choice_steps(AutoBatch(low=2, high=64, warmup=3, every=4), list(range(16))) == [2, 6, 10, 14]
+    assert _choice_steps(AutoBatch(low=2, high=8, warmup=3, every=0), list(range(16))) == [2]
+    # a step without statistics (rows across ranks) moves the choice to the next step that has them
+    assert _choice_steps(AutoBatch(low=2, high=64, warmup=3, every=4), [0, 1, 3, 4, 5, 8, 9]) == [3, 8]
 
 
 def test_it_chooses_the_noise_scale_of_the_steps_so_far() -> None:
