@@ -7,7 +7,8 @@ One home for the pieces ``evaluation.py``, ``precision.py`` and ``padding_free.p
   for a machine where the embedded model cannot be installed, such as an offline GPU machine);
 * ``--device``: where the model computes (``cpu`` or ``cuda``);
 * timings that wait for the device (:func:`median_times`), a matmul peak measured on that device in
-  the compute dtype (:func:`matmul_peak`), and tokens counted per forward (:class:`PassCounter`).
+  the compute dtype (:func:`matmul_peak`), and each forward's tokens and FLOPs counted
+  (:class:`PassCounter`, by ``fmmeta/flops.py``'s one count).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 
 from fmmeta.config import LoraConfig, ModelConfig
+from fmmeta.flops import PassSize, attended_keys, head_positions, model_shape, pass_flops
 from fmmeta.models import add_lora, build_model_and_tokenizer
 from fmmeta.models.precision import native_bf16, resolve_dtype
 from fmmeta.recipe_config import RecipeConfig
@@ -132,7 +134,8 @@ def recipe_plans(tasks: Sequence[Any], cfg: RecipeConfig, algorithm: Any, steps:
 
 
 def non_embedding_parameters(model: torch.nn.Module) -> int:
-    """Parameters outside the embedding and LM head: the ``N`` of the 6N / 2N FLOPs per token."""
+    """Parameters outside the embedding and LM head (a model's size as printed; FLOPs are
+    counted by :class:`PassCounter`)."""
     return sum(p.numel() for n, p in model.named_parameters() if "embed" not in n and "lm_head" not in n)
 
 
@@ -169,24 +172,37 @@ def matmul_peak(hidden: int, inner: int, tokens: int, dtype: torch.dtype, reps: 
 
 
 class PassCounter:
-    """Tokens (padding included) of the model's forward passes, with and without gradient."""
+    """The model's forward passes since the reset, as :class:`fmmeta.flops.PassSize` pieces read
+    from what each forward was given (a pass with gradient enabled is counted with its backward),
+    and their FLOPs by :func:`fmmeta.flops.pass_flops` on the model's shape, read once here
+    (before the counting hook, so that forward is not counted)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
+        self.shape = model_shape(model)
         self.reset()
         model.register_forward_pre_hook(self._count, with_kwargs=True)
 
     def _count(self, _module: object, args: tuple, kwargs: dict) -> None:
         ids = kwargs.get("input_ids", args[0] if args else None)
-        if ids is not None:
-            self.tokens["adapt" if torch.is_grad_enabled() else "score"] += int(ids.numel())
+        if ids is None:
+            return
+        # kept as tensors where they come from tensors: read after the timed runs, not synchronised here
+        self._passes.append((int(ids.numel()), attended_keys(ids, kwargs.get("position_ids")),
+                             head_positions(ids, kwargs.get("logits_to_keep")), torch.is_grad_enabled()))
+        self.tokens["adapt" if torch.is_grad_enabled() else "score"] += int(ids.numel())
 
-    def model_flops(self, non_embedding: int) -> int:
-        """6N per token of forward + backward passes, 2N of forward-only ones, since the reset."""
-        return (6 * self.tokens["adapt"] + 2 * self.tokens["score"]) * non_embedding
+    def passes(self) -> list[PassSize]:
+        """The passes since the reset."""
+        return [PassSize(tokens, int(keys), int(head), backward) for tokens, keys, head, backward in self._passes]
+
+    def model_flops(self) -> int:
+        """The FLOPs of the passes since the reset (:func:`fmmeta.flops.pass_flops`)."""
+        return sum(pass_flops(self.shape, p) for p in self.passes())
 
     def reset(self) -> None:
-        """Counts from zero (the tokens seen so far are dropped)."""
+        """Counts from zero (the passes seen so far are dropped)."""
         self.tokens = {"adapt": 0, "score": 0}
+        self._passes: list[tuple[int, torch.Tensor | int, torch.Tensor | int, bool]] = []
 
 
 def relative_error(a: list[torch.Tensor], b: list[torch.Tensor]) -> tuple[float, float]:

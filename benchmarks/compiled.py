@@ -1,7 +1,8 @@
 """Benchmark: what a compiled layer stack buys one forward and backward pass, against eager.
 
 A bf16 meta-step's model FLOP/s stays near 0.3 of a matmul of the model's shapes on one CPU thread
-(``benchmarks/precision.py``). Most of the rest is small memory-bound operations (norms, rotary
+(``benchmarks/precision.py``, by the 6 x parameters count it was measured with; ``fmmeta/flops.py``'s
+count of a LoRA pass is about 1.37x lower, docs/benchmarks.md). Most of the rest is small memory-bound operations (norms, rotary
 embeddings, SiLU, casts), and only fusing them can remove that time. This measures how far fusing
 goes, on one pass of the default model with its LoRA adapter: ``--rows`` rows of ``--tokens``
 tokens, the loss on the last ``--answer`` positions, as in the recipe's passes. The same model runs
@@ -11,8 +12,11 @@ and, as the last line, one JSON object:
 * ``seconds``: median wall seconds of the pass, ``eager`` and ``compiled``; ``speedup`` their ratio;
 * ``compile_s``: the first compiled call (compiling it; less where inductor's on-disk cache
   already holds the graphs);
-* ``mfu``: 6 x non-embedding parameters x tokens per second, over the FLOP/s of a matmul of the
-  model's MLP shape at the pass's tokens in the same dtype, measured in this run;
+* ``flops`` and ``mfu``: the pass's FLOPs (``fmmeta/flops.py``: the frozen base's forward and
+  its backward to the inputs, the adapters', causal attention and the LM head at the answer
+  positions) and those per second over the FLOP/s of a matmul of the model's MLP shape at the
+  pass's tokens in the same dtype, measured in this run (figures recorded before 2026-12-07 counted
+  6 x non-embedding parameters x tokens, which overstates a LoRA pass: see docs/benchmarks.md);
 * ``grad_rel_error``: the compiled pass's adapter gradient against eager's, and
   ``grad_rel_error_vs_fp32`` each one's against the fp32 model's eager pass (in the compute dtype,
   both round; the question is whether compiling rounds worse).
@@ -36,8 +40,8 @@ the same model) and compiled. Under ``meta_step``:
   gradient), attention mask or none, and a size of 1 (one row, one task);
 * ``first_round_s`` (compiling included) against ``eager_round_s``, the same meta-batches eager;
 * ``seconds`` (median per meta-step, eager and compiled), ``speedup`` (their totals' ratio), ``mfu``
-  (as above, forward-only tokens at 2N, side by side) and ``grad_rel_error`` (compiled against
-  eager, the largest over the meta-batches).
+  (as above, every pass of the meta-steps counted, forward-only ones without a backward, side by
+  side) and ``grad_rel_error`` (compiled against eager, the largest over the meta-batches).
 
 * ``packed``: ``engine.pack_weights`` (frozen weights packed once for oneDNN's bf16 matmul): each
   meta-batch plain and packed, alternated, eager and compiled: ``seconds`` per meta-step,
@@ -82,7 +86,6 @@ from common import (  # noqa: E402  (benchmarks/common.py)
     matmul_peak,
     median_times,
     model_name,
-    non_embedding_parameters,
     recipe_plans,
     relative_error,
     synchronize,
@@ -92,6 +95,7 @@ from fmmeta.algorithms.build import build_algorithm  # noqa: E402
 from fmmeta.config import LoraConfig  # noqa: E402
 from fmmeta.engine.compiled import RECOMPILE_LIMIT, compile_layers, decoder_layers, unique_graphs  # noqa: E402
 from fmmeta.engine.packed import pack_frozen_linears, packable, packing_available  # noqa: E402
+from fmmeta.flops import model_shape, pass_flops, pass_size  # noqa: E402
 from fmmeta.recipe_config import RecipeConfig  # noqa: E402
 from fmmeta.tasks.config import build_task_set  # noqa: E402
 
@@ -151,7 +155,6 @@ def meta_steps(args: argparse.Namespace, dtype: torch.dtype) -> dict:
     plans = recipe_plans(build_task_set(cfg.tasks, tok, seed=0).meta_train, cfg, algorithm, args.meta_steps)
     works = [algorithm.prepare(plan) for plan in plans]
     counter = PassCounter(model)
-    non_embedding = non_embedding_parameters(model)
     hf = model.base_model.model.config
     peak = matmul_peak(hf.hidden_size, hf.intermediate_size, 512, dtype, args.reps, args.device)
 
@@ -160,7 +163,7 @@ def meta_steps(args: argparse.Namespace, dtype: torch.dtype) -> dict:
         start = time.perf_counter()
         grads = algorithm.rank_gradient(model, params, work).grads  # type: ignore[attr-defined]
         synchronize()
-        return grads, time.perf_counter() - start, counter.model_flops(non_embedding)
+        return grads, time.perf_counter() - start, counter.model_flops()
 
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     plain_graphs = plain_graph_count(model, works, algorithm, params)
@@ -210,6 +213,7 @@ def main() -> None:
     model.eval()  # no LoRA dropout: every run must compute the same gradient
     reference, ref_params, _ = build_lora_model(args, "float32", LoraConfig())  # the same weights, in fp32
     reference.eval()
+    shape = model_shape(model)  # before compiling: the count reads the model with one eager forward
     hf = model.base_model.model.config
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, hf.vocab_size, (args.rows, args.tokens), generator=gen).to(args.device)
@@ -236,7 +240,7 @@ def main() -> None:
     seconds = median_times({"eager": lambda: step(model), "compiled": lambda: step(compiled_model)}, args.reps)
     tokens = args.rows * args.tokens
     peak = matmul_peak(hf.hidden_size, hf.intermediate_size, tokens, dtype, args.reps, args.device)
-    flops = 6 * non_embedding_parameters(model) * tokens
+    flops = pass_flops(shape, pass_size(ids, logits_to_keep=keep, backward=True))
     mfu = {k: flops / s / peak for k, s in seconds.items()}
     error = relative_error(compiled, eager)[0]
     vs_fp32 = {"eager": relative_error(eager, fp32)[0], "compiled": relative_error(compiled, fp32)[0]}
@@ -262,7 +266,7 @@ def main() -> None:
                       "threads": torch.get_num_threads(), "rows": args.rows, "tokens": args.tokens,
                       "seconds": {k: round(s, 4) for k, s in seconds.items()},
                       "speedup": round(seconds["eager"] / seconds["compiled"], 3),
-                      "compile_s": round(compile_s, 1), "peak_flops_per_s": round(peak),
+                      "compile_s": round(compile_s, 1), "flops": flops, "peak_flops_per_s": round(peak),
                       "mfu": {k: round(m, 3) for k, m in mfu.items()},
                       "grad_rel_error": error,
                       "grad_rel_error_vs_fp32": {k: round(e, 5) for k, e in vs_fp32.items()},

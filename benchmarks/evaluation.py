@@ -20,8 +20,10 @@ object:
   kind of row: ``adapted_row`` (adaptation and scoring) and ``in_context_row`` (the support as
   demonstrations, scoring only), per dtype.
 * ``model_flops_per_s`` and ``peak_flops_per_s``: achieved model FLOP/s of the grouped evaluation
-  (2 x non-embedding parameters x tokens per forward, 6 x per forward + backward) and a matmul of
-  the model's shapes in the same dtype, measured in this run; ``mfu`` their ratio.
+  (each pass counted by ``fmmeta/flops.py``: the frozen base, the adapters, attention and the LM
+  head where it runs; a backward where the pass has one; until 2026-12-07 it was 2 x non-embedding
+  parameters x tokens per forward and 6 x per forward + backward) and a matmul of the model's
+  shapes in the same dtype, measured in this run; ``mfu`` their ratio.
 
 Usage:
     python benchmarks/evaluation.py [--tiny | --random] [--device cuda] [--reps 3] [--episodes 32] [--group 16]
@@ -154,7 +156,7 @@ def main() -> None:
             runs[key]()  # once more, counting its passes' tokens
             tokens_per_s[dt][kind] = sum(counters[dt].tokens.values()) / t_eval[key]
             if kind == "adapted_row":
-                flops[dt] = counters[dt].model_flops(non_embedding) / t_eval[key]
+                flops[dt] = counters[dt].model_flops() / t_eval[key]
     peak = {dt: matmul_peak(cfg.hidden_size, cfg.intermediate_size, 512,
                             getattr(torch, dt), args.reps, args.device) for dt in dtypes}
     for k, v in t_eval.items():

@@ -21,8 +21,10 @@ Prints a few human lines and, as the last line, one JSON object with, per method
 * ``seconds``: median wall seconds of the gradient computation per variant (runs interleaved);
   ``bf16_speedup`` and ``autocast_speedup``: fp32 seconds over theirs.
 * ``tokens_per_s``, ``model_flops_per_s`` and ``mfu``: tokens (padding included) per second;
+  the passes' FLOPs (``fmmeta/flops.py``: the frozen base's forward and its backward to the
+  inputs, the adapters', causal attention, the LM head at answer positions; until 2026-12-07,
   6 x non-embedding parameters x tokens of the forward + backward passes, 2 x of the forward-only
-  ones, per second; over the FLOP/s of a matmul of the model's MLP shape in the compute dtype,
+  ones) per second; over the FLOP/s of a matmul of the model's MLP shape in the compute dtype,
   measured on the same device in this run (``peak_flops_per_s``).
 
 Usage:
@@ -51,7 +53,6 @@ from common import (  # noqa: E402  (benchmarks/common.py)
     matmul_peak,
     median_times,
     model_name,
-    non_embedding_parameters,
     recipe_config,
     recipe_plans,
     relative_error,
@@ -79,7 +80,6 @@ def main() -> None:
         for p32, p16 in zip(built["float32"][1], built["bfloat16"][1]):
             p16.copy_(p32)
     suite = build_task_set(cfg.tasks, tok, seed=0)
-    non_embedding = non_embedding_parameters(built["float32"][0])
     hf = built["float32"][0].base_model.model.config
     peak = {dt: matmul_peak(hf.hidden_size, hf.intermediate_size, 512, getattr(torch, dt), args.reps,
                             args.device) for dt in built}
@@ -105,7 +105,7 @@ def main() -> None:
             counters[dt].reset()
             gradient(v, algorithm, work)
             tokens[v] = sum(counters[dt].tokens.values()) / secs[v]
-            flops[v] = counters[dt].model_flops(non_embedding) / secs[v]
+            flops[v] = counters[dt].model_flops() / secs[v]
         mfu = {v: flops[v] / peak["float32" if v == "float32" else "bfloat16"] for v in VARIANTS}
         out[method] = {
             "grad_rel_error": round(errors["bfloat16"][0], 4), "cosine": round(errors["bfloat16"][1], 5),

@@ -10,16 +10,17 @@ is 16 tasks x 8 support and 8 query sequences of 256 tokens (16 answer tokens), 
 packed into passes of 32 rows; the plain loop runs exactly the same passes (``loss.backward()`` +
 AdamW step per pass, the same loss function), so both process the same tokens.
 
-FLOPs counted per token of a pass (frozen base, so no weight gradients except the adapter's,
-which are negligible): 4 x the transformer body's parameters (forward 2, backward to the inputs 2),
-plus causal attention 6 x layers x hidden x sequence length (forward 2 matmuls at 2 FLOPs, half of
-them masked away, backward twice the forward), plus the LM head at answer positions only
-(4 x vocab x hidden per answer token; both loops run the head only there). MFU = counted FLOPs/s
-/ the device's dense peak for the dtype (``--peak-tflops``; known for H100/H200/A100 in bf16).
+FLOPs are counted per pass by ``fmmeta/flops.py``, the one count every benchmark uses (frozen
+base, so its backward is the gradient to the inputs only: about 4 x the body's weights per token,
+plus the adapters' own terms, causal attention from each sequence's length and the LM head where it
+runs, at answer positions only in both loops), over the passes each loop ran in its warm-up
+(the meta-step's forward-only passes included). MFU = counted FLOPs/s / the device's dense peak
+for the dtype (``--peak-tflops``; known for H100/H200/A100 in bf16).
 
 The baseline a user would pick instead, Hugging Face ``Trainer`` with the same peft LoRA model, runs
 the same passes' rows, one ``Trainer`` step per pass (``benchmarks/trainer_baseline.py`` says how
-it is configured); its MFU counts the LM head at every position, which it computes.
+it is configured); its MFU counts the LM head at every position, which it computes
+(:func:`trainer_baseline.trainer_flops`).
 
 Where Liger's kernels are installed (``liger_kernel``; Triton, so on a GPU), the Trainer also runs
 with ``use_liger_kernel``, its own switch for them: RMSNorm, SwiGLU and RoPE kernels and a fused
@@ -28,8 +29,9 @@ configuration, so ``plain_vs_hf_trainer`` compares against the faster of the two
 (``hf_trainer_best`` names it). It runs last: Liger patches the model in place. fmmeta's loops
 need no fused cross-entropy (their LM head runs at answer positions only).
 
-Prints a few human lines and, as the last line, one JSON object: ``tokens_per_s`` and ``mfu`` of
-``meta_step``, ``plain_loop``, ``hf_trainer`` (and ``hf_trainer_liger``), ``meta_step_vs_plain``
+Prints a few human lines and, as the last line, one JSON object: ``tokens_per_s``, ``tflop`` (per
+meta-step's worth of passes) and ``mfu`` of ``meta_step``, ``plain_loop``, ``hf_trainer`` (and
+``hf_trainer_liger``), ``tflop_per_meta_step`` (the meta-step's), ``meta_step_vs_plain``
 (time ratio, target <= 1.05 as on CPU) and ``plain_vs_hf_trainer`` (tokens/s ratio, target >= 1.0).
 
 Both loops measured 0.11 MFU on an H200 (2026-12-04), low for a 1B model; two options are there to
@@ -67,8 +69,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import meta_step as bench  # noqa: E402  (benchmarks/meta_step.py: model, episodes, plans, loop)
-from common import add_dtype_argument, compute_dtype  # noqa: E402  (benchmarks/common.py)
-from trainer_baseline import trainer_flops_per_token, trainer_step_seconds  # noqa: E402
+from common import PassCounter, add_dtype_argument, compute_dtype  # noqa: E402  (benchmarks/common.py)
+from trainer_baseline import trainer_flops, trainer_step_seconds  # noqa: E402
 
 from fmmeta.algorithms.build import build_algorithm  # noqa: E402
 from fmmeta.algorithms.config import AlgorithmConfig  # noqa: E402
@@ -92,13 +94,6 @@ SIZES = {
 of 8,192 tokens per pass. ``cpu``: the default model's shape (SmolLM2-135M: hidden 576, 30 layers)
 with a meta-step of a few thousand tokens, minutes on a 2-core CPU where the GPU size would take
 hours. ``tiny`` (``--tiny``): the same code path in seconds."""
-
-
-def flops_per_meta_step(args: argparse.Namespace, n_body_params: int) -> float:
-    """Counted FLOPs of the meta-step's passes (see the module docstring for the formula)."""
-    seqs = args.tasks * (args.shots * args.inner_steps + args.queries)
-    per_token = 4 * n_body_params + 6 * args.layers * args.hidden * args.seq
-    return seqs * (args.seq * per_token + args.answer * 4 * args.vocab * args.hidden)
 
 
 def peak_flops(args: argparse.Namespace, device: torch.device) -> float | None:
@@ -209,7 +204,6 @@ def main() -> None:
     engine = LocalEngine(model, OuterOptimConfig(outer_lr=1e-4, grad_clip=0.0), device=device)
     n_total = sum(p.numel() for p in model.parameters())
     n_adapter = sum(p.numel() for p in bench.trainable(model))
-    n_body = n_total - n_adapter - 2 * args.vocab * args.hidden  # without embedding and LM head
     plan = bench.build_plan(bench.build_episodes(args), args.pack_rows)
     algo = build_algorithm("fomaml", AlgorithmConfig(inner_steps=args.inner_steps, inner_lr=1e-2),
                            bench.PAD_ID)
@@ -219,9 +213,13 @@ def main() -> None:
         "meta_step": lambda: meta_step(engine, algo, plan),
         "plain_loop": lambda: bench.plain_loop(model, plain_opt, batches, hf=False),
     }
+    counter = PassCounter(model)  # reads the model's shape with one eager forward: before compiling
     compiled = compile_layers(model, backend=args.compile) if args.compile else None
-    for fn in methods.values():  # warm-up: kernels, allocator, optimizer state (and compiling)
+    flops: dict[str, int] = {}
+    for name, fn in methods.items():  # warm-up: kernels, allocator, optimizer state (and compiling)
+        counter.reset()
         fn()
+        flops[name] = counter.model_flops()  # the passes it ran, counted once
     times: dict[str, list[float]] = {k: [] for k in methods}
     for rep in range(args.reps):
         for name in (list(methods) if rep % 2 == 0 else list(methods)[::-1]):
@@ -232,7 +230,6 @@ def main() -> None:
             times[name].append(time.perf_counter() - t0)
 
     tokens = sum(int(b.attention_mask.sum()) for b in batches)
-    flops = flops_per_meta_step(args, n_body)
     peak = peak_flops(args, device)
     result: dict[str, object] = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -243,7 +240,7 @@ def main() -> None:
         "meta_step_shape": {"tasks": args.tasks, "inner_steps": args.inner_steps, "shots": args.shots,
                             "queries": args.queries, "seq": args.seq, "passes": len(batches)},
         "tokens_per_meta_step": tokens,
-        "tflop_per_meta_step": flops / 1e12,
+        "tflop_per_meta_step": flops["meta_step"] / 1e12,
         "peak_tflops": peak / 1e12 if peak else None,
         "reps": args.reps,
         "compile": None if compiled is None else {"backend": args.compile, "graphs": compiled.graphs,
@@ -251,14 +248,14 @@ def main() -> None:
     }
     for name, ts in times.items():
         med = statistics.median(ts)
-        result[name] = {"median_s": med, "tokens_per_s": tokens / med,
-                        "mfu": flops / med / peak if peak else None}
+        result[name] = {"median_s": med, "tokens_per_s": tokens / med, "tflop": flops[name] / 1e12,
+                        "mfu": flops[name] / med / peak if peak else None}
         print(f"{name:10s} median {med * 1000:9.1f} ms  {tokens / med:10.0f} tokens/s"
-              + (f"  MFU {flops / med / peak:.3f}" if peak else ""))
+              + (f"  MFU {flops[name] / med / peak:.3f}" if peak else ""))
     result["meta_step_vs_plain"] = result["meta_step"]["median_s"] / result["plain_loop"]["median_s"]  # type: ignore[index]
     # The same passes through Hugging Face Trainer: one step per pass, so a meta-step's worth of
     # passes costs len(batches) median steps.
-    hf_flops = tokens * trainer_flops_per_token(n_body, args.layers, args.hidden, args.seq, args.vocab)
+    hf_flops = trainer_flops(counter.shape, batches)  # the LM head at every position
     trainer_steps = args.reps * len(batches)
     result["hf_trainer"] = time_trainer(model, batches, device, trainer_steps, liger=False,
                                         tokens=tokens, flops=hf_flops, peak=peak)

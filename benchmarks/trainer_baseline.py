@@ -7,7 +7,7 @@ attention), fused AdamW on a GPU, no gradient checkpointing, no evaluation, logg
 the loop, the rows already equal in length (nothing to pack or pad), labels on the answer tokens
 only. What it cannot skip is computing logits at every position (transformers' ``labels=`` loss),
 which the other loops do only at answer positions: that is part of what a user pays with it, and
-its FLOPs are counted for its MFU (:func:`trainer_flops_per_token`).
+its FLOPs are counted for its MFU (:func:`trainer_flops`).
 
 A callback takes the wall time of every optimizer step (synchronising the device first); the
 first ``warmup`` steps (kernel selection, allocator, optimizer state) are dropped.
@@ -23,14 +23,15 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
+from fmmeta.flops import ModelShape, pass_flops, pass_size
 from fmmeta.tasks.episode import Batch
 
 
-def trainer_flops_per_token(n_body_params: int, layers: int, hidden: int, seq: int, vocab: int) -> float:
-    """FLOPs per token of a ``Trainer`` step on a frozen base: the body's forward and backward to
-    its inputs (4 x parameters), causal attention, and the LM head at every position (forward and
-    backward to its input: 4 x vocab x hidden)."""
-    return 4 * n_body_params + 6 * layers * hidden * seq + 4 * vocab * hidden
+def trainer_flops(shape: ModelShape, batches: Sequence[Batch]) -> int:
+    """FLOPs of one ``Trainer`` step per batch, by ``fmmeta/flops.py``'s count (the frozen body's
+    forward and backward to its inputs, the adapters, causal attention) with the LM head at every
+    position: transformers' ``labels=`` loss passes no ``logits_to_keep``, so it is left out here."""
+    return sum(pass_flops(shape, pass_size(b.input_ids, logits_to_keep=None, backward=True)) for b in batches)
 
 
 class _StepTimes(TrainerCallback):
