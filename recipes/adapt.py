@@ -31,7 +31,7 @@ from fmmeta.startup import Terminated, ctrl_c_raises  # first: Ctrl-C during the
 from fmmeta.adaptation import Adapted, Adapter, TaskFiles, TaskFormat, resolve_method
 from fmmeta.adaptation.cross_validation import DEFAULT_FOLDS, Comparison, below_base, fold_count
 from fmmeta.adaptation.method import AUTO, RunMethod, candidate_methods, load_run_config
-from fmmeta.adaptation.task_files import FORMAT_KEYS, KINDS, describe_source, read_task
+from fmmeta.adaptation.task_files import FORMAT_KEYS, adapt_builders, describe_source, read_task
 from fmmeta.adaptation.task_list import task_list
 from fmmeta.errors import UserInputError
 from fmmeta.library_warnings import show_library_warnings_once
@@ -63,7 +63,8 @@ def parse_args(argv: list[str], prog: str | None = None) -> argparse.Namespace:
     p.add_argument("--name", default="task", help="the task's name with --support (default: task)")
     p.add_argument("--out", type=Path, default=Path("adapted"), help="output folder, new or empty")
     p.add_argument("--source", help="read rows as this tasks.collection source of the run's config does")
-    p.add_argument("--builder", choices=KINDS, help="classification, dataset (generation) or multiple_choice")
+    p.add_argument("--builder", choices=adapt_builders(), help="the task builder the files are read with: "
+                   + ", ".join(adapt_builders()) + " (dataset: generation)")
     for key in ("template", "answer_template", "text_column", "label_column", "input_column", "output_column",
                 "options_column", "answer_format"):
         p.add_argument("--" + key.replace("_", "-"), dest=key, help=f"as a YAML task source's {key}")

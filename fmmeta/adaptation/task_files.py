@@ -18,7 +18,7 @@ import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from fmmeta.errors import UserInputError
 from fmmeta.tasks.choice_rows import (
@@ -32,12 +32,19 @@ from fmmeta.tasks.choice_rows import (
 from fmmeta.tasks.classification import answer_word_ids
 from fmmeta.tasks.columns import answer_template_problem, column, render, resolve_template, template_fields
 from fmmeta.tasks.episode import Episode, Example
+from fmmeta.tasks.registry import task_builder, task_builders
 from fmmeta.tasks.tokens import encode, eos_ids
 
 logger = logging.getLogger(__name__)
 
-Kind = Literal["classification", "dataset", "multiple_choice"]
-KINDS: tuple[str, ...] = ("classification", "dataset", "multiple_choice")
+
+def adapt_builders() -> list[str]:
+    """The task builders adapt reads a user's files with (those registered with an ``adapt`` format)."""
+    return [b.name for b in task_builders() if b.adapt is not None]
+
+
+def _adapt_builders_text() -> str:
+    return ", ".join(f"{b.name} ({b.summary})" for b in task_builders() if b.adapt is not None)
 
 FORMAT_KEYS = ("builder", "template", "answer_template", "text_column", "label_column", "input_column",
                "output_column", "labels", "options_column", "option_columns", "answer_format")
@@ -49,9 +56,10 @@ class TaskFormat:
     """How rows become examples: the keys of a YAML task source that apply to one task.
 
     Attributes:
-        builder: ``"classification"`` (a label per row; the answer is its label word),
-            ``"dataset"`` (generation: the answer is the output column's text) or
-            ``"multiple_choice"`` (each row its own options; ``label_column`` names the gold one).
+        builder: a task builder of :mod:`fmmeta.tasks.registry` that adapt reads files with
+            (:func:`adapt_builders`): ``"classification"`` (a label per row; the answer is its
+            label word), ``"dataset"`` (generation: the answer is the output column's text),
+            ``"multiple_choice"`` (each row its own options; ``label_column`` names the gold one), ...
         template: prompt format over column names; ``None`` = the text (or input) column alone.
         answer_template: answer format; ``{answer}`` is the label word or the output text.
         text_column, label_column: classification's text and label columns.
@@ -63,7 +71,7 @@ class TaskFormat:
             (:mod:`fmmeta.tasks.choice_rows`).
     """
 
-    builder: Kind = "classification"
+    builder: str = "classification"
     template: str | None = None
     answer_template: str = " {answer}"
     text_column: str = "text"
@@ -84,10 +92,10 @@ class TaskFormat:
         """
         args = source.resolved()
         builder = args.get("builder")
-        if builder not in KINDS:
+        if builder not in adapt_builders():
             raise UserInputError(f"source {describe_source(source)!r} has builder={builder!r}: a user's task is "
-                                 "one task per support file; use a classification, dataset or multiple_choice "
-                                 "source, or give --builder and the columns yourself")
+                                 f"one task per support file; use a source of {' / '.join(adapt_builders())}, "
+                                 "or give --builder and the columns yourself")
         words = source.verbalizer
         labels = tuple(words.values() if isinstance(words, dict) else words) if words else None
         keys = {k: args[k] for k in ("template", "text_column", "label_column", "input_column", "output_column",
@@ -110,11 +118,16 @@ class TaskFormat:
             given["option_columns"] = tuple(c.strip() for c in given["option_columns"].split(",") if c.strip())
         elif "option_columns" in given:
             given["option_columns"] = tuple(str(c) for c in given["option_columns"])
-        if given.get("builder", self.builder) not in KINDS:
-            raise UserInputError(f"builder={given['builder']!r} is invalid: classification (a label per row), "
-                                 "dataset (generation: an output text per row) or multiple_choice (each row its "
-                                 "own options)")
+        if given.get("builder", self.builder) not in adapt_builders():
+            raise UserInputError(f"builder={given['builder']!r} is invalid: {_adapt_builders_text()}")
         return dataclasses.replace(self, **given)
+
+    @property
+    def reader(self) -> AdaptFormat:
+        """How this format's rows are read and tokenized (its builder's adapt format)."""
+        name = task_builder(self.builder).adapt
+        assert name is not None  # replace() and from_source() admit adapt's builders only
+        return ADAPT_FORMATS[name]
 
 
 def describe_source(source: Any) -> str:
@@ -160,7 +173,7 @@ class UserTask:
     def is_classification(self) -> bool:
         """Whether the task ranks candidates (a label set, or each question's options) rather than
         generating."""
-        return self.episode.choices is not None or self.format.builder == "multiple_choice"
+        return self.episode.choices is not None or self.format.reader.ranks
 
     def candidate_words(self) -> list[tuple[str, ...]]:
         """Per query, the names of the candidates it is ranked among (its label set or options)."""
@@ -193,20 +206,16 @@ def read_rows(data: Path | Sequence[Mapping[str, Any]], *, what: str) -> list[di
     return rows
 
 
-def _prompts(rows: list[dict[str, Any]], fmt: TaskFormat, *, where: str,
-             options: Sequence[Sequence[str]] = ()) -> list[str]:
-    """Each row's prompt text (the template over its columns; for multiple choice ``{options}``
-    shows the row's options as lettered lines)."""
-    first = fmt.text_column if fmt.builder == "classification" else fmt.input_column
-    if fmt.builder == "multiple_choice" and fmt.template is None:
-        raise UserInputError(f"{where}: a multiple-choice task needs --template over its columns, e.g. "
-                             "'Question: {question}\nAnswer:'")
+def _prompts(rows: list[dict[str, Any]], fmt: TaskFormat, first: str, *, where: str,
+             options: Sequence[Sequence[str]] | None = None) -> list[str]:
+    """Each row's prompt text: the template over its columns (``first`` alone without one); for
+    multiple choice (``options`` given) ``{options}`` shows the row's options as lettered lines."""
     template = resolve_template(fmt.template, first)
     try:
         fields = template_fields(template, key="template")
     except ValueError as err:
         raise UserInputError(f"{where}: {err}") from None
-    if fmt.builder == "multiple_choice" and OPTIONS_FIELD in fields:
+    if options is not None and OPTIONS_FIELD in fields:
         rows = [{**r, OPTIONS_FIELD: lettered(o)} for r, o in zip(rows, options)]
     missing = [f for f in fields if any(f not in r for r in rows)]
     if missing:
@@ -279,24 +288,47 @@ class TaskTexts:
 def read_task(files: TaskFiles) -> TaskTexts:
     """Reads and checks one task's support and query rows (see :func:`build_task`)."""
     fmt, name = files.format, files.name
-    answer = answer_template_problem(fmt.answer_template, multiple_choice=fmt.builder == "multiple_choice",
-                                     key="--answer-template")
+    reader = fmt.reader
+    answer = answer_template_problem(fmt.answer_template, multiple_choice=reader.letters, key="--answer-template")
     if answer is not None:
         raise UserInputError(f"task {name!r}: {answer}")
     support = read_rows(files.support, what=f"task {name!r} support")
     query = [] if files.query is None else read_rows(files.query, what=f"task {name!r} query")
-    key = fmt.output_column if fmt.builder == "dataset" else fmt.label_column
-    s_ans = _answers(support, key, required=True, where=f"task {name!r} support")
-    q_ans = _answers(query, key, required=False, where=f"task {name!r} query")
-    if fmt.builder == "multiple_choice":
-        s_q = _questions(support, s_ans, fmt, where=f"task {name!r} support")
-        q_q = _questions(query, q_ans, fmt, where=f"task {name!r} query")
-        prompts = (_prompts(support, fmt, where=f"task {name!r} support", options=s_q[0]),
-                   _prompts(query, fmt, where=f"task {name!r} query", options=q_q[0]))
-        return TaskTexts(files, support, prompts, (s_ans, q_ans), (), (s_q[0], q_q[0]), (s_q[1], q_q[1]))
-    prompts = (_prompts(support, fmt, where=f"task {name!r} support"), _prompts(query, fmt, where=f"task {name!r} query"))
-    labels = _label_set(fmt, s_ans, q_ans, name) if fmt.builder == "classification" else ()
-    return TaskTexts(files, support, prompts, (s_ans, q_ans), labels)
+    s_ans = reader.answers(fmt, support, True, f"task {name!r} support")
+    q_ans = reader.answers(fmt, query, False, f"task {name!r} query")
+    return reader.read(files, support, query, (s_ans, q_ans))
+
+
+def _read_classification(files: TaskFiles, support: list[dict[str, Any]], query: list[dict[str, Any]],
+                         answers: tuple[list[str | None], list[str | None]]) -> TaskTexts:
+    """A classification task's rows: prompts over the text column, and its label set."""
+    fmt, name = files.format, files.name
+    prompts = (_prompts(support, fmt, fmt.text_column, where=f"task {name!r} support"),
+               _prompts(query, fmt, fmt.text_column, where=f"task {name!r} query"))
+    return TaskTexts(files, support, prompts, answers, _label_set(fmt, *answers, name))
+
+
+def _read_generation(files: TaskFiles, support: list[dict[str, Any]], query: list[dict[str, Any]],
+                     answers: tuple[list[str | None], list[str | None]]) -> TaskTexts:
+    """A generation task's rows: prompts over the input column."""
+    fmt, name = files.format, files.name
+    prompts = (_prompts(support, fmt, fmt.input_column, where=f"task {name!r} support"),
+               _prompts(query, fmt, fmt.input_column, where=f"task {name!r} query"))
+    return TaskTexts(files, support, prompts, answers, ())
+
+
+def _read_multiple_choice(files: TaskFiles, support: list[dict[str, Any]], query: list[dict[str, Any]],
+                          answers: tuple[list[str | None], list[str | None]]) -> TaskTexts:
+    """A multiple-choice task's rows: each question's options and gold, and prompts that may show them."""
+    fmt, name = files.format, files.name
+    if fmt.template is None:
+        raise UserInputError(f"task {name!r} support: a multiple-choice task needs --template over its columns, "
+                             "e.g. 'Question: {question}\nAnswer:'")
+    s_q = _questions(support, answers[0], fmt, where=f"task {name!r} support")
+    q_q = _questions(query, answers[1], fmt, where=f"task {name!r} query")
+    prompts = (_prompts(support, fmt, fmt.input_column, where=f"task {name!r} support", options=s_q[0]),
+               _prompts(query, fmt, fmt.input_column, where=f"task {name!r} query", options=q_q[0]))
+    return TaskTexts(files, support, prompts, answers, (), (s_q[0], q_q[0]), (s_q[1], q_q[1]))
 
 
 def _questions(rows: list[dict[str, Any]], answers: list[str | None], fmt: TaskFormat, *, where: str
@@ -334,8 +366,9 @@ def build_task(files: TaskFiles | TaskTexts, tokenizer: Any, *, max_length: int,
             labels outside the label set, or an answer too long for ``max_length``.
     """
     texts = read_task(files) if isinstance(files, TaskFiles) else files
-    s_ids, q_ids = (encode(tokenizer, p) for p in texts.prompts)
-    task = _build(texts, s_ids, q_ids, tokenizer, max_length=max_length, separator=separator)
+    s_ids, q_ids = (encode(tokenizer, p) for p in texts.files.format.reader.prompt_texts(texts, tokenizer))
+    sep = tuple(encode(tokenizer, [separator])[0]) if separator else ()
+    task = texts.files.format.reader.build(texts, s_ids, q_ids, tokenizer, max_length, sep)
     cut = [sum(len(e.prompt_ids) < len(p) for e, p in zip(examples, ids))
            for examples, ids in ((task.episode.support, s_ids), (task.episode.query, q_ids))]
     if sum(cut):  # as training says of its tasks: their opening tokens are gone
@@ -345,16 +378,11 @@ def build_task(files: TaskFiles | TaskTexts, tokenizer: Any, *, max_length: int,
     return dataclasses.replace(task, n_cut=sum(cut))
 
 
-def _build(texts: TaskTexts, s_ids: list[list[int]], q_ids: list[list[int]], tokenizer: Any, *, max_length: int,
-           separator: str) -> UserTask:
-    """:func:`build_task` of rows read and prompts tokenized (``s_ids``, ``q_ids``)."""
+def _classification(texts: TaskTexts, s_ids: list[list[int]], q_ids: list[list[int]], tokenizer: Any,
+                    max_length: int, sep: tuple[int, ...]) -> UserTask:
+    """A classification task's episode: label words with EOS; a prompt cut to leave room for the longest."""
     fmt, name, labels = texts.files.format, texts.files.name, texts.labels
     (s_ans, q_ans), support = texts.answers, texts.support
-    sep = tuple(encode(tokenizer, [separator])[0]) if separator else ()
-    if fmt.builder == "dataset":
-        return _generation(texts.files, s_ids, q_ids, s_ans, q_ans, tokenizer, max_length, sep, support)
-    if fmt.builder == "multiple_choice":
-        return _multiple_choice(texts, s_ids, q_ids, tokenizer, max_length, sep)
     words = [tuple(w) for w in answer_word_ids(tokenizer, [fmt.answer_template.format(answer=w) for w in labels])]
     room = max_length - max(len(w) for w in words)
     if room < 1:
@@ -372,11 +400,11 @@ def _build(texts: TaskTexts, s_ids: list[list[int]], q_ids: list[list[int]], tok
     return UserTask(name, episode, labels, tuple(a is not None for a in q_ans), fmt, tuple(support))
 
 
-def _generation(files: TaskFiles, s_ids: list[list[int]], q_ids: list[list[int]], s_ans: list[str | None],
-                q_ans: list[str | None], tokenizer: Any, max_length: int, sep: tuple[int, ...],
-                support: list[dict[str, Any]]) -> UserTask:
+def _generation(texts: TaskTexts, s_ids: list[list[int]], q_ids: list[list[int]], tokenizer: Any,
+                max_length: int, sep: tuple[int, ...]) -> UserTask:
     """A generation task's episode: answers with EOS; a prompt cut to leave room for its answer."""
     eos = list(eos_ids(tokenizer))
+    files, (s_ans, q_ans), support = texts.files, texts.answers, texts.support
     fmt = files.format
 
     def example(p: Sequence[int], a: str | None, i: int, what: str) -> Example:
@@ -416,5 +444,57 @@ def _multiple_choice(texts: TaskTexts, s_ids: list[list[int]], q_ids: list[list[
                     tuple(tuple(o) for o in q_opts))
 
 
-__all__ = ["FORMAT_KEYS", "TaskFiles", "TaskFormat", "TaskTexts", "UserTask", "build_task", "describe_source",
+@dataclass(frozen=True, kw_only=True)
+class AdaptFormat:
+    """How adapt reads a user's files for one kind of task (a builder's ``adapt`` names it).
+
+    Attributes:
+        name: its key in :data:`ADAPT_FORMATS`.
+        answers: ``answers(format, rows, required, where)``: each row's answer (its label, output
+            or gold option's name), ``None`` where absent; refused where absent and ``required``
+            (the support).
+        read: ``read(files, support, query, (support answers, query answers))``: the checked texts.
+        build: ``build(texts, support ids, query ids, tokenizer, max_length, separator ids)``:
+            the task's episode.
+        ranks: its tasks rank candidates (a label set or each question's options), not generate.
+        letters: its answer template may name ``{letter}``.
+        prompt_texts: the support and query prompts as the text to tokenize (default: as read).
+    """
+
+    name: str
+    answers: Callable[[TaskFormat, list[dict[str, Any]], bool, str], list[str | None]]
+    read: Callable[[TaskFiles, list[dict[str, Any]], list[dict[str, Any]],
+                    tuple[list[str | None], list[str | None]]], TaskTexts]
+    build: Callable[[TaskTexts, list[list[int]], list[list[int]], Any, int, tuple[int, ...]], UserTask]
+    ranks: bool = False
+    letters: bool = False
+    prompt_texts: Callable[[TaskTexts, Any], tuple[list[str], list[str]]] = lambda texts, tokenizer: texts.prompts
+
+
+ADAPT_FORMATS: dict[str, AdaptFormat] = {}
+"""Adapt's formats by name: what a builder's registration names as its ``adapt``."""
+
+
+def register_adapt_format(fmt: AdaptFormat) -> AdaptFormat:
+    """Adds ``fmt`` to :data:`ADAPT_FORMATS` (a builder module's registration)."""
+    ADAPT_FORMATS[fmt.name] = fmt
+    return fmt
+
+
+def _labels(fmt: TaskFormat, rows: list[dict[str, Any]], required: bool, where: str) -> list[str | None]:
+    return _answers(rows, fmt.label_column, required=required, where=where)
+
+
+def _outputs(fmt: TaskFormat, rows: list[dict[str, Any]], required: bool, where: str) -> list[str | None]:
+    return _answers(rows, fmt.output_column, required=required, where=where)
+
+
+register_adapt_format(AdaptFormat(name="classification", answers=_labels, read=_read_classification,
+                                  build=_classification, ranks=True))
+register_adapt_format(AdaptFormat(name="generation", answers=_outputs, read=_read_generation, build=_generation))
+register_adapt_format(AdaptFormat(name="multiple_choice", answers=_labels, read=_read_multiple_choice,
+                                  build=_multiple_choice, ranks=True, letters=True))
+
+
+__all__ = ["ADAPT_FORMATS", "AdaptFormat", "register_adapt_format", "adapt_builders", "FORMAT_KEYS", "TaskFiles", "TaskFormat", "TaskTexts", "UserTask", "build_task", "describe_source",
            "read_rows", "read_task"]

@@ -8,7 +8,7 @@ import inspect
 import textwrap
 from typing import Any
 
-from fmmeta.config.schema import dataclass_in, default_of, hints, list_item_dataclass, type_name
+from fmmeta.config.schema import dataclass_in, default_of, hints, list_item_dataclass, section_keys, type_name
 
 __all__ = ["describe_config", "field_docs"]
 
@@ -68,6 +68,12 @@ def describe_config(config: Any, prefix: str = "") -> str:
         dotted = f"{prefix}{f.name}"
         doc = docs.get(f.name, "")
         value = default_of(f, instance)
+        sections = section_keys(f)
+        if sections:  # keys written beside this section's own, one section of them per choice
+            for name, section in sections:
+                lines.append(f"{prefix}<keys of builder {name}>: {(section.__doc__ or doc).strip().splitlines()[0]}")
+                lines.append(describe_config(section, prefix))
+            continue
         sub = dataclass_in(field_types[f.name])
         if sub is not None:
             lines.append(f"{dotted}: {doc or (sub.__doc__ or '').strip().splitlines()[0]}")

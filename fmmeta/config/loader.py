@@ -20,7 +20,7 @@ import yaml
 from fmmeta.atomic import replace_text
 from fmmeta.config.errors import ConfigError
 from fmmeta.config.reading import merge, parse_overrides, read_config_file
-from fmmeta.config.schema import all_keys, default_of, hints, is_union, type_name
+from fmmeta.config.schema import all_keys, default_of, hints, is_union, section_keys, type_name
 
 __all__ = ["build_config", "flat_config", "load_config", "parse_overrides", "save_resolved", "to_dict"]
 
@@ -274,6 +274,20 @@ def _field_value(f: dataclasses.Field[Any], tp: Any, value: Any, path: str, prob
     return _coerce(value, tp, dotted, problems, keys)
 
 
+def _gather_section_keys(fields: Mapping[str, dataclasses.Field[Any]], data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with the keys of a gathering field's sections (:func:`section_keys`) moved under that
+    field: the YAML writes them flat, beside the section's own keys; which of them apply is the
+    section's ``validate()`` to say."""
+    for name, f in fields.items():
+        known = {k.name for _, section in section_keys(f) for k in dataclasses.fields(section)}
+        moved = {k: v for k, v in data.items() if k in known and k not in fields}
+        if known:
+            given = data.get(name)
+            gathered = dict(given) if isinstance(given, Mapping) else {}
+            data = {**{k: v for k, v in data.items() if k not in moved}, name: {**gathered, **moved}}
+    return data
+
+
 def _build(cls: type, data: dict[str, Any], path: str, problems: list[str], keys: list[str],
            base: Any = None) -> Any:
     """Builds one section, appending every problem; returns None if it cannot be built.
@@ -281,9 +295,10 @@ def _build(cls: type, data: dict[str, Any], path: str, problems: list[str], keys
     ``base`` is the section's default instance (from the parent's ``default_factory``); absent
     keys take its values.
     """
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init or f.metadata.get("sections")}
     field_types = hints(cls)
     moved: Mapping[str, str] = getattr(cls, "MOVED_KEYS", {})
+    data = _gather_section_keys(fields, data)
     problems.extend(_moved_key_problem(k, path, moved[k]) if k in moved else
                     _unknown_key_problem(k, path, list(fields), keys) for k in data if k not in fields)
     kwargs: dict[str, Any] = {}
@@ -332,7 +347,10 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 
     def plain(value: Any) -> Any:
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+            out = {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value) if not section_keys(f)}
+            for f in dataclasses.fields(value):  # gathered keys go back beside the others, as written
+                out.update(plain(getattr(value, f.name)) if section_keys(f) else {})
+            return out
         if isinstance(value, (list, tuple)):
             return [plain(v) for v in value]
         if isinstance(value, Mapping):

@@ -55,6 +55,13 @@ def list_item_dataclass(tp: Any) -> type | None:
     return None
 
 
+def section_keys(f: dataclasses.Field[Any]) -> list[tuple[str, type]]:
+    """The sections whose keys field ``f`` gathers: ``(name, section)`` from the callable in its
+    ``sections`` metadata (a source's builder keys, written beside its own), else none."""
+    sections = f.metadata.get("sections")
+    return list(sections()) if callable(sections) else []
+
+
 def type_name(tp: Any) -> str:
     """A type as a user reads it in a message or in ``--help`` (``int | null``, ``one of 'a', 'b'``)."""
     if tp is type(None):

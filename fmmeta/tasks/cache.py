@@ -17,6 +17,7 @@ and renamed when complete, so a reader never sees half a cache; one that cannot 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -71,6 +72,9 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     else:  # a slow tokenizer: its vocabulary is what it has
         h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
     h.update(repr((tokenizer.eos_token_id, tokenizer.pad_token_id)).encode())
+    template = getattr(tokenizer, "chat_template", None)
+    if template:  # a builder may render prompts with it
+        h.update(json.dumps(template, sort_keys=True).encode())
     return h.hexdigest()
 
 
@@ -127,8 +131,7 @@ def _task_meta(r: TaskRows, start: int, end: int) -> dict[str, Any]:
         "spec": {"shots": s.shots, "query": s.query, "ways": s.ways,
                  "remap_labels": s.remap_labels, "label_pool": list(s.label_pool or ()) or None},
         "words": None, "class_names": None, "pool": None, "template_tail": r.template_tail,
-        "kind": "multiple_choice" if isinstance(r, MultipleChoiceRows) else
-                "classification" if isinstance(r, ClassificationRows) else "generation",
+        "kind": r.KIND,
     }  # fmt: skip
     if isinstance(r, ClassificationRows):
         meta.update(words=r.words, class_names=r.class_names, pool=r.pool or None)
@@ -165,7 +168,7 @@ def _tokenize_rows(r: TaskRows, tokenizer: Any, eos: list[int], out: dict[str, _
         check_texts(r.answers, key="answer", where=f"task {r.name!r}")
     for a in range(0, len(r.prompts), BATCH_ROWS):
         b = min(a + BATCH_ROWS, len(r.prompts))
-        out["prompt"].add(encode(tokenizer, r.prompts[a:b]))
+        out["prompt"].add(encode(tokenizer, r.prompt_texts(tokenizer, a, b)))
         options = r.options[a:b] if isinstance(r, MultipleChoiceRows) else [[] for _ in range(a, b)]
         answers = r.answers[a:b] if isinstance(r, GenerationRows) else []
         # Answers and options repeat (labels, short outputs): each distinct one is tokenized once.
@@ -251,6 +254,55 @@ def _read(folder: Path, key: str) -> tuple[_Cached, list[dict[str, Any]]]:
     return _Cached(folder, info), info["tasks"]
 
 
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+    """One cached task's ids and what its metadata says, as its kind's restore reads them."""
+
+    cached: _Cached
+    m: dict[str, Any]
+    spec: EpisodeSpec
+    tail: int
+    separator_ids: list[int]
+
+    @property
+    def prompts(self) -> RaggedIds:
+        return self.cached.rows("prompt", self.m["start"], self.m["end"])
+
+
+def _multiple_choice(e: _Entry, tokenizer: Any, max_length: int, on_too_long: OnTooLong) -> Task:
+    a, b, prompts = e.m["start"], e.m["end"], e.prompts
+    return MultipleChoiceTask.from_ids(
+        e.m["name"], [prompts.row(i) for i in range(len(prompts))], e.cached.options(a, b),
+        e.cached.labels[a:b].tolist(), spec=e.spec, family=e.m["family"], max_length=max_length,
+        on_too_long=on_too_long, separator_ids=e.separator_ids, tail_tokens=e.tail,
+    )  # fmt: skip
+
+
+def _classification(e: _Entry, tokenizer: Any, max_length: int, on_too_long: OnTooLong) -> Task:
+    m = e.m
+    words = answer_word_ids(tokenizer, [*m["words"], *(m["pool"] or ())])
+    return ClassificationTask.from_ids(
+        m["name"], e.prompts, e.cached.labels[m["start"]:m["end"]], words[: len(m["words"])],
+        class_names=m["class_names"], spec=e.spec, pool_answers=words[len(m["words"]):],
+        family=m["family"], max_length=max_length, separator_ids=e.separator_ids, tail_tokens=e.tail,
+    )  # fmt: skip
+
+
+def _generation(e: _Entry, tokenizer: Any, max_length: int, on_too_long: OnTooLong) -> Task:
+    return GenerationTask.from_ids(
+        e.m["name"], e.prompts, e.cached.rows("answer", e.m["start"], e.m["end"]), spec=e.spec,
+        family=e.m["family"], max_length=max_length, on_too_long=on_too_long,
+        separator_ids=e.separator_ids, tail_tokens=e.tail,
+    )  # fmt: skip
+
+
+_RESTORE: dict[str, Callable[[_Entry, Any, int, OnTooLong], Task]] = {
+    MultipleChoiceRows.KIND: _multiple_choice, ClassificationRows.KIND: _classification,
+    GenerationRows.KIND: _generation,
+}
+"""How a task of each kind (its rows' ``KIND``, stored in ``meta.json``) comes back from the cache."""
+
+
 def _assemble(
     cached: _Cached, meta: list[dict[str, Any]], tokenizer: Any, *, max_length: int,
     on_too_long: OnTooLong, separator: str,
@@ -260,30 +312,9 @@ def _assemble(
     separator_ids = encode(tokenizer, [separator])[0] if separator else []
     tasks: list[Task] = []
     for m in meta:
-        a, b = m["start"], m["end"]
-        tail = tail_tokens(tokenizer, m.get("template_tail", ""))
-        family = m["family"]
         spec = EpisodeSpec(**{**m["spec"], "label_pool": tuple(m["spec"]["label_pool"] or ()) or None})
-        prompts = cached.rows("prompt", a, b)
-        if m.get("kind") == "multiple_choice":
-            tasks.append(MultipleChoiceTask.from_ids(
-                m["name"], [prompts.row(i) for i in range(len(prompts))], cached.options(a, b),
-                cached.labels[a:b].tolist(), spec=spec, family=family, max_length=max_length,
-                on_too_long=on_too_long, separator_ids=separator_ids, tail_tokens=tail,
-            ))  # fmt: skip
-        elif m["words"] is not None:
-            words = answer_word_ids(tokenizer, [*m["words"], *(m["pool"] or ())])
-            tasks.append(ClassificationTask.from_ids(
-                m["name"], prompts, cached.labels[a:b], words[: len(m["words"])],
-                class_names=m["class_names"], spec=spec, pool_answers=words[len(m["words"]):],
-                family=family, max_length=max_length, separator_ids=separator_ids, tail_tokens=tail,
-            ))  # fmt: skip
-        else:
-            tasks.append(GenerationTask.from_ids(
-                m["name"], prompts, cached.rows("answer", a, b), spec=spec, family=family,
-                max_length=max_length, on_too_long=on_too_long, separator_ids=separator_ids,
-                tail_tokens=tail,
-            ))  # fmt: skip
+        entry = _Entry(cached, m, spec, tail_tokens(tokenizer, m.get("template_tail", "")), separator_ids)
+        tasks.append(_RESTORE[m["kind"]](entry, tokenizer, max_length, on_too_long))
     return tasks
 
 

@@ -28,7 +28,7 @@ import dataclasses
 import string
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import datasets
 import numpy as np
@@ -65,6 +65,13 @@ class MultipleChoiceRows:
     options: list[list[str]]
     labels: list[int]
     template_tail: str = ""
+    KIND: ClassVar[str] = "multiple_choice"
+    """The kind of task these rows make (what the token cache stores and restores)."""
+
+    def prompt_texts(self, tokenizer: Any, a: int = 0, b: int | None = None) -> list[str]:
+        """Rows ``a:b``'s prompts as the text to tokenize (a builder's rows may render them with
+        the tokenizer, e.g. its chat template)."""
+        return self.prompts[a:b]
 
     def subsample(self, max_examples: int | None, rng: np.random.Generator) -> MultipleChoiceRows:
         """At most ``max_examples`` questions, drawn by ``rng`` in their original order."""

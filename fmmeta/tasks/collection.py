@@ -24,7 +24,6 @@ import numpy as np
 
 from fmmeta.atomic import replace_text
 from fmmeta.progress import Progress
-from fmmeta.tasks.choice_rows import multiple_choice_rows
 from fmmeta.tasks.collection_config import PRESETS, CollectionSource, CollectionSplit, read_task_list
 from fmmeta.tasks.collection_split import SPLITS, assign_splits
 from fmmeta.tasks.data import (
@@ -37,7 +36,7 @@ from fmmeta.tasks.data import (
     read_dataset,
 )
 from fmmeta.tasks.options import TaskOptions
-from fmmeta.tasks.rows import TaskRows, classification_rows, column_rows, dataset_rows
+from fmmeta.tasks.rows import TaskRows
 from fmmeta.tasks.task import Task, TaskSet, check_unique_names
 
 logger = logging.getLogger(__name__)
@@ -173,9 +172,10 @@ def source_parts(src: CollectionSource, index: int) -> list[SourcePart]:
 
 
 def _one_per_file(src: CollectionSource, files: list[str] | None) -> bool:
-    """Whether ``src`` makes one task of each of its files (a folder for ``dataset`` or
-    ``multiple_choice``)."""
-    return src.resolved()["builder"] in ("dataset", "multiple_choice") and files is not None and len(files) > 1
+    """Whether ``src`` makes one task of each of its files (a folder, for a builder of one task
+    per file)."""
+    builder = src.task_builder
+    return builder is not None and builder.one_task_per_file and files is not None and len(files) > 1
 
 
 def read_source(
@@ -199,51 +199,25 @@ def read_source(
     Raises:
         ValueError: the first problem with this source's data, naming the fix.
     """
-    args = src.resolved()
-    builder = args["builder"]
+    builder, keys = src.task_builder, src.section()
+    assert builder is not None  # the config check refused a source without one
+    task_name = getattr(keys, "task_name", None)  # the builders of one task per dataset take it
     every_file = source_files(src) if part is None or part.count == 1 else None
     files = part.files if part is not None else every_file
     if part is not None and part.count > 1 or _one_per_file(src, every_file):
         assert files is not None  # one task per file: local files
-        if src.task_name is not None:
+        if task_name is not None:
             raise ValueError(
-                f"task_name={src.task_name!r} names one task but path={src.path!r} holds "
+                f"task_name={task_name!r} names one task but path={src.path!r} holds "
                 "several files (one task each, named by file): remove task_name"
             )
         parts = _one_task_per_file(src, files, cache_dir)
     else:
-        default_name = src.task_name or (dataset_name(files[0]) if files else src.path)
+        default_name = task_name or (dataset_name(files[0]) if files else src.path)
         parts = [(default_name, _load(src, files, cache_dir))]
     rows: list[TaskRows] = []
-    for task_name, ds in parts:
-        spec, family, template = options.spec, options.family, args.get("template")
-        if builder == "classification":
-            rows.append(classification_rows(
-                ds, name=task_name, text_column=args["text_column"],
-                label_column=args["label_column"], verbalizer=src.verbalizer,
-                drop_small_classes=src.drop_small, spec=spec, template=template,
-                answer_template=src.answer_template, family=family,
-            ))  # fmt: skip
-        elif builder == "multiple_choice":
-            rows.append(multiple_choice_rows(
-                ds, name=task_name, spec=spec, template=template,
-                options_column=args.get("options_column"), option_columns=args.get("option_columns"),
-                label_column=args["label_column"], answer_format=args.get("answer_format") or "auto",
-                answer_template=src.answer_template, family=family,
-            ))  # fmt: skip
-        elif builder == "task_column":
-            rows.extend(column_rows(
-                ds, task_column=args["task_column"], input_column=args["input_column"],
-                output_column=args["output_column"], options_column=args.get("options_column"),
-                name_prefix=src.name_prefix, drop_small_tasks=src.drop_small, spec=spec,
-                template=template, answer_template=src.answer_template, family=family,
-            ))  # fmt: skip
-        else:
-            rows.append(dataset_rows(
-                ds, name=task_name, input_column=args["input_column"],
-                output_column=args["output_column"], spec=spec, template=template,
-                answer_template=src.answer_template, family=family,
-            ))  # fmt: skip
+    for name, ds in parts:
+        rows.extend(builder.rows(ds, keys, src.common(name, options.spec)))
     # A part draws from a stream of its own, so a part's rows never depend on who reads the others.
     rng = np.random.default_rng([seed, index] if part is None or part.count == 1 else [seed, index, part.k])
     return [r.subsample(src.max_examples, rng) for r in rows]

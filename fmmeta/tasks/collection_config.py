@@ -3,12 +3,15 @@
 These are the keys users write under ``tasks.collection`` and ``tasks.split``; their checks need
 no data (:meth:`CollectionSource.validate`, :meth:`CollectionSplit.validate`), and
 :meth:`CollectionSource.task_options` is the one place a source's keys become the builders'
-:class:`~fmmeta.tasks.options.TaskOptions`. Reading and building are in
-:mod:`fmmeta.tasks.collection`.
+:class:`~fmmeta.tasks.options.TaskOptions`. A source's keys are its common ones (this class's
+fields) and its builder's own, written beside them in the YAML and validated by the builder's
+section (:mod:`fmmeta.tasks.registry`). Reading and building are in :mod:`fmmeta.tasks.collection`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import json
 import os
 from dataclasses import dataclass, field
@@ -18,9 +21,9 @@ from typing import Any, Literal
 from fmmeta.tasks.columns import answer_template_problem
 from fmmeta.tasks.data import FORMATS
 from fmmeta.tasks.options import TaskOptions
+from fmmeta.tasks.registry import SourceRows, TaskBuilder, builder_names, builder_sections, task_builder
 from fmmeta.tasks.spec import EpisodeSpec
 
-Builder = Literal["classification", "task_column", "dataset", "multiple_choice"]
 Preset = Literal["metaicl", "natural_instructions"]
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -41,38 +44,30 @@ PRESETS: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 """Column names and templates of collection layouts people already have, by preset name."""
 
-_ONLY_FOR: dict[str, tuple[str, ...]] = {
-    "text_column": ("classification",),
-    "label_column": ("classification", "multiple_choice"),
-    "verbalizer": ("classification",),
-    "task_column": ("task_column",),
-    "options_column": ("task_column", "multiple_choice"),
-    "option_columns": ("multiple_choice",),
-    "answer_format": ("multiple_choice",),
-    "name_prefix": ("task_column",),
-    "input_column": ("task_column", "dataset"),
-    "output_column": ("task_column", "dataset"),
-    "task_name": ("classification", "dataset", "multiple_choice"),
-}
-"""Source keys that only one or two builders take (setting one for another builder is an error)."""
 
-_DEFAULTS: dict[str, Any] = {
-    "text_column": "text", "label_column": "label", "task_column": "task",
-    "input_column": "input", "output_column": "output",
-}  # fmt: skip
+def _section_keys() -> dict[str, list[str]]:
+    """Each builder key -> the builders whose section takes it."""
+    out: dict[str, list[str]] = {}
+    for name, section in builder_sections():
+        for f in dataclasses.fields(section):
+            out.setdefault(f.name, []).append(name)
+    return out
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, init=False)
 class CollectionSource:
-    """One source of tasks: where its rows are and which builder turns them into tasks."""
+    """One source of tasks: where its rows are and which builder turns them into tasks.
+
+    Its builder's own keys (``text_column``, ``options_column``, ...) are written beside these
+    and kept in :attr:`keys`; ``CollectionSource(path=..., builder="classification",
+    text_column="sentence")`` takes them as keywords too, and reads them back as attributes.
+    """
 
     path: str
     """Hub dataset id, local .jsonl/.json/.csv/.parquet/.arrow file, a save_to_disk folder, a folder of
     those (one task each with builder: dataset), or a glob."""
-    builder: Builder | None = None
-    """"classification" (one N-way task), "task_column" (a task per value of a column),
-    "dataset" (one task per file) or "multiple_choice" (questions with their own options, one task
-    per file); null = the preset's."""
+    builder: str | None = None
+    """The task builder (its keys are listed below, by builder); null = the preset's."""
     preset: Preset | None = None
     """Known layout: "metaicl" (task, input, output, options) or "natural_instructions"
     (task_name, definition, inputs, targets)."""
@@ -83,36 +78,11 @@ class CollectionSource:
     saved Dataset's own split, ignored for local files (their rows are one split)."""
     data_files: list[str] | None = None
     """Hub ids only: which of the dataset's files to read (load_dataset's data_files)."""
-    task_name: str | None = None
-    """classification / dataset: the task's name; null = the file's stem (or the hub id)."""
-    task_column: str | None = None
-    """task_column: the column naming each row's task (default "task")."""
-    input_column: str | None = None
-    """task_column / dataset: the prompt column used by the default template (default "input")."""
-    output_column: str | None = None
-    """task_column / dataset: the answer column (default "output")."""
-    options_column: str | None = None
-    """task_column: answer options per row; a task with one fixed option list becomes classification.
-    multiple_choice: the column of each question's options (a list, or {text, label} like ARC's)."""
-    option_columns: list[str] | None = None
-    """multiple_choice: instead of options_column, the columns holding one option each (e.g. [sol1, sol2])."""
-    answer_format: Literal["auto", "index", "number", "letter", "key", "text"] | None = None
-    """multiple_choice: how label_column names the gold option: a 0-based index, a 1-based number, a
-    letter, a key of the options' label list, the option's text; null = auto (refuses digit strings)."""
-    text_column: str | None = None
-    """classification: the text column used by the default template (default "text")."""
-    label_column: str | None = None
-    """classification: the label column (default "label"); at least 2 classes. multiple_choice: the
-    column naming the gold option (default "label")."""
     template: str | None = None
     """Prompt format over column names, e.g. "Review: {text}\\nSentiment:"; null = the input column
     (multiple_choice: required; {options} shows the options as lettered lines)."""
     answer_template: str = " {answer}"
     """Answer format; {answer} is the output value, the label word or the option ({letter}: its letter)."""
-    verbalizer: list[str] | dict[int | str, str] | None = None
-    """classification: words per class, a list by integer label or a {label: word} mapping."""
-    name_prefix: str = ""
-    """task_column: prepended to each task value to form the task name."""
     family: str = ""
     """Family of every task of this source (diversity sampling, held-out families); "" = each
     task's own name."""
@@ -132,18 +102,80 @@ class CollectionSource:
     """Drop (with a warning) tasks or classes too small for an episode instead of refusing them."""
     on_too_long: Literal["drop", "error"] = "drop"
     """An example whose answer cannot fit tasks.max_length: "drop" it (counted) or "error"."""
+    keys: dict[str, Any] = field(default_factory=dict, metadata={"sections": builder_sections})
+    """The builder's own keys, written beside the keys above (not under a key of their own)."""
+
+    def __init__(self, **given: Any) -> None:
+        """The common keys by name; every other keyword is a builder key (see :attr:`keys`).
+
+        Raises:
+            TypeError: ``path`` is missing.
+        """
+        for f in dataclasses.fields(self):
+            if f.name == "keys":
+                continue
+            if f.name in given:
+                value = given.pop(f.name)
+            elif f.default is not dataclasses.MISSING:
+                value = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                value = f.default_factory()
+            else:
+                raise TypeError(f"CollectionSource needs {f.name}")
+            setattr(self, f.name, value)
+        self.keys = {**given.pop("keys", {}), **given}
+
+    def __getattr__(self, key: str) -> Any:
+        """A builder key's value (its builder's default if not set; None where another builder
+        takes it), as the source's attribute."""
+        if key.startswith("_") or key == "keys" or key not in _section_keys():
+            raise AttributeError(key)
+        return self.resolved().get(key)
+
+    @property
+    def task_builder(self) -> TaskBuilder | None:
+        """The source's builder (its own or its preset's); None if it names none (or a wrong one)."""
+        name = self.builder or PRESETS.get(self.preset or "", {}).get("builder")
+        try:
+            return task_builder(name) if name is not None else None
+        except KeyError:
+            return None
+
+    def section(self) -> Any:
+        """The builder's section: the preset's values, then this source's keys, then its defaults.
+
+        Raises:
+            ValueError: no builder, or a key of the wrong type (the config check reports both first).
+        """
+        builder = self.task_builder
+        if builder is None:
+            raise ValueError(f"builder={self.builder!r} is not a task builder")
+        from fmmeta.config import ConfigError, build_config
+
+        names = {f.name for f in dataclasses.fields(builder.section)}
+        given = {**PRESETS.get(self.preset or "", {}), **{k: v for k, v in self.keys.items() if v is not None}}
+        try:
+            return build_config(builder.section, {k: v for k, v in given.items() if k in names})
+        except ConfigError as err:
+            raise ValueError("; ".join(err.problems)) from None
 
     def resolved(self) -> dict[str, Any]:
-        """The builder's arguments: the preset's values, then this source's, then the defaults."""
-        out: dict[str, Any] = dict(PRESETS.get(self.preset or "", {}))
-        for key in ("builder", *_ONLY_FOR, "template"):
-            value = getattr(self, key)
-            if value is not None:
-                out[key] = value
-        for key, value in _DEFAULTS.items():
-            if out.get("builder") in _ONLY_FOR[key]:
-                out.setdefault(key, value)
+        """The builder's name, the template and the builder's keys, as one mapping."""
+        builder = self.task_builder
+        template = self.template if self.template is not None else PRESETS.get(self.preset or "", {}).get("template")
+        out: dict[str, Any] = {"builder": builder.name if builder else None, "template": template}
+        if builder is not None:
+            try:
+                out.update(dataclasses.asdict(self.section()))
+            except ValueError:
+                pass  # a key of the wrong type: validate() reports it
         return out
+
+    def common(self, name: str, spec: EpisodeSpec) -> SourceRows:
+        """What the builder reads a dataset with besides its section: the task name and the
+        common keys."""
+        return SourceRows(name=name, spec=spec, template=self.resolved()["template"],
+                          answer_template=self.answer_template, family=self.family, drop_small=self.drop_small)
 
     def spec(self) -> EpisodeSpec:
         """The episode shape (raises ValueError naming the bad value)."""
@@ -169,26 +201,7 @@ class CollectionSource:
 
     def validate(self) -> list[str]:
         """Checks that need no data: a builder, keys that fit it, the episode shape, the path."""
-        problems: list[str] = []
-        args = self.resolved()
-        builder = args.get("builder")
-        if builder is None:
-            problems.append(
-                "builder is missing: set builder to classification, task_column, dataset or "
-                "multiple_choice, or "
-                "preset to metaicl or natural_instructions"
-            )
-        for key, builders in _ONLY_FOR.items():
-            if builder is not None and getattr(self, key) not in (None, "") and builder not in builders:
-                problems.append(
-                    f"{key}={getattr(self, key)!r} does not apply to builder={builder!r} (only to "
-                    f"{' / '.join(builders)}): remove it or change the builder"
-                )
-        if builder == "multiple_choice":
-            problems.extend(self._multiple_choice_problems())
-        answer = answer_template_problem(self.answer_template, multiple_choice=builder == "multiple_choice")
-        if answer is not None:
-            problems.append(answer)
+        problems = self._builder_problems()
         try:
             self.spec()
         except ValueError as err:
@@ -207,20 +220,40 @@ class CollectionSource:
             )
         return problems
 
-
-    def _multiple_choice_problems(self) -> list[str]:
-        """A multiple-choice source's own keys: a template, and one way of naming the options."""
+    def _builder_problems(self) -> list[str]:
+        """The builder is known, each builder key is one of its section's, and its own checks pass."""
+        builder = self.task_builder
+        if builder is None:
+            named, names = self.builder or PRESETS.get(self.preset or "", {}).get("builder"), builder_names()
+            if named is None:
+                return [f"builder is missing: set builder to {', '.join(names[:-1])} or {names[-1]}, or preset to "
+                        "metaicl or natural_instructions"]
+            close = difflib.get_close_matches(named, names, n=1)
+            return [f"builder={named!r} is invalid: allowed values are {', '.join(map(repr, names))}"
+                    + (f"; did you mean {close[0]!r}?" if close else "")]
         problems = []
-        if self.template is None:
-            problems.append("template is missing: builder multiple_choice needs a prompt template, "
-                            "e.g. 'Question: {question}\\nAnswer:' ({options} shows the options)")
-        if (self.options_column is None) == (not self.option_columns):
-            problems.append("give exactly one of options_column (a list or {text, label} column) and "
-                            "option_columns (one column per option) for builder multiple_choice")
-        if self.ways is not None or self.remap_labels:
-            problems.append("ways and remap_labels do not apply to builder multiple_choice (each "
-                            "question brings its own options): remove them")
-        return problems
+        takes = {f.name for f in dataclasses.fields(builder.section)}
+        owners = _section_keys()
+        for key, value in self.keys.items():
+            if key in takes or value in (None, ""):
+                continue
+            if key in owners:
+                problems.append(f"{key}={value!r} does not apply to builder={builder.name!r} (only to "
+                                f"{' / '.join(owners[key])}): remove it or change the builder")
+            else:
+                close = difflib.get_close_matches(key, [*takes, *(f.name for f in dataclasses.fields(self))], n=1)
+                problems.append(f"{key} is not a key of builder={builder.name!r}"
+                                + (f" (did you mean {close[0]!r}?)" if close else "")
+                                + f": its keys are {', '.join(sorted(takes))}")
+        if problems:
+            return problems
+        try:
+            keys = self.section()
+        except ValueError as err:
+            return [str(err)]
+        problems.extend(builder.check(self, keys))
+        answer = answer_template_problem(self.answer_template, multiple_choice=builder.letters)
+        return problems + ([answer] if answer is not None else [])
 
 
 def is_local(path: str) -> bool:
@@ -308,4 +341,4 @@ def read_task_list(path: str) -> list[str]:
     return data
 
 
-__all__ = ["PRESETS", "Builder", "CollectionSource", "CollectionSplit", "Preset", "is_local", "read_task_list"]
+__all__ = ["PRESETS", "CollectionSource", "CollectionSplit", "Preset", "is_local", "read_task_list"]

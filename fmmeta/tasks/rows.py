@@ -13,7 +13,7 @@ import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, ClassVar, Union
 
 import datasets
 import numpy as np
@@ -59,6 +59,13 @@ class GenerationRows:
     prompts: list[str]
     answers: list[str]
     template_tail: str = ""
+    KIND: ClassVar[str] = "generation"
+    """The kind of task these rows make (what the token cache stores and restores)."""
+
+    def prompt_texts(self, tokenizer: Any, a: int = 0, b: int | None = None) -> list[str]:
+        """Rows ``a:b``'s prompts as the text to tokenize (a builder's rows may render them with
+        the tokenizer, e.g. its chat template)."""
+        return self.prompts[a:b]
 
     def subsample(self, max_examples: int | None, rng: np.random.Generator) -> GenerationRows:
         """At most ``max_examples`` rows, drawn by ``rng`` in their original order (None = all)."""
@@ -96,6 +103,13 @@ class ClassificationRows:
     class_names: list[str]
     pool: list[str] = field(default_factory=list)
     template_tail: str = ""
+    KIND: ClassVar[str] = "classification"
+    """The kind of task these rows make (what the token cache stores and restores)."""
+
+    def prompt_texts(self, tokenizer: Any, a: int = 0, b: int | None = None) -> list[str]:
+        """Rows ``a:b``'s prompts as the text to tokenize (a builder's rows may render them with
+        the tokenizer, e.g. its chat template)."""
+        return self.prompts[a:b]
 
     def subsample(self, max_examples: int | None, rng: np.random.Generator) -> ClassificationRows:
         """At most ``max_examples`` rows, drawn by ``rng`` in their original order (None = all)."""
@@ -346,7 +360,7 @@ def tasks_from_rows(
     for r in rows:
         where = f"task {r.name!r}"
         check_texts(r.prompts, key="prompt", where=where)
-        prompt_ids = encode(tokenizer, r.prompts)
+        prompt_ids = encode(tokenizer, r.prompt_texts(tokenizer))
         tail = tail_tokens(tokenizer, r.template_tail)
         if isinstance(r, MultipleChoiceRows):
             tasks.append(MultipleChoiceTask.from_ids(

@@ -7,6 +7,7 @@ what is checked here is what a user's YAML gets.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import sys
@@ -328,6 +329,31 @@ def test_help_lists_the_keys_of_a_collection_source() -> None:
     for key in ("tasks.collection[].path (str, default <required>)", "tasks.collection[].template",
                 "tasks.collection[].max_examples", "tasks.split.held_out_families"):
         assert key in text, key
+    # Each builder's own keys, from its registered section: its name, then every key with its default and doc.
+    from fmmeta.config import field_docs
+    from fmmeta.tasks.registry import task_builders
+
+    for builder in task_builders():
+        assert f"tasks.collection[].<keys of builder {builder.name}>" in text, builder.name
+        after = text[text.index(f"<keys of builder {builder.name}>"):]
+        for f in dataclasses.fields(builder.section):
+            doc = field_docs(builder.section)[f.name]
+            assert doc and f"tasks.collection[].{f.name} (" in after and f"): {doc}" in after, (builder.name, f.name)
+    assert "tasks.collection[].text_column (str, default 'text'): The text column" in text
+
+
+def test_a_source_reads_its_builders_keys_from_flat_yaml_and_writes_them_back_flat(tmp_path: Path) -> None:
+    from fmmeta.config import build_config, to_dict
+    from fmmeta.tasks.collection_config import CollectionSource
+
+    verbalizer = {"sport": "S", "music": "M", "science": "X"}
+    src = build_config(CollectionSource, {"path": _topics(tmp_path), "builder": "classification",
+                                          "text_column": "text", "verbalizer": verbalizer})
+    assert src.keys == {"text_column": "text", "verbalizer": verbalizer}
+    assert src.section().verbalizer == verbalizer and src.label_column == "label"
+    written = to_dict(src)
+    assert "keys" not in written and written["verbalizer"] == verbalizer
+    assert CollectionSource(path="x.jsonl", builder="dataset", input_column="q").input_column == "q"
 
 
 def test_own_tasks_yaml_saved_config_loads_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
