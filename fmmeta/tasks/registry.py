@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # only types: the registry imports no builder at import time
 
 BUILDER_MODULES: tuple[str, ...] = (
     "fmmeta.tasks.source_builders",
+    "fmmeta.tasks.chat",
 )
 """The modules that register builders (imported on the registry's first use)."""
 

@@ -638,3 +638,20 @@ def test_trust_remote_code_is_never_implicit(monkeypatch: pytest.MonkeyPatch, tm
         build_model_and_tokenizer(cfg)
     assert calls["tokenizer"] == {"trust_remote_code": False}
     assert calls["model"] == {"dtype": torch.float32, "trust_remote_code": False}
+
+
+def test_a_chat_row_without_its_answer_and_a_tokenizer_without_a_chat_template_are_refused() -> None:
+    from fmmeta.tasks.chat import CHAT, ChatKeys
+    from fmmeta.tasks.registry import SourceRows
+    from fmmeta.tasks.rows import tasks_from_rows
+
+    common = SourceRows(name="bad", spec=GEN, template=None, answer_template=" {answer}", family="", drop_small=False)
+    turns = [{"role": "user", "content": "hi"}, {"role": "user", "content": "again"}]
+    with pytest.raises(ValueError, match=r"chat task 'bad': row 0 ends with a 'user' turn of content 'again': "
+                                         r"each row's messages must be .* ending in the assistant's answer"):
+        CHAT.rows(datasets.Dataset.from_list([{"messages": turns}]), ChatKeys(), common)
+    rows = CHAT.rows(datasets.Dataset.from_list([{"prompt": f"q{i}", "completion": "a"} for i in range(4)]),
+                     ChatKeys(), common)
+    with pytest.raises(ValueError, match=r"task 'bad': builder chat renders prompts with the tokenizer's chat "
+                                         r"template, but \w+ has none \(chat_template is unset\)"):
+        tasks_from_rows(rows, TOK)

@@ -106,8 +106,8 @@ CASES = {
     ),
     "no builder and no preset": (
         lambda p: _with(p, 1, builder=None),
-        ["tasks.collection[1].builder is missing: set builder to classification, task_column, dataset "
-         "or multiple_choice, or preset to metaicl or natural_instructions"],
+        ["tasks.collection[1].builder is missing: set builder to classification, task_column, dataset, "
+         "multiple_choice or chat, or preset to metaicl or natural_instructions"],
     ),
     "unknown key in a source": (
         lambda p: _with(p, 2, templat="{input}"),
