@@ -15,11 +15,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Literal
 
-from fmmeta.algorithms.build import ALGORITHMS, METHODS
+from fmmeta.algorithms.build import METHODS
 from fmmeta.algorithms.config import DEFAULT_LR_GRID, AlgorithmConfig
 from fmmeta.config import EngineConfig, LoraConfig, ModelConfig, TrainConfig
 from fmmeta.engine.build import compile_problems
 from fmmeta.engine.ds_config import DSConfigError, owned_values, resolve_ds_config
+from fmmeta.engine.kinds import ENGINE_KINDS
 from fmmeta.engine.optim import OuterOptimConfig
 from fmmeta.models.precision import auto_dtype, engine_precision
 from fmmeta.path_names import folder_room_problem
@@ -159,11 +160,11 @@ class RecipeConfig:
     def validate(self) -> list[str]:
         """Cross-section checks; each section checks itself."""
         problems: list[str] = []
-        bad = [m for m in self.methods if m not in ALGORITHMS]
+        bad = [m for m in self.methods if m not in METHODS]  # read now: a method registered after import counts
         if not self.methods or bad:
             problems.append(
                 f"methods={list(self.methods)} is invalid: choose one or more of "
-                f"{', '.join(ALGORITHMS)}"
+                f"{', '.join(METHODS)}"
             )
         for m in self.methods:
             problems.extend(METHODS[m].problems(self.algorithm) if m in METHODS else [])
@@ -251,7 +252,8 @@ class RecipeConfig:
                 f"{world} or set sampler.on_uneven=pad"
             )
         workers = self.engine.workers
-        if workers != "auto" and workers > 1 and (world > 1 or self.engine.kind in ("deepspeed", "accelerate")):
+        named = ENGINE_KINDS.get(self.engine.kind)  # None for "auto" (a launcher sets WORLD_SIZE) or an unknown kind
+        if workers != "auto" and workers > 1 and (world > 1 or (named is not None and named.distributed)):
             problems.append(
                 f"engine.workers={workers} splits a one-process run between CPU processes; under "
                 f"engine.kind={self.engine.kind} with {world} rank(s) the ranks split the work: "

@@ -228,7 +228,7 @@ def meta_train(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.M
     (plan -> meta_step -> gather observations -> log -> checkpoint) and saves its adapter."""
     out = Path(cfg.output_dir)
     algorithm = build_algorithm(method, cfg.algorithm, pad_id)
-    fast_weight_numel = count_parameters(model)[0] if algorithm.fast_weights else 0
+    fast_weight_numel = count_parameters(model)[0] if METHODS[method].fast_weights else 0
     banner(cfg, method, engine, model, fast_weight_numel)
     if cfg.algorithm.padding_free:
         check_lines(engine.model)

@@ -67,15 +67,20 @@ class ANIL(FOMAML):
         >>> result = algo.rank_gradient(engine.model, engine.adapter_parameters(), work)
     """
 
-    name = "anil"
-
     def __init__(self, cfg: AlgorithmConfig, pad_id: int) -> None:
         super().__init__(cfg, pad_id)
         self._adapted: tuple[int, list[int]] | None = None
 
+    @staticmethod
+    def inner_tensors(cfg: AlgorithmConfig, names: Sequence[str]) -> list[int]:
+        """The indices, among adapter tensors named ``names``, that the inner loop adapts: the top
+        ``algorithm.anil.layers`` layers'. Training asks it here, evaluation through the method's
+        record (:meth:`~fmmeta.algorithms.build.Method.adapted_tensors`): one rule for both."""
+        return top_layer_tensors(names, cfg.anil.layers)
+
     def adapted_tensors(self, model: nn.Module, params: Sequence[nn.Parameter]) -> list[int]:
-        """The top ``algorithm.anil.layers`` layers' tensors among ``params`` (found once per model)."""
+        """:meth:`inner_tensors` of ``params`` (found once per model)."""
         if self._adapted is None or self._adapted[0] != id(model):
             names = {id(p): n for n, p in model.named_parameters()}
-            self._adapted = (id(model), top_layer_tensors([names[id(p)] for p in params], self.cfg.anil.layers))
+            self._adapted = (id(model), self.inner_tensors(self.cfg, [names[id(p)] for p in params]))
         return self._adapted[1]

@@ -72,9 +72,6 @@ class MultiTask(Stateless):
     inside the training passes, at no extra cost). See the module docstring for compute matching.
     """
 
-    name = "multitask"
-    fast_weights = False
-
     def __init__(self, cfg: AlgorithmConfig, pad_id: int) -> None:
         self.cfg = cfg
         self.pad_id = pad_id
@@ -115,9 +112,7 @@ class MetaICL(Stateless):
         >>> result = algo.rank_gradient(engine.model, engine.adapter_parameters(), algo.prepare(plan))
     """
 
-    name = "metaicl"
     support_draws = 1
-    fast_weights = False
     support_repeats = 0
 
     def __init__(self, cfg: AlgorithmConfig, pad_id: int) -> None:

@@ -5,8 +5,13 @@ meta-gradient, its own config section (``algorithm.<method>.<key>``, a field of
 :class:`~fmmeta.algorithms.config.AlgorithmConfig` named after it), the compute it spends per
 episode (the report's budget rule), the checks it puts on the shared settings, and how evaluation
 adapts and scores it. Training, evaluation, the study and the report ask the method object, never
-its name, so adding a method is its module plus one :func:`register` call at the end of this
-file (and its section, if it has settings).
+its name, so adding a method is its module plus one :func:`register_method` call at the end of
+this file (and its section, if it has settings).
+
+The record is the one home of a method's facts: its name, whether it has fast weights, how it is
+scored. The algorithm classes compute and hold only what their settings decide per run
+(``support_draws``, ``support_repeats``). :data:`METHODS` is read live: a method registered after
+import (from another module, or a test) is one ``methods`` accepts.
 """
 
 from __future__ import annotations
@@ -14,9 +19,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from fmmeta.algorithms.anil import ANIL, top_layer_tensors
+from fmmeta.algorithms.anil import ANIL
 from fmmeta.algorithms.baselines import MetaICL, MultiTask
 from fmmeta.algorithms.config import AlgorithmConfig
 from fmmeta.algorithms.first_order import FOMAML, Reptile
@@ -25,7 +30,7 @@ from fmmeta.algorithms.protocol import MetaAlgorithm
 from fmmeta.config import raise_if_invalid
 from fmmeta.config.schema import hints
 
-__all__ = ["ALGORITHMS", "METHODS", "Method", "build_algorithm", "method_of", "register"]
+__all__ = ["METHODS", "Method", "build_algorithm", "method_of", "register_method"]
 
 Scoring = Literal["adapted", "demonstrations"]
 """How evaluation scores a method: ``"adapted"`` (adapt on the support, score the query; on
@@ -43,7 +48,9 @@ class Method:
         budget: the compute it spends per episode, as the report states it: a format string with
             ``{k}`` (inner steps) and ``{cfg}`` (the ``algorithm`` section).
         fast_weights: it adapts a copy of the adapter per task, so it adapts (and is scored) on
-            in-context rows when ``algorithm.inner_format`` says so.
+            in-context rows when ``algorithm.inner_format`` says so, and with rows across ranks
+            every rank holds every task's copy and all-reduces their gradients each inner step
+            (the planner prices it).
         scoring: how evaluation scores it (:data:`Scoring`).
         adapted: which adapter tensors its inner loop adapts, given the section and the tensors'
             names (indices in their order); ``None``: every one.
@@ -84,7 +91,7 @@ METHODS: dict[str, Method] = {}
 """Every registered method by name, in registration order (the order of ``methods``' default)."""
 
 
-def register(method: Method) -> Method:
+def register_method(method: Method) -> Method:
     """Adds ``method`` to :data:`METHODS` (a name may be registered once)."""
     if method.name in METHODS:
         raise ValueError(f"method {method.name!r} is registered twice")
@@ -127,30 +134,35 @@ def _reptile_problems(cfg: AlgorithmConfig) -> list[str]:
     return []
 
 
-register(Method(
+register_method(Method(
     "fomaml", FOMAML, fast_weights=True,
     budget="{k} inner steps over the support set, then the query gradient at the adapted weights."))
-register(Method(
+register_method(Method(
     "metasgd", lambda cfg, pad_id: MetaSGD(FOMAML(cfg, pad_id), cfg), fast_weights=True,
     budget="{k} inner steps over the support set at its learned per-tensor step sizes, then the "
     "query gradient at the adapted weights (the step sizes' gradient reuses those tensors)."))
-register(Method(
+register_method(Method(
     "reptile", Reptile, fast_weights=True, problems=_reptile_problems,
     budget="{k} inner steps over the support set; theta - phi is the meta-gradient."))
-register(Method(
+register_method(Method(
     "multitask", MultiTask, fast_weights=False,
     budget="the same support rows as {k} inner steps, spent on {k} distinct support sets "
     "(not one set {k} times), plus the query, all at theta."))
-register(Method(
+register_method(Method(
     "metaicl", MetaICL, fast_weights=False, scoring="demonstrations",
     budget="the query rows with the support prepended as demonstrations (longer rows, no "
     "support passes)."))
-register(Method(
+register_method(Method(
     "anil", ANIL, fast_weights=True,
-    adapted=lambda cfg, names: top_layer_tensors(names, cfg.anil.layers),
+    adapted=ANIL.inner_tensors,
     budget="{k} inner steps over the support set adapting only the top {cfg.anil.layers} layers' "
     "adapter tensors (backward stops below them), then the query gradient of every tensor at the "
     "adapted weights."))
 
-ALGORITHMS: tuple[str, ...] = tuple(METHODS)
-"""Every method name ``methods`` accepts."""
+
+def __getattr__(name: str) -> Any:
+    """``ALGORITHMS``, the method names, read when asked: it was a tuple taken at import, which
+    missed every method registered later (benchmarks/precision.py still imports it)."""
+    if name == "ALGORITHMS":
+        return tuple(METHODS)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

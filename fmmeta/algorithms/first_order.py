@@ -75,9 +75,7 @@ class FOMAML(Stateless):
         >>> result = algo.rank_gradient(engine.model, engine.adapter_parameters(), work)
     """
 
-    name = "fomaml"
     support_draws = 1
-    fast_weights = True
 
     def __init__(self, cfg: AlgorithmConfig, pad_id: int) -> None:
         self.cfg = cfg
@@ -144,9 +142,7 @@ class Reptile(Stateless):
     With ``algorithm.reptile.query_step`` one more inner step on the query set is folded into phi.
     """
 
-    name = "reptile"
     support_draws = 1
-    fast_weights = True
 
     def __init__(self, cfg: AlgorithmConfig, pad_id: int) -> None:
         self.cfg = cfg

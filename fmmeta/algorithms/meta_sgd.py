@@ -175,9 +175,7 @@ class MetaSGD:
         >>> algo.save_with_adapter(folder, adapter_names)  # step_sizes.json
     """
 
-    name = "metasgd"
     support_draws = 1
-    fast_weights = True
 
     def __init__(self, fomaml: FOMAML, cfg: AlgorithmConfig) -> None:
         self.fomaml = fomaml

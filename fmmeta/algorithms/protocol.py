@@ -141,17 +141,18 @@ def task_sq_norms(per_task: Sequence[torch.Tensor], n_tasks: int) -> torch.Tenso
 
 
 class MetaAlgorithm(Protocol):
-    """Computes one rank's summed meta-gradient; leaves the adapter parameters as it found them."""
+    """Computes one rank's summed meta-gradient; leaves the adapter parameters as it found them.
 
-    name: str
+    What is fixed about a method (its name, whether it has fast weights, how it is scored) is on
+    its record, :class:`fmmeta.algorithms.build.Method`, not here: the algorithm holds only what
+    its settings decide for a run.
+    """
+
     support_draws: int
     """Support sets per episode the sampler should draw (the multi-task baseline spends its
     matched compute on ``inner_steps`` distinct ones; everything else takes 1)."""
     support_repeats: int
     """How many times each support pass runs per meta-step (the plan's cost model needs it)."""
-    fast_weights: bool
-    """Whether it adapts a copy of the adapter per task: with rows across ranks every rank then
-    holds every task's copy and all-reduces their gradients each inner step (priced by the planner)."""
 
     def prepare(self, plan: RankPlan) -> RankWork:
         """Collates a rank's plan into the passes :meth:`rank_gradient` runs."""

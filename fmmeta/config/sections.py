@@ -259,8 +259,11 @@ class TrainConfig:
 class EngineConfig:
     """Which training backend runs the outer update."""
 
-    kind: Literal["auto", "local", "deepspeed", "accelerate"] = "auto"
-    """"auto" = deepspeed when launched by a distributed launcher, else local (one process)."""
+    kind: str = "auto"
+    """A registered engine kind: "local" (one process, plain torch), "deepspeed", "accelerate", or
+    one added with fmmeta.engine.register_engine_kind. "auto" = what the launch implies:
+    accelerate under accelerate launch, deepspeed under another distributed launcher or with
+    deepspeed_config set, else local."""
     deepspeed_config: str | None = None
     """DeepSpeed JSON (values our config owns are "auto" there); None = the engine's ZeRO-3 default."""
     collective_timeout_s: float = 600.0
@@ -291,7 +294,7 @@ class EngineConfig:
     weights' memory (513 MB for the default model). Worth it for long one-process training."""
 
     def validate(self) -> list[str]:
-        """Range checks; a DeepSpeed config path must exist."""
+        """Range checks; a DeepSpeed config path must exist; the kind must be registered."""
         problems: list[str] = []
         if self.workers != "auto" and self.workers < 1:
             problems.append(f"workers={self.workers} is invalid: must be >= 1 or auto")
@@ -306,9 +309,9 @@ class EngineConfig:
                 f"deepspeed_config={self.deepspeed_config!r} does not exist: give a DeepSpeed "
                 "JSON file such as ds_configs/zero3.json"
             )
-        if self.kind == "local" and self.deepspeed_config is not None:
-            problems.append(
-                f"deepspeed_config={self.deepspeed_config!r} is set but kind='local' runs without DeepSpeed, so "
-                "it would be ignored: set kind to 'deepspeed' (or 'auto') to use it, or remove deepspeed_config"
-            )
+        # The kinds are a registry of the engine layer, read when asked (as the task suites are):
+        # a kind registered after import is accepted.
+        from fmmeta.engine.kinds import engine_kind_problems
+
+        problems.extend(engine_kind_problems(self))
         return problems

@@ -1,80 +1,30 @@
-"""Choosing the engine for a run, from the config and from how the process was launched.
+"""Building a run's engine from the engine section and its resolved kind, and the checks on the way.
 
-``engine.kind="auto"`` picks what the launch implies: ``accelerate launch`` -> the accelerate path,
-any other distributed launcher (``deepspeed``, ``torchrun``: ``WORLD_SIZE`` > 1) or an explicit
-DeepSpeed config -> DeepSpeed, and a plain ``python`` process -> the local engine.
+What a kind is, and how ``engine.kind="auto"`` picks one from the launch, is
+:mod:`fmmeta.engine.kinds`; here is what every kind shares: refusing ``engine.compile`` where it
+cannot pay (ZeRO-3), compiling the layers where it does, choosing whether to pack bf16 weights,
+then the kind's own build. Each function takes the kind the run resolved once
+(:class:`~fmmeta.engine.factory.EngineFactory` passes it); an engine built in code without one
+resolves it from the section.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
 
 from fmmeta.config import ConfigError, EngineConfig
 from fmmeta.engine.compiled import compile_model, cxx_compiler
-from fmmeta.engine.distributed import (
-    default_backend,
-    refuse_bare_multiprocess_launch,
-    refuse_missing_accelerator,
-)
 from fmmeta.engine.ds_config import load_ds_config, zero_stage
+from fmmeta.engine.kinds import EngineKind, EngineRequest, resolve_engine_kind
 from fmmeta.engine.optim import OuterOptimConfig
-from fmmeta.engine.packed import pack_frozen_linears
 from fmmeta.engine.protocol import Engine
 from fmmeta.errors import UserInputError
-from fmmeta.models.precision import precision_dtype
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_DS_CONFIG = {
-    "zero_optimization": {
-        "stage": 3, "stage3_param_persistence_threshold": "auto",
-        "stage3_max_live_parameters": "auto", "stage3_max_reuse_distance": "auto",
-    },
-    "steps_per_print": 10**9,
-}
-"""ZeRO-3 with every value fmmeta owns filled in by the engine (used when no JSON is given)."""
-
-
-def resolve_engine_kind(cfg: EngineConfig) -> str:
-    """The engine ``cfg.kind`` names, with ``"auto"`` resolved from the launch environment.
-
-    Raises:
-        UserInputError: ``DS_ACCELERATOR`` names an accelerator this machine lacks, or mpirun or
-            srun started several copies of the script without ``WORLD_SIZE`` (each would train
-            alone, as a local engine included).
-    """
-    refuse_missing_accelerator()
-    if "WORLD_SIZE" not in os.environ:
-        refuse_bare_multiprocess_launch()
-    if cfg.kind != "auto":
-        return cfg.kind
-    from fmmeta.engine.accelerate_engine import launched_by_accelerate
-
-    if launched_by_accelerate():
-        return "accelerate"
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 or cfg.deepspeed_config is not None:
-        return "deepspeed"
-    return "local"
-
-
-def engine_ds_config(cfg: EngineConfig) -> str | Path | Mapping[str, Any]:
-    """The DeepSpeed config (unresolved) the DeepSpeed or accelerate engine will use.
-
-    ``accelerate launch`` with its DeepSpeed plugin brings its own; otherwise the JSON named by
-    ``engine.deepspeed_config``, or ZeRO-3 with fmmeta's values when none is named.
-    """
-    if resolve_engine_kind(cfg) == "accelerate":
-        from fmmeta.engine.accelerate_engine import deepspeed_config_from_accelerate
-
-        return deepspeed_config_from_accelerate()
-    return cfg.deepspeed_config or DEFAULT_DS_CONFIG
 
 
 AUTO_COMPILE_MIN_PARAMETERS = 100_000_000
@@ -87,18 +37,19 @@ do (7 graphs took 93 s against a 5 s run). Nothing between the two was measured.
 _AUTO_LOGGED: set[str] = set()
 
 
-def auto_compile(cfg: EngineConfig, model: nn.Module, precision: str) -> tuple[bool, str]:
-    """What ``engine.compile="auto"`` means for ``model`` under the engine ``cfg`` resolves to,
-    and why: compiled where it was measured to pay, a one-process run on a CPU computing in bf16
-    with a model of at least :data:`AUTO_COMPILE_MIN_PARAMETERS` parameters and a C++ compiler
-    for inductor; eager elsewhere (a GPU and DeepSpeed's stages are not measured yet; ZeRO-3 is
-    slower; in fp32 a default-model meta-step gains 1.15x against bf16's 1.36x, too little to
-    repay a first run's compiling)."""
-    kind = resolve_engine_kind(cfg)
+def auto_compile(cfg: EngineConfig, model: nn.Module, precision: str,
+                 kind: EngineKind | None = None) -> tuple[bool, str]:
+    """What ``engine.compile="auto"`` means for ``model`` under ``kind`` (``None``: the kind
+    ``cfg`` resolves to), and why: compiled where it was measured to pay, a one-process run on a
+    CPU computing in bf16 with a model of at least :data:`AUTO_COMPILE_MIN_PARAMETERS` parameters
+    and a C++ compiler for inductor; eager elsewhere (a GPU and DeepSpeed's stages are not
+    measured yet; ZeRO-3 is slower; in fp32 a default-model meta-step gains 1.15x against bf16's
+    1.36x, too little to repay a first run's compiling)."""
+    kind = kind or resolve_engine_kind(cfg)
     if torch.cuda.is_available():
         return False, "compiling is measured to pay on a CPU only, and this run has a GPU"
-    if kind != "local":
-        return False, f"compiling is measured to pay in one local process only, not the {kind} engine"
+    if kind.distributed:
+        return False, f"compiling is measured to pay in one local process only, not the {kind.name} engine"
     if precision != "bf16":
         return False, f"compiling is measured to pay in bf16 only, and this run computes in {precision}"
     n = sum(p.numel() for p in model.parameters())
@@ -111,12 +62,13 @@ def auto_compile(cfg: EngineConfig, model: nn.Module, precision: str) -> tuple[b
     return True, f"one process on a CPU, {n / 1e6:.0f}M parameters, C++ compiler {compiler}"
 
 
-def should_compile(cfg: EngineConfig, model: nn.Module, precision: str) -> bool:
-    """``engine.compile`` resolved for ``model``: ``"auto"`` by :func:`auto_compile`, its
-    decision logged once per process."""
+def should_compile(cfg: EngineConfig, model: nn.Module, precision: str,
+                   kind: EngineKind | None = None) -> bool:
+    """``engine.compile`` resolved for ``model`` under ``kind``: ``"auto"`` by
+    :func:`auto_compile`, its decision logged once per process."""
     if cfg.compile != "auto":
         return bool(cfg.compile)
-    on, why = auto_compile(cfg, model, precision)
+    on, why = auto_compile(cfg, model, precision, kind)
     line = f"engine.compile=auto -> {str(on).lower()}: {why}"
     if line not in _AUTO_LOGGED:
         _AUTO_LOGGED.add(line)
@@ -124,8 +76,9 @@ def should_compile(cfg: EngineConfig, model: nn.Module, precision: str) -> bool:
     return on
 
 
-def compile_problems(cfg: EngineConfig) -> list[str]:
-    """Why ``engine.compile`` cannot run with the engine ``cfg`` resolves to (``[]`` if it can).
+def compile_problems(cfg: EngineConfig, kind: EngineKind | None = None) -> list[str]:
+    """Why ``engine.compile`` cannot run with ``kind`` (``None``: the kind ``cfg`` resolves to;
+    ``[]`` if it can).
 
     ZeRO-3 is refused: it gathers each sublayer's weights in module hooks that dynamo must not
     trace (DeepSpeed marks them ``torch.compiler.disable``), so every compiled decoder layer
@@ -145,33 +98,27 @@ def compile_problems(cfg: EngineConfig) -> list[str]:
             "g++), or set engine.compile=false (or auto, which stays eager without one)"
         ]
     try:
-        kind = resolve_engine_kind(cfg)
-        source = engine_ds_config(cfg)
-        if isinstance(source, str):
-            source = os.path.expanduser(source)
-        if kind == "local" or zero_stage(load_ds_config(source)) != 3:
+        ds = (kind or resolve_engine_kind(cfg)).deepspeed_source(cfg)
+        if ds is None:
+            return []
+        source = os.path.expanduser(ds.config) if isinstance(ds.config, str) else ds.config
+        if zero_stage(load_ds_config(source)) != 3:
             return []
     except (UserInputError, OSError, ValueError, TypeError, AttributeError):
         return []
-    if kind == "accelerate":
-        named, other = ("accelerate launch's DeepSpeed plugin",
-                        "an accelerate config file with deepspeed_config.zero_stage 0, 1 or 2")
-    else:
-        named = (f"engine.deepspeed_config={cfg.deepspeed_config!r}" if cfg.deepspeed_config
-                 else "the DeepSpeed engine's default (engine.deepspeed_config unset)")
-        other = "a ZeRO stage 0-2 JSON (engine.deepspeed_config=ds_configs/zero2.json)"
     return [
-        f"engine.compile=true cannot run with ZeRO stage 3, which {named} asks for: ZeRO-3 "
+        f"engine.compile=true cannot run with ZeRO stage 3, which {ds.named} asks for: ZeRO-3 "
         "gathers every sublayer's weights in hooks torch.compile cannot trace, so each compiled "
         "decoder layer splits into many small graphs and a meta-step ran 2.4x slower than "
-        f"eager; set engine.compile=false, or keep engine.compile=true with {other}"
+        f"eager; set engine.compile=false, or keep engine.compile=true with {ds.lower_stage}"
     ]
 
 
 def build_engine(
-    cfg: EngineConfig, model: nn.Module, optim_cfg: OuterOptimConfig, *, precision: str
+    cfg: EngineConfig, model: nn.Module, optim_cfg: OuterOptimConfig, *, precision: str,
+    kind: EngineKind | None = None,
 ) -> Engine:
-    """Wraps a peft model in the engine ``cfg`` asks for.
+    """Wraps a peft model in the engine of ``kind`` (``None``: the kind ``cfg`` resolves to).
 
     Args:
         cfg: the engine section (kind, DeepSpeed JSON, collective timeout).
@@ -179,6 +126,7 @@ def build_engine(
             on it by :func:`fmmeta.models.build_model_and_tokenizer`.
         optim_cfg: the outer optimizer, built identically by every engine.
         precision: ``"fp32"`` or ``"bf16"``.
+        kind: the run's resolved kind (:class:`~fmmeta.engine.factory.EngineFactory` passes it).
 
     Raises:
         ConfigError: ``engine.compile`` with ZeRO-3 (:func:`compile_problems`).
@@ -186,37 +134,16 @@ def build_engine(
     Example:
         >>> engine = build_engine(EngineConfig(kind="local"), peft_model, OuterOptimConfig(), precision="fp32")
     """
-    kind = resolve_engine_kind(cfg)
-    problems = compile_problems(cfg)  # also checked with the config; here for engines built in code
+    kind = kind or resolve_engine_kind(cfg)
+    problems = compile_problems(cfg, kind)  # also checked with the config; here for engines built in code
     if problems:
         raise ConfigError(problems)
-    if should_compile(cfg, model, precision):  # in place, before any wrapper: every later forward runs them
+    if should_compile(cfg, model, precision, kind):  # in place, before any wrapper: every later forward runs them
         compile_model(model)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    packs_here = kind == "local" and device == "cpu" and precision == "bf16"
+    packs_here = kind.packs_weights and device == "cpu" and precision == "bf16"
     if cfg.pack_weights and not packs_here:
         logger.warning("engine.pack_weights=true packs bf16 weights for the local engine on a CPU only; "
-                       "this run (%s engine, %s, %s) keeps plain matmuls", kind, device, precision)
-    if kind == "local":
-        from fmmeta.engine.local import LocalEngine
-
-        model = model.to(precision_dtype(precision))
-        if cfg.pack_weights and packs_here:
-            pack_frozen_linears(model)
-        return LocalEngine(model, optim_cfg, device=device)
-    backend = default_backend()
-    if kind == "accelerate":
-        from fmmeta.engine.accelerate_engine import build_accelerate_engine
-
-        return build_accelerate_engine(
-            model, optim_cfg, precision=precision, dist_backend=backend,
-            dist_timeout_s=cfg.collective_timeout_s,
-        )
-    from fmmeta.engine.deepspeed_engine import DeepSpeedEngine
-
-    return DeepSpeedEngine(
-        model, optim_cfg, engine_ds_config(cfg), precision=precision,
-        dist_backend=backend, dist_timeout_s=cfg.collective_timeout_s,
-    )
-
-
+                       "this run (%s engine, %s, %s) keeps plain matmuls", kind.name, device, precision)
+    return kind.build(EngineRequest(cfg, model, optim_cfg, precision=precision, device=device,
+                                    pack_weights=cfg.pack_weights and packs_here))

@@ -8,8 +8,9 @@ ZeRO-3's own partitions so that a re-gather does not bring back the last method'
 hand, each recipe (and the study) called these ZeRO internals in the right order, and another engine
 (FSDP, say) would have had to be wired into each of them. Here the order lives once: a recipe makes
 one factory from its config, and asks it to join the ranks, build the base, and make engines, each
-starting from a given adapter. A new engine is a new branch of :func:`build_engine` and, if it
-builds the base its own way, of :meth:`EngineFactory.build_base`; no recipe changes.
+starting from a given adapter. The factory resolves ``engine.kind`` once, to a registered
+:class:`~fmmeta.engine.kinds.EngineKind`, and every step asks that object; a new engine is one
+registered kind (:mod:`fmmeta.engine.kinds`), and no recipe changes.
 
 Example:
     >>> engines = EngineFactory(cfg.engine, cfg.optim, precision=cfg.precision)  # doctest: +SKIP
@@ -28,8 +29,9 @@ import torch
 from torch import nn
 
 from fmmeta.config import EngineConfig, ModelConfig
-from fmmeta.engine.build import build_engine, resolve_engine_kind
+from fmmeta.engine.build import build_engine
 from fmmeta.engine.distributed import check_same_on_every_rank, default_backend, init_distributed
+from fmmeta.engine.kinds import EngineKind, resolve_engine_kind
 from fmmeta.engine.optim import OuterOptimConfig
 from fmmeta.engine.partition import PartitionedBuild, partitioned_build
 from fmmeta.engine.protocol import Engine
@@ -43,28 +45,28 @@ class EngineFactory:
     """Joins the ranks, builds the base the engine's way and makes engines, for one run.
 
     Args:
-        cfg: the engine section (``engine.kind`` is resolved from the launch here, once).
+        cfg: the engine section (``engine.kind`` is resolved here, once, to :attr:`kind`).
         optim_cfg: the outer optimizer every engine builds.
         precision: ``"fp32"`` or ``"bf16"``.
 
     Raises:
         UserInputError: the launch contradicts the config (see
-            :func:`fmmeta.engine.build.resolve_engine_kind`).
+            :func:`fmmeta.engine.kinds.resolve_engine_kind`), or names no registered kind.
     """
 
     def __init__(self, cfg: EngineConfig, optim_cfg: OuterOptimConfig, *, precision: str) -> None:
         self.cfg = cfg
         self.optim_cfg = optim_cfg
         self.precision = precision
-        self.kind = resolve_engine_kind(cfg)
+        self.kind: EngineKind = resolve_engine_kind(cfg)
         # Under ZeRO-3: what keeps transformers' ZeRO-3 integration on; it must outlive the model.
         self._partitioned: PartitionedBuild | None = None
 
     @property
     def distributed(self) -> bool:
-        """Whether the run's ranks are separate processes that meet in collectives (every engine
-        but the local one, even with one rank)."""
-        return self.kind != "local"
+        """Whether the run's ranks are separate processes that meet in collectives (the kind says
+        so: every built-in kind but the local engine, even with one rank)."""
+        return self.kind.distributed
 
     def join(self, config: dict[str, Any] | None = None) -> int:
         """Joins the other ranks (when :attr:`distributed`) and returns this rank.
@@ -90,7 +92,7 @@ class EngineFactory:
             DSConfigError: the DeepSpeed config conflicts with the recipe (the check every engine
                 makes later, now before any weight is loaded).
         """
-        self._partitioned = partitioned_build(self.cfg, self.optim_cfg, precision=self.precision)
+        self._partitioned = partitioned_build(self.cfg, self.optim_cfg, precision=self.precision, kind=self.kind)
         return build_model_and_tokenizer(model_cfg, partitioned=self._partitioned)
 
     def reset_adapter(self, model: nn.Module, initial: Sequence[torch.Tensor]) -> None:
@@ -108,4 +110,4 @@ class EngineFactory:
         """
         if initial is not None:
             self.reset_adapter(model, initial)
-        return build_engine(self.cfg, model, self.optim_cfg, precision=self.precision)
+        return build_engine(self.cfg, model, self.optim_cfg, precision=self.precision, kind=self.kind)

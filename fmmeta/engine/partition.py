@@ -41,6 +41,7 @@ from fmmeta.engine.ds_config import (
     resolve_ds_config,
     zero_stage,
 )
+from fmmeta.engine.kinds import EngineKind, resolve_engine_kind
 from fmmeta.engine.optim import OuterOptimConfig
 from fmmeta.engine.zero import held_elements, is_zero3_param, write_partition
 
@@ -143,9 +144,10 @@ def _return_large_frees_to_the_os() -> None:
 
 
 def partitioned_build(
-    cfg: EngineConfig, optim_cfg: OuterOptimConfig, *, precision: str
+    cfg: EngineConfig, optim_cfg: OuterOptimConfig, *, precision: str, kind: EngineKind | None = None
 ) -> PartitionedBuild | None:
-    """A :class:`PartitionedBuild` if the engine ``cfg`` resolves to uses ZeRO-3, else ``None``.
+    """A :class:`PartitionedBuild` if ``kind`` (``None``: the kind ``cfg`` resolves to) runs
+    under ZeRO-3, else ``None``.
 
     Call it on every rank, after the process group is up and before building the model.
 
@@ -153,12 +155,12 @@ def partitioned_build(
         DSConfigError: the DeepSpeed config conflicts with the recipe (the same check the engine
             makes later, now before any weight is loaded).
     """
-    from fmmeta.engine.build import engine_ds_config, resolve_engine_kind
     from fmmeta.engine.distributed import default_backend, init_distributed
 
-    if resolve_engine_kind(cfg) == "local":
+    ds = (kind or resolve_engine_kind(cfg)).deepspeed_source(cfg)
+    if ds is None:
         return None
-    source = load_ds_config(engine_ds_config(cfg))
+    source = load_ds_config(ds.config)
     if zero_stage(source) != 3:
         return None
     backend = default_backend()

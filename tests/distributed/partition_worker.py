@@ -138,8 +138,8 @@ def main() -> None:
     from safetensors.torch import load_file, save_file
 
     from fmmeta.config import EngineConfig, ModelConfig
-    from fmmeta.engine.build import DEFAULT_DS_CONFIG
     from fmmeta.engine.deepspeed_engine import DeepSpeedEngine
+    from fmmeta.engine.kinds import DEFAULT_DS_CONFIG
     from fmmeta.engine.optim import OuterOptimConfig
     from fmmeta.engine.partition import partitioned_build
     from fmmeta.engine.zero import scatter_adapter

@@ -30,14 +30,14 @@ def test_several_bare_copies_are_refused_with_the_fix(monkeypatch: pytest.Monkey
 
 def test_the_recipe_refuses_them_even_for_a_local_engine(monkeypatch: pytest.MonkeyPatch) -> None:
     from fmmeta.config import EngineConfig
-    from fmmeta.engine.build import resolve_engine_kind
+    from fmmeta.engine.kinds import resolve_engine_kind
 
-    assert resolve_engine_kind(EngineConfig(kind="local")) == "local"
+    assert resolve_engine_kind(EngineConfig(kind="local")).name == "local"
     monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "4")  # `srun -n 4 python recipes/train.py`
     with pytest.raises(RuntimeError, match="srun started 4 copies"):
         resolve_engine_kind(EngineConfig(kind="local"))
     monkeypatch.setenv("WORLD_SIZE", "4")  # srun around a launcher: its workers know their world
-    assert resolve_engine_kind(EngineConfig(kind="local")) == "local"
+    assert resolve_engine_kind(EngineConfig(kind="local")).name == "local"
 
 
 def test_world_size_without_a_launcher_is_a_message(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -75,7 +75,7 @@ def test_an_accelerator_the_machine_lacks_is_refused_for_every_engine(monkeypatc
     import torch
 
     from fmmeta.config import EngineConfig
-    from fmmeta.engine.build import resolve_engine_kind
+    from fmmeta.engine.kinds import resolve_engine_kind
     from fmmeta.errors import UserInputError
 
     monkeypatch.setenv("DS_ACCELERATOR", "cuda")
@@ -86,10 +86,10 @@ def test_an_accelerator_the_machine_lacks_is_refused_for_every_engine(monkeypatc
                                                  r"GPU \(CUDA_VISIBLE_DEVICES=''\).*set DS_ACCELERATOR=cpu"):
             resolve_engine_kind(EngineConfig(kind=kind))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert resolve_engine_kind(EngineConfig(kind="local")) == "local"
+    assert resolve_engine_kind(EngineConfig(kind="local")).name == "local"
     monkeypatch.setenv("DS_ACCELERATOR", "gpu")
     with pytest.raises(UserInputError, match=r"DS_ACCELERATOR='gpu' is not an accelerator DeepSpeed "
                                              r"knows: use .*\(cuda for NVIDIA GPUs, cpu\)"):
         resolve_engine_kind(EngineConfig(kind="local"))
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
-    assert resolve_engine_kind(EngineConfig(kind="local")) == "local"
+    assert resolve_engine_kind(EngineConfig(kind="local")).name == "local"
