@@ -51,6 +51,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from fmmeta.algorithms.answer_loss import unwrap_causal_lm
+
 __all__ = ["ModelShape", "PassSize", "attended_keys", "head_positions", "model_shape", "pass_flops",
            "pass_size"]
 
@@ -146,19 +148,6 @@ def pass_size(input_ids: torch.Tensor, *, position_ids: torch.Tensor | None = No
                     head=int(head_positions(input_ids, logits_to_keep)), backward=backward)
 
 
-def _causal_lm(model: nn.Module) -> Any:
-    """The causal LM under framework wrappers (``.module``) and peft (``get_base_model``)."""
-    inner: Any = model
-    for _ in range(4):
-        if hasattr(inner, "get_base_model"):
-            inner = inner.get_base_model()
-        elif isinstance(getattr(inner, "module", None), nn.Module):
-            inner = inner.module
-        else:
-            break
-    return inner
-
-
 def _linears_seen(model: nn.Module) -> dict[str, tuple[nn.Linear, bool, bool]]:
     """Every linear layer a tiny forward with gradients enabled runs, with whether its input and
     its output needed a gradient (eval mode, so no dropout draws a random number; eager, so
@@ -187,7 +176,7 @@ def model_shape(model: nn.Module) -> ModelShape:
     """The shape facts of a (peft-wrapped) causal LM with its trainable tensors as they are now:
     sizes from its config, weights and gradient flow from one tiny forward (:func:`_linears_seen`;
     weights unpartitioned, not under ZeRO-3)."""
-    lm = _causal_lm(model)
+    lm = unwrap_causal_lm(model)
     config = lm.config
     seen = _linears_seen(model)
     head = lm.get_output_embeddings()

@@ -24,7 +24,7 @@ DUMMY_PASS_TOKENS = 2
 _LOGITS_TO_KEEP: dict[type, str] = {}
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
+def unwrap_causal_lm(model: nn.Module) -> nn.Module:
     """The causal LM under framework wrappers (DeepSpeedEngine/DDP: ``.module``) and peft."""
     inner: Any = model  # wrappers expose the wrapped model under several names
     for _ in range(4):
@@ -40,7 +40,7 @@ def _unwrap(model: nn.Module) -> nn.Module:
 def _logits_to_keep_kind(model: nn.Module) -> str:
     """How the model takes ``logits_to_keep`` (cached per class): ``"mask"`` (a 2D boolean mask,
     through transformers' ``slice_logits_to_keep``), ``"index"`` (a 1D index tensor) or ``""``."""
-    cls = type(_unwrap(model))
+    cls = type(unwrap_causal_lm(model))
     if cls not in _LOGITS_TO_KEEP:
         kind = ""
         try:
@@ -154,7 +154,7 @@ def check_lines(model: nn.Module) -> None:
     Raises:
         ValueError: if the second example's logits depend on the first.
     """
-    config = getattr(_unwrap(model), "config", None)
+    config = getattr(unwrap_causal_lm(model), "config", None)
     vocab = int(getattr(config, "vocab_size", 0) or 8)
     device = next(model.parameters()).device
     positions = torch.tensor([[0, 1, 2, 0, 1]], device=device)
@@ -173,7 +173,7 @@ def check_lines(model: nn.Module) -> None:
     if change > 1e-3 * (1.0 + float(after[0].abs().max())):
         raise ValueError(
             f"algorithm.padding_free=true needs a model that keeps packed examples apart, but "
-            f"{type(_unwrap(model)).__name__} lets an example attend to the one before it in its "
+            f"{type(unwrap_causal_lm(model)).__name__} lets an example attend to the one before it in its "
             f"line (its logits moved by {change:.3g} when that one changed); set "
             "algorithm.padding_free: false for this model"
         )
