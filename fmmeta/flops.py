@@ -176,7 +176,7 @@ def model_shape(model: nn.Module) -> ModelShape:
     """The shape facts of a (peft-wrapped) causal LM with its trainable tensors as they are now:
     sizes from its config, weights and gradient flow from one tiny forward (:func:`_linears_seen`;
     weights unpartitioned, not under ZeRO-3)."""
-    lm = unwrap_causal_lm(model)
+    lm: Any = unwrap_causal_lm(model)  # its config and heads are read by name
     config = lm.config
     seen = _linears_seen(model)
     head = lm.get_output_embeddings()
