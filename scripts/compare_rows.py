@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
             cell = result.summary()[method].get(family, {}).get(step)
             if cell is None:
                 continue
-            acc, loss = cell.accuracy_interval, cell.loss_interval
+            acc, loss = cell.interval("accuracy"), cell.interval("loss")
             print(f"| {method} | {step} | {acc.estimate:.3f} [{acc.low:.3f}, {acc.high:.3f}] "
                   f"(n={acc.n}) | {loss.estimate:.3f} |")
             rows["rows"][method] = {"step": step, "accuracy": dataclasses.asdict(acc),
@@ -97,11 +97,11 @@ def main(argv: list[str] | None = None) -> int:
             diff = result.compare(method, baseline, family)
             if diff is None:
                 continue
-            mark = " (excludes 0)" if diff.accuracy.excludes_zero else ""
-            print(f"\n{method} - {baseline}: accuracy {_cell(diff.accuracy)}{mark}, "
-                  f"loss {_cell(diff.loss)}")
-            rows["pairs"][f"{method}:{baseline}"] = {"accuracy": dataclasses.asdict(diff.accuracy),
-                                                     "loss": dataclasses.asdict(diff.loss)}
+            d_acc, d_loss = diff.interval("accuracy"), diff.interval("loss")
+            mark = " (excludes 0)" if d_acc.excludes_zero else ""
+            print(f"\n{method} - {baseline}: accuracy {_cell(d_acc)}{mark}, loss {_cell(d_loss)}")
+            rows["pairs"][f"{method}:{baseline}"] = {"accuracy": dataclasses.asdict(d_acc),
+                                                     "loss": dataclasses.asdict(d_loss)}
     print(json.dumps(out))
     return 0
 

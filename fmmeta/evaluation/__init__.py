@@ -10,8 +10,11 @@
 * ``prefix_tree``: query sets laid out as token tries, each shared prefix encoded once.
 * :class:`EvalMethod` (``methods``): what one row of the report is and how it is scored;
   :class:`EvalSettings` (``settings``): what the protocol holds fixed for every row.
-* :class:`EvalResult` (``result``): the records, mean and worst case over seeds, paired
-  differences between methods on the same episodes.
+* :class:`Metric` (``metrics``): what is measured, one registered object per metric
+  (:func:`register_metric`): how an episode computes it, how it aggregates, whether higher is
+  better, which episode kinds it applies to; everything below takes every registered metric.
+* :class:`EvalResult` (``result``, ``summary``): the records, mean and worst case over seeds,
+  paired differences between methods on the same episodes.
 * ``lockstep``: the episodes split over ranks, every rank running the same passes.
 * :func:`bootstrap_interval` (``intervals``): stratified (by task) bootstrap intervals.
 * :func:`write_report` (``report``): ``eval.json``, ``eval.md`` and PNG plots.
@@ -25,6 +28,7 @@ from fmmeta.evaluation.adaptation import AdaptPlan
 from fmmeta.evaluation.held_out import evaluate_held_out, evaluate_methods, select_inner_lr
 from fmmeta.evaluation.intervals import Interval, bootstrap_interval
 from fmmeta.evaluation.methods import IN_CONTEXT, EvalMethod
+from fmmeta.evaluation.metrics import METRICS, Metric, register_metric
 from fmmeta.evaluation.report import (
     format_markdown,
     plot_adaptation_curves,
@@ -45,6 +49,9 @@ from fmmeta.evaluation.support_fit import FitPoint, support_fit
 
 __all__ = [
     "IN_CONTEXT",
+    "METRICS",
+    "Metric",
+    "register_metric",
     "AdaptPlan",
     "Comparison",
     "EpisodeRecord",

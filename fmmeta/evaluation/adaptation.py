@@ -30,9 +30,10 @@ from fmmeta.tasks.episode import Episode
 
 _T = TypeVar("_T")
 
-Scored = list[tuple[int, float, float, int, float | None]]
-"""``(step, loss, accuracy, n, accuracy_per_token)`` per scored adaptation step of one episode
-(the last is ``None`` for generation, see :class:`~fmmeta.evaluation.scoring.QueryScore`)."""
+Scored = list[tuple[int, QueryScore]]
+"""``(step, score)`` per scored adaptation step of one episode: the query set's
+:class:`~fmmeta.evaluation.scoring.QueryScore`, every metric's input
+(:mod:`fmmeta.evaluation.metrics`)."""
 
 
 SUPPORT_PASS_TOKENS = 2048
@@ -170,7 +171,7 @@ def _route(lora: TaskLoRA) -> Callable[[torch.Tensor], None]:
 def _score(
     model: nn.Module, lora: TaskLoRA, episodes: Sequence[Episode], micro_batch_size: int,
     lockstep: Lockstep, icl_max_length: int | None,
-) -> list[tuple[float, float, int, float | None]]:
+) -> list[QueryScore]:
     """Scores the episodes' queries as they are now, episode ``g`` through fast weights ``g``:
     plain, or with the support in context when ``icl_max_length`` is given (no episodes: a rank
     with nothing left runs dummy passes)."""
@@ -184,7 +185,7 @@ def _score(
             lora.rows = None  # the lockstep's dummy passes that may follow are one row of task 0
 
     s = lockstep.score(score_passes(sets, micro_batch_size=micro_batch_size), score if sets else None)
-    return [(q.loss, q.accuracy, q.n, q.accuracy_per_token) for q in s or []]
+    return list(s or [])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -227,7 +228,7 @@ def adapt_and_score(
     task_lrs: Sequence[float] | None = None,
 ) -> list[Scored]:
     """Adapts the episodes together, step by step from ``start``, as ``plan`` says; returns per
-    episode ``(step, loss, accuracy, n, accuracy_per_token)`` per scored step.
+    episode ``(step, score)`` per scored step (:data:`Scored`).
 
     One inner optimizer carries the trajectories across the steps (:func:`adapting`), so stepping
     and scoring in between gives exactly the weights of ``steps`` steps in a row. No episodes
@@ -253,7 +254,7 @@ def adapt_and_score(
             if score_steps is None or step in score_steps or step == steps:
                 scored = _score(model, lora, episodes, plan.micro_batch_size, lockstep, plan.icl_max_length)
                 for o, sc in zip(out, scored):
-                    o.append((step, *sc))
+                    o.append((step, sc))
     return out
 
 

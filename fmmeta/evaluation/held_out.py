@@ -46,6 +46,7 @@ from fmmeta.algorithms.task_lora import TaskLoRA
 from fmmeta.evaluation.adaptation import AdaptPlan, Scored, adapt_and_score, by_length, groups_of
 from fmmeta.evaluation.lockstep import Lockstep, OneRank, Ranks, per_method
 from fmmeta.evaluation.methods import EvalMethod, MethodSpec, needs_lr, prepare_methods
+from fmmeta.evaluation.metrics import metrics_of
 from fmmeta.evaluation.result import EpisodeRecord, EvalResult, LrSelection, chance_of, kind_of
 from fmmeta.evaluation.settings import EvalSettings
 from fmmeta.progress import Progress
@@ -117,11 +118,11 @@ def _records(method: str, flat: list[tuple[int, int, Episode]], order: list[int]
     return [
         EpisodeRecord(
             method=method, seed=seed, episode=i, task=ep.task, kind=kind_of(ep),
-            family=families.get(ep.task, ""), step=step, loss=loss, accuracy=acc, n=n,
-            accuracy_per_token=acc_tok, chance=chance_of(ep),
+            family=families.get(ep.task, ""), step=step, metrics=metrics_of(score, kind_of(ep)), n=score.n,
+            chance=chance_of(ep),
         )
         for (seed, i, ep), sc in zip(flat, scored)
-        for step, loss, acc, n, acc_tok in sc
+        for step, score in sc
     ]
 
 
@@ -147,7 +148,7 @@ def _final_losses(model: nn.Module, lora: TaskLoRA, params: Sequence[torch.Tenso
     scored = adapt_and_score(model, lora, params, start, [ep for _, ep in group or []], steps=steps,
                              score_steps=(), task_lrs=[lr for lr, _ in group or []] if steps else None,
                              **kwargs)
-    return [sc[0][1] for sc in scored]
+    return [sc[0][1].loss for sc in scored]
 
 
 def evaluate_methods(

@@ -1,9 +1,12 @@
 """The evaluation report a person reads: ``eval.json``, ``eval.md`` and PNG plots.
 
 ``eval.json`` holds everything (summary and per-episode records) for machines; ``eval.md`` holds,
-per family, a method x adaptation-steps table of accuracy and one of loss, each cell
-``mean [95% interval] (worst seed)``, and paired differences against the baselines; the plots show held-out query accuracy against adaptation steps per
-method, and the meta-training curves from ``metrics.jsonl``. Plots use matplotlib's Agg backend
+per family, a method x adaptation-steps table of every registered metric the family's episodes
+carry (:mod:`fmmeta.evaluation.metrics`: accuracy, loss, multiple choice's per-token accuracy,
+and any metric registered since), each cell ``mean [95% interval] (worst seed)``, and paired
+differences against the baselines; the headline and the plots read the headline metric
+(:data:`~fmmeta.evaluation.metrics.HEADLINE`, accuracy): the plots show held-out query accuracy
+against adaptation steps per method, and the meta-training curves from ``metrics.jsonl``. Plots use matplotlib's Agg backend
 (no display needed) through an explicit ``Figure``, so importing this module changes no global state.
 """
 
@@ -18,8 +21,9 @@ from typing import TYPE_CHECKING
 from fmmeta.atomic import replace_bytes, replace_text
 from fmmeta.evaluation.intervals import N_BOOTSTRAP, Interval
 from fmmeta.evaluation.methods import IN_CONTEXT, MULTITASK
+from fmmeta.evaluation.metrics import HEADLINE, METRICS
 from fmmeta.evaluation.replicated import Replicated
-from fmmeta.evaluation.result import KINDS, MULTIPLE_CHOICE, OVERALL, Comparison, EvalResult
+from fmmeta.evaluation.result import KINDS, OVERALL, Comparison, EvalResult
 from fmmeta.strict_json import dumps_strict, read_json_lines
 
 if TYPE_CHECKING:
@@ -45,15 +49,15 @@ def _interval(i: Interval, signed: bool = False) -> str:
 
 
 def _difference(c: Comparison | None, metric: str) -> str:
-    if c is None:
+    if c is None or metric not in c.metrics:
         return "-"
-    i: Interval = getattr(c, metric)
+    i = c.interval(metric)
     text = _interval(i, signed=True)
     return f"**{text}**" if i.excludes_zero else text
 
 
 def format_markdown(result: EvalResult) -> str:
-    """The markdown report: settings, accuracy and loss tables per family, paired differences.
+    """The markdown report: settings, a table per metric per family, paired differences.
 
     Each table has one row per method and one column per adaptation step; a cell reads
     ``mean [95% interval] (worst seed)``. Methods that do not adapt have a step-0 cell only. The
@@ -61,7 +65,7 @@ def format_markdown(result: EvalResult) -> str:
     with in-context demonstrations on the same episodes; bold marks intervals that exclude 0.
     """
     return "\n".join(["# Held-out evaluation", "", *_headline(result), *_settings(result),
-                      *_differences(result), *_score_tables(result), *_per_token(result),
+                      *_differences(result), *_score_tables(result),
                       *_lr_selection(result)])
 
 
@@ -83,7 +87,7 @@ def _headline(result: EvalResult) -> list[str]:
     # in_context - multitask left out as the mirror of multitask - in_context.
     families = [f for f in KINDS if f in result.families()] or [OVERALL]
     comparisons = [c for c in result.comparisons() if c.family in families and c.method != "base"
-                   and (c.method, c.baseline) != (IN_CONTEXT, MULTITASK)]
+                   and (c.method, c.baseline) != (IN_CONTEXT, MULTITASK) and HEADLINE in c.metrics]
     comparisons.sort(key=lambda c: families.index(c.family))
     r = result.n_replicates
     if r > 1:
@@ -104,20 +108,20 @@ def _headline(result: EvalResult) -> list[str]:
     lines += _out_of_format(full)
     if not comparisons:
         return lines
-    holds = [c for c in comparisons if c.accuracy.excludes_zero]
-    lines += ["Holds (accuracy, the 95% interval excludes 0):"
+    holds = [c for c in comparisons if c.interval(HEADLINE).excludes_zero]
+    lines += [f"Holds ({HEADLINE}, the 95% interval excludes 0):"
               + ("" if holds else " none."), *(f"- {_sentence(c)}" for c in holds), ""]
     lines += [
-        "| accuracy difference | family | estimate [95%] | replicates for / against | holds | "
+        f"| {HEADLINE} difference | family | estimate [95%] | replicates for / against | holds | "
         "SD training / episode | resolvable at 80% power | to resolve 0.05 |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for c in comparisons:
-        rep = c.accuracy_replicated
+        rep = c.replicated(HEADLINE)
         favour = f"{rep.favour[0]} / {rep.favour[1]}" if r > 1 else "-"
         training = "-" if rep.between_replicates is None else f"{rep.between_replicates ** 0.5:.3f}"
-        lines.append(f"| {c.method} - {c.baseline} | {c.family} | {_interval(c.accuracy, signed=True)} | "
-                     f"{favour} | {'yes' if c.accuracy.excludes_zero else 'no'} | "
+        lines.append(f"| {c.method} - {c.baseline} | {c.family} | {_interval(rep.interval, signed=True)} | "
+                     f"{favour} | {'yes' if rep.interval.excludes_zero else 'no'} | "
                      f"{training} / {rep.between_episodes ** 0.5:.3f} | "
                      f"{rep.resolvable():.3f}{'' if r > 1 else ' (episodes only)'} | {_to_resolve(rep)} |")
     lines += ["", "SD training / episode: the standard deviations of a replicate's effect (training: "
@@ -134,23 +138,25 @@ def _out_of_format(result: EvalResult) -> list[str]:
     """Every method against the base model on the held-out families of a format no meta-training
     task has, apart from the rest: the held-out tasks above share the suite's templates and label
     words, and a method that leads there can trail the base model on a user's own format."""
-    shifted = result.against_base()
+    shifted = [c for c in result.against_base() if HEADLINE in c.metrics]
     if not shifted:
         return []
     lines = [f"Out of format ({', '.join(result.format_shift)}: a template and label words no meta-training task "
-             "has), each method against the base model, accuracy (the comparisons below leave these tasks out):", ""]
+             f"has), each method against the base model, {HEADLINE} (the comparisons below leave these tasks "
+             "out):", ""]
     lines += ["| method - base | family | estimate [95%] | holds |", "|---|---|---|---|"]
-    lines += [f"| {c.method} | {c.family} | {_interval(c.accuracy, signed=True)} | "
-              f"{('yes, ' + ('above' if c.accuracy.estimate > 0 else 'below')) if c.accuracy.excludes_zero else 'no'} |"
-              for c in shifted]
+    for c in shifted:
+        i = c.interval(HEADLINE)
+        holds = ("yes, " + ("above" if i.estimate > 0 else "below")) if i.excludes_zero else "no"
+        lines.append(f"| {c.method} | {c.family} | {_interval(i, signed=True)} | {holds} |")
     return [*lines, ""]
 
 
 def _sentence(c: Comparison) -> str:
-    rep = c.accuracy_replicated
-    side = "above" if c.accuracy.estimate > 0 else "below"
+    rep = c.replicated(HEADLINE)
+    side = "above" if rep.interval.estimate > 0 else "below"
     votes = (f", {max(rep.favour)} of {rep.replicates} replicates agree" if rep.replicates > 1 else "")
-    return f"{c.method} {side} {c.baseline} on {c.family}: {_interval(c.accuracy, signed=True)}{votes}"
+    return f"{c.method} {side} {c.baseline} on {c.family}: {_interval(rep.interval, signed=True)}{votes}"
 
 
 def _to_resolve(rep: Replicated) -> str:
@@ -169,14 +175,16 @@ def _settings(result: EvalResult) -> list[str]:
            else f"the variance between its {result.n_replicates} replicates and between episodes (a Student-t "
            "interval, docs/evaluation.md)")
     scored = result.scored_steps()
+    present = {name for r in result.records for name in r.metrics}
     at = "" if scored == list(range(result.max_steps + 1)) else f" (scored after {scored})"
     lines = [
         f"Seeds (episode draws): {result.n_seeds}. Adaptation: {result.inner.inner_optimizer}, "
         f"clip norm {result.inner.inner_clip_norm}, 0..{result.max_steps} steps on the support set{at}; "
         f"cells are `mean [95% interval] (worst seed)`: the mean over episodes, its interval from "
-        f"{how}, and the worst seed-mean (lowest accuracy, highest loss). Every method is scored "
-        "on the same episodes. Accuracy: verbalizer ranking (classification), exact match "
-        "(generation).",
+        f"{how}, and the worst seed value (the lowest of a metric where higher is better, the highest "
+        "of one where lower is). Every method is scored on the same episodes. Metrics: "
+        + "; ".join(f"{m.name}, {m.description or 'registered'} ({'higher' if m.higher_is_better else 'lower'} "
+                    "is better)" for m in METRICS.values() if m.name in present) + ".",
         "",
     ]
     if result.notes:
@@ -209,24 +217,28 @@ def _differences(result: EvalResult) -> list[str]:
         "## Paired differences at each method's headline step",
         "",
         "A method's headline step is the most adaptation steps it was scored at (0 for methods "
-        "that do not adapt). Accuracy differences above 0 and loss differences below 0 favour "
-        "the method; **bold**: the 95% interval excludes 0.",
+        "that do not adapt). Differences above 0 favour the method in "
+        + ", ".join(m.name for m in METRICS.values() if m.higher_is_better) + "; below 0 in "
+        + ", ".join(m.name for m in METRICS.values() if not m.higher_is_better)
+        + "; **bold**: the 95% interval excludes 0.",
         "",
     ]
     for fam in result.families():
-        cols = [f"{metric} vs {b}" for metric in ("accuracy", "loss") for b in baselines]
+        present = {name for c in comparisons.values() if c.family == fam for name in c.metrics}
+        names = [name for name in METRICS if name in present]
+        cols = [f"{metric} vs {b}" for metric in names for b in baselines]
         lines += [f"### {fam}", "", "| method | " + " | ".join(cols) + " |",
                   "|---|" + "---|" * len(cols)]
         for m in result.methods:
             cells = [_difference(comparisons.get((m, b, fam)) if m != b else None, metric)
-                     for metric in ("accuracy", "loss") for b in baselines]
+                     for metric in names for b in baselines]
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
         lines.append("")
     return lines
 
 
 def _score_tables(result: EvalResult) -> list[str]:
-    """Per family, a method x adaptation-steps table of accuracy and one of loss."""
+    """Per family, a method x adaptation-steps table of every registered metric its cells have."""
     steps = result.scored_steps()
     summary = result.summary()
     header = "| method | " + " | ".join(f"{s} step{'' if s == 1 else 's'}" for s in steps) + " |"
@@ -234,7 +246,8 @@ def _score_tables(result: EvalResult) -> list[str]:
     lines: list[str] = []
     for fam in result.families():
         n_eps = max((c.n_episodes for m in summary.values() for c in m.get(fam, {}).values()), default=0)
-        for metric in ("accuracy", "loss"):
+        present = {name for m in summary.values() for c in m.get(fam, {}).values() for name in c.metrics}
+        for metric in (name for name in METRICS if name in present):
             lines += [f"## {fam}: query {metric} ({n_eps} episodes)", "", header, rule]
             for m in result.methods:
                 cells = []
@@ -242,34 +255,12 @@ def _score_tables(result: EvalResult) -> list[str]:
                     cell = summary.get(m, {}).get(fam, {}).get(s)
                     cells.append(
                         "-"
-                        if cell is None
-                        else f"{_interval(getattr(cell, metric + '_interval'))} "
-                        f"({_fmt(getattr(cell, metric + '_worst'))})"
+                        if cell is None or metric not in cell.metrics
+                        else f"{_interval(cell.interval(metric))} ({_fmt(cell.worst(metric))})"
                     )
                 lines.append(f"| {m} | " + " | ".join(cells) + " |")
             lines.append("")
     return lines
-
-
-def _per_token(result: EvalResult) -> list[str]:
-    """Multiple choice's second accuracy: options ranked by mean log-probability per token
-    (lm-eval-harness's length-normalised variant), method x step, mean over episodes."""
-    records = [r for r in result.records if r.kind == MULTIPLE_CHOICE and r.accuracy_per_token is not None]
-    if not records:
-        return []
-    steps = result.scored_steps()
-    cells: dict[tuple[str, int], list[float]] = {}
-    for r in records:
-        cells.setdefault((r.method, r.step), []).append(float(r.accuracy_per_token or 0.0))
-    lines = [f"## {MULTIPLE_CHOICE}: accuracy with options ranked per token", "",
-             "The tables above rank a question's options by their summed log-probability (the "
-             "headline); here by the mean per option token. Mean over episodes.", "",
-             "| method | " + " | ".join(f"{s} step{'' if s == 1 else 's'}" for s in steps) + " |",
-             "|---|" + "---|" * len(steps)]
-    for m in result.methods:
-        values = [cells.get((m, s)) for s in steps]
-        lines.append(f"| {m} | " + " | ".join("-" if v is None else _fmt(sum(v) / len(v)) for v in values) + " |")
-    return [*lines, ""]
 
 
 def _lr_selection(result: EvalResult) -> list[str]:
@@ -330,15 +321,15 @@ def plot_adaptation_curves(result: EvalResult, path: str | Path) -> Path:
                 continue
             color = f"C{i % 10}"
             if list(cells) == [0]:  # does not adapt: one score, drawn across
-                ax.axhline(cells[0].accuracy_mean, color=color, linestyle="--", label=m)
+                ax.axhline(cells[0].mean(HEADLINE), color=color, linestyle="--", label=m)
                 continue
             xs = [s for s in steps if s in cells]
-            ax.plot(xs, [cells[s].accuracy_mean for s in xs], color=color, marker="o", label=m)
-            ax.plot(xs, [cells[s].accuracy_worst for s in xs], color=color, linestyle=":")
+            ax.plot(xs, [cells[s].mean(HEADLINE) for s in xs], color=color, marker="o", label=m)
+            ax.plot(xs, [cells[s].worst(HEADLINE) for s in xs], color=color, linestyle=":")
         ax.plot([], [], color="gray", linestyle=":", label="worst seed")
         ax.set_title(f"{fam} (held-out)")
         ax.set_xlabel("adaptation steps")
-        ax.set_ylabel("query accuracy")
+        ax.set_ylabel(f"query {HEADLINE}")
         ax.set_xticks(steps)
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)

@@ -1,8 +1,11 @@
 """What a held-out evaluation found: per-episode records, their summary over seeds, paired
 differences between methods, and how the adaptation lrs were chosen (:class:`EvalResult`).
 
-Summaries are the mean over seeds and the worst seed (the lowest seed-mean accuracy, the highest
-seed-mean loss), per family (classification / generation, the suite's task families) and overall;
+Every metric is one registered object (:mod:`fmmeta.evaluation.metrics`); records carry them by
+name and the summary, the comparisons and their intervals take every registered metric alike
+(:mod:`fmmeta.evaluation.summary`). Summaries are the mean over seeds and the worst seed (the
+lowest seed value of a metric where higher is better, such as accuracy, the highest of one where
+lower is, such as loss), per family (classification / generation, the suite's task families) and overall;
 within a seed every episode weighs the same (its own loss is per answer token). With one training
 replicate, intervals are stratified bootstraps over episodes (:mod:`fmmeta.evaluation.intervals`),
 which hold the trained adapters fixed; with several (``train.replicates``), every replicate is
@@ -19,17 +22,23 @@ from typing import Any, Sequence
 import numpy as np
 
 from fmmeta.algorithms.config import InnerLoopConfig
-from fmmeta.evaluation.intervals import Interval
 from fmmeta.evaluation.methods import BASE, IN_CONTEXT, MULTITASK
-from fmmeta.evaluation.replicated import Replicated, replicated_interval
+from fmmeta.evaluation.metrics import CLASSIFICATION, GENERATION, HEADLINE, KINDS, MULTIPLE_CHOICE
+from fmmeta.evaluation.replicated import replicated_interval
+from fmmeta.evaluation.summary import (
+    OVERALL,
+    Comparison,
+    EpisodeRecord,
+    Key,
+    MetricCell,
+    MetricSummary,
+    key_of,
+    matrix,
+    paired,
+    summarise,
+)
 from fmmeta.tasks.episode import Episode
 
-CLASSIFICATION = "classification"
-MULTIPLE_CHOICE = "multiple_choice"
-GENERATION = "generation"
-OVERALL = "overall"
-KINDS: tuple[str, ...] = (CLASSIFICATION, MULTIPLE_CHOICE, GENERATION)
-"""The task kinds, in the order reports list them."""
 FAMILIES: tuple[str, ...] = (*KINDS, OVERALL)
 
 
@@ -49,113 +58,6 @@ def chance_of(episode: Episode) -> float | None:
     if episode.query[0].options is None:
         return None
     return float(np.mean([1.0 / len(ex.options or ()) for ex in episode.query]))
-
-
-@dataclass(frozen=True, kw_only=True)
-class EpisodeRecord:
-    """One method's score on one held-out episode after ``step`` adaptation steps.
-
-    Attributes:
-        method: method name.
-        seed: index of the episode draw (seed) the episode belongs to.
-        episode: index of the episode within its seed.
-        task: the episode's task name.
-        kind: ``"classification"`` or ``"generation"``.
-        family: the task's family in the suite (e.g. ``"cldr-langid"``), or ``""`` if not given.
-        step: adaptation steps taken before scoring (0 = none).
-        loss: mean query loss per answer token (nats).
-        accuracy: query accuracy in [0, 1].
-        n: number of queries.
-        replicate: the training replicate the scored adapter belongs to (0 with one replicate).
-        accuracy_per_token: accuracy with candidates ranked by mean log-probability per token
-            (classification, multiple choice); ``None`` for generation.
-        chance: a uniform guess's accuracy on the episode (:func:`chance_of`); ``None`` for
-            generation.
-    """
-
-    method: str
-    seed: int
-    episode: int
-    task: str
-    kind: str
-    step: int
-    loss: float
-    accuracy: float
-    n: int
-    family: str = ""
-    replicate: int = 0
-    accuracy_per_token: float | None = None
-    chance: float | None = None
-
-    @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> EpisodeRecord:
-        """A record from its ``eval.json`` form (:meth:`EvalResult.to_dict`), either layout.
-
-        ``eval.json`` files written before the rename (``docs/research/`` keeps some) call the
-        kind ``"family"`` and the suite family ``"domain"``; a record without ``"kind"`` is one
-        of those and is mapped onto today's fields.
-        """
-        if "kind" not in raw:  # old layout: "family" was the kind, "domain" the suite family
-            raw = dict(raw)
-            raw["kind"] = raw.pop("family")
-            raw["family"] = raw.pop("domain", "")
-        return cls(**raw)
-
-
-@dataclass(frozen=True, kw_only=True)
-class MetricSummary:
-    """Aggregate of one (method, family, step) cell over seeds.
-
-    Attributes:
-        loss_mean: mean over seeds of the seed-mean query loss.
-        loss_worst: highest seed-mean query loss (worst case).
-        accuracy_mean: mean over seeds of the seed-mean accuracy.
-        accuracy_worst: lowest seed-mean accuracy (worst case, as MetaICL reports).
-        n_seeds: seeds that had episodes of this family.
-        n_episodes: episodes aggregated over all those seeds.
-        accuracy_interval: mean accuracy over episodes (and replicates) with its 95% interval
-            (:func:`~fmmeta.evaluation.replicated.replicated_interval`).
-        loss_interval: the same for the query loss.
-        n_replicates: training replicates behind it.
-    """
-
-    loss_mean: float
-    loss_worst: float
-    accuracy_mean: float
-    accuracy_worst: float
-    n_seeds: int
-    n_episodes: int
-    accuracy_interval: Interval
-    loss_interval: Interval
-    n_replicates: int = 1
-
-
-@dataclass(frozen=True, kw_only=True)
-class Comparison:
-    """A paired difference ``method - baseline`` over the episodes both were scored on.
-
-    Each method is taken at its headline step: the most adaptation steps it was scored at (step 0
-    for methods that do not adapt, such as in-context demonstrations).
-
-    Attributes:
-        method, baseline: the two methods.
-        family: the family the episodes belong to (or ``"overall"``).
-        method_step, baseline_step: the steps compared.
-        accuracy: difference in accuracy (positive: ``method`` is better) with its interval.
-        loss: difference in query loss (negative: ``method`` is better) with its interval.
-        accuracy_replicated, loss_replicated: the same differences with their variance
-            components, the replicates favouring each side and the power of the comparison.
-    """
-
-    method: str
-    baseline: str
-    family: str
-    method_step: int
-    baseline_step: int
-    accuracy: Interval
-    loss: Interval
-    accuracy_replicated: Replicated
-    loss_replicated: Replicated
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -256,9 +158,9 @@ class EvalResult:
         Raises:
             ValueError: if the two were not scored on the same episodes (no pairing possible).
         """
-        def at_headline(m: str) -> tuple[int, dict[_Key, EpisodeRecord]]:
+        def at_headline(m: str) -> tuple[int, dict[Key, EpisodeRecord]]:
             step = self.headline_step(m)
-            return step, {_key(r): r for r in self.records
+            return step, {key_of(r): r for r in self.records
                           if r.method == m and r.step == step and family in (r.kind, r.family, OVERALL)}
 
         m_step, mine = at_headline(method)
@@ -270,14 +172,8 @@ class EvalResult:
                 f"{method} and {baseline} were scored on different {family} episodes: a paired "
                 "difference needs both on the same episodes (evaluate them in one call)"
             )
-        # Paired within a replicate: both adapters were trained from its initial adapter and draws.
-        accuracy = replicated_interval(*_matrix({k: (r.accuracy - theirs[k].accuracy, r.task)
-                                                 for k, r in mine.items()}))
-        loss = replicated_interval(*_matrix({k: (r.loss - theirs[k].loss, r.task) for k, r in mine.items()}))
-        return Comparison(
-            method=method, baseline=baseline, family=family, method_step=m_step, baseline_step=b_step,
-            accuracy=accuracy.interval, loss=loss.interval, accuracy_replicated=accuracy, loss_replicated=loss,
-        )
+        return Comparison(method=method, baseline=baseline, family=family, method_step=m_step,
+                          baseline_step=b_step, metrics=paired(mine, theirs))
 
     def comparisons(self, baselines: Sequence[str] = (MULTITASK, IN_CONTEXT)) -> list[Comparison]:
         """Every method against each of ``baselines`` that was evaluated, on every family.
@@ -316,17 +212,17 @@ class EvalResult:
         out of its headline."""
         chance: dict[str, list[float]] = {}
         headline = {m: self.headline_step(m) for m in self.methods}
-        cells: dict[tuple[str, str], dict[_Key, tuple[float, str]]] = {}
+        cells: dict[tuple[str, str], dict[Key, tuple[float, str]]] = {}
         for r in self.records:
             if r.chance is not None:
                 chance.setdefault(r.task, []).append(r.chance)
                 if r.step == headline.get(r.method):
-                    cells.setdefault((r.task, r.method), {})[_key(r)] = (r.accuracy, r.task)
+                    cells.setdefault((r.task, r.method), {})[key_of(r)] = (r.metrics[HEADLINE], r.task)
 
         def leaves(task: str, rate: float) -> bool:
             for m in self.methods:
                 if (task, m) in cells:
-                    i = replicated_interval(*_matrix(cells[(task, m)])).interval
+                    i = replicated_interval(*matrix(cells[(task, m)])).interval
                     if i.low > rate or i.high < rate:
                         return True
             return False
@@ -378,7 +274,7 @@ class EvalResult:
         """A JSON-ready dict (what ``eval.json`` holds)."""
         summary = {
             m: {
-                fam: {str(step): dataclasses.asdict(cell) for step, cell in by_step.items()}
+                fam: {str(step): cell.to_dict() for step, cell in by_step.items()}
                 for fam, by_step in by_fam.items()
             }
             for m, by_fam in self.summary().items()
@@ -407,36 +303,10 @@ class EvalResult:
             "replicate_lrs": self.replicate_lrs,
             "format_shift": self.format_shift,
             "summary": summary,
-            "comparisons": [dataclasses.asdict(c) for c in self.comparisons()],
-            "against_base": [dataclasses.asdict(c) for c in self.against_base()],
-            "records": [dataclasses.asdict(r) for r in self.records],
+            "comparisons": [c.to_dict() for c in self.comparisons()],
+            "against_base": [c.to_dict() for c in self.against_base()],
+            "records": [r.to_dict() for r in self.records],
         }
-
-
-_Key = tuple[int, tuple[int, str, int]]
-
-
-def _key(record: EpisodeRecord) -> _Key:
-    """``(replicate, episode)``: which adapter scored which episode (seed, task, index)."""
-    return record.replicate, (record.seed, record.task, record.episode)
-
-
-def _matrix(cells: dict[_Key, tuple[float, str]]) -> tuple[np.ndarray, list[str]]:
-    """Values keyed by :func:`_key` as a ``[replicates, episodes]`` array (every replicate
-    scored on the same episodes, in one order) and each episode's task.
-
-    Raises:
-        ValueError: if the replicates were not all scored on the same episodes.
-    """
-    replicates = sorted({r for r, _ in cells})
-    episodes = sorted({e for _, e in cells})
-    if len(cells) != len(replicates) * len(episodes):
-        raise ValueError(
-            f"the {len(replicates)} training replicates were scored on different episodes: intervals "
-            "over replicates need every replicate on the same episodes (evaluate them in one call)"
-        )
-    values = np.array([[cells[(r, e)][0] for e in episodes] for r in replicates], dtype=np.float64)
-    return values, [task for _, task, _ in episodes]
 
 
 def merge_replicates(results: Sequence[EvalResult], train_seeds: Sequence[int]) -> EvalResult:
@@ -456,34 +326,6 @@ def merge_replicates(results: Sequence[EvalResult], train_seeds: Sequence[int]) 
     )
 
 
-def summarise(records: Sequence[EpisodeRecord]) -> dict[str, dict[str, dict[int, MetricSummary]]]:
-    # (method, family, step) -> seed -> records
-    cells: dict[tuple[str, str, int], dict[int, list[EpisodeRecord]]] = {}
-    for r in records:
-        # in a fixed order (a set's would follow string hashing, which differs per process, and
-        # eval.json's keys with it)
-        for fam in dict.fromkeys(f for f in (OVERALL, r.kind, r.family) if f):
-            cells.setdefault((r.method, fam, r.step), {}).setdefault(r.seed, []).append(r)
-    out: dict[str, dict[str, dict[int, MetricSummary]]] = {}
-    for (method, fam, step), by_seed in cells.items():
-        seed_loss = [sum(r.loss for r in rs) / len(rs) for rs in by_seed.values()]
-        seed_acc = [sum(r.accuracy for r in rs) / len(rs) for rs in by_seed.values()]
-        every = [r for rs in by_seed.values() for r in rs]
-        accuracy, tasks = _matrix({_key(r): (r.accuracy, r.task) for r in every})
-        loss, _ = _matrix({_key(r): (r.loss, r.task) for r in every})
-        out.setdefault(method, {}).setdefault(fam, {})[step] = MetricSummary(
-            loss_mean=sum(seed_loss) / len(seed_loss),
-            loss_worst=max(seed_loss),
-            accuracy_mean=sum(seed_acc) / len(seed_acc),
-            accuracy_worst=min(seed_acc),
-            n_seeds=len(by_seed),
-            n_episodes=accuracy.shape[1],
-            accuracy_interval=replicated_interval(accuracy, tasks).interval,
-            loss_interval=replicated_interval(loss, tasks).interval,
-            n_replicates=accuracy.shape[0],
-        )
-    for by_fam in out.values():
-        for fam in list(by_fam):
-            by_fam[fam] = dict(sorted(by_fam[fam].items()))
-    return out
-
+__all__ = ["CLASSIFICATION", "FAMILIES", "GENERATION", "KINDS", "MULTIPLE_CHOICE", "OVERALL", "Comparison",
+           "EpisodeRecord", "EvalResult", "LrSelection", "MetricCell", "MetricSummary", "chance_of", "kind_of",
+           "merge_replicates", "summarise"]

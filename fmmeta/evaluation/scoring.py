@@ -66,6 +66,8 @@ class QueryScore:
         accuracy_per_token: for ranked candidates (classification, multiple choice), the accuracy
             when each candidate is ranked by its mean log-probability per token; ``None`` for
             generation.
+        correct: per query, whether it was answered correctly (what ``accuracy`` averages).
+        gold_logprob: per query, the summed log-probability of its gold answer's tokens.
     """
 
     loss: float
@@ -73,6 +75,8 @@ class QueryScore:
     n: int
     n_answer_tokens: int = 0
     accuracy_per_token: float | None = None
+    correct: tuple[bool, ...] = ()
+    gold_logprob: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -270,25 +274,32 @@ class QuerySet:
         """The set's score from its queries' sequence scores (in :meth:`sequences` order)."""
         if self._candidates(self.examples[0]) is None:
             n_tok = int(sum(int(q.n_tokens.sum()) for q in per_query))
+            matched = [bool(q.all_argmax.all()) for q in per_query]
             return QueryScore(
                 loss=float(-sum(float(q.logprob.sum()) for q in per_query) / n_tok),
-                accuracy=float(np.mean([bool(q.all_argmax.all()) for q in per_query])),
-                n=len(self.examples), n_answer_tokens=n_tok,
+                accuracy=float(np.mean(matched)),
+                n=len(self.examples), n_answer_tokens=n_tok, correct=tuple(matched),
+                gold_logprob=tuple(float(q.logprob.sum()) for q in per_query),
             )
         correct, per_token, gold_logprob, n_tok = 0, 0, 0.0, 0
+        each_correct: list[bool] = []
+        each_gold: list[float] = []
         for ex, q in zip(self.examples, per_query):
             cands = self._candidates(ex)
             assert ex.label is not None and cands is not None  # checked by check()
             scores = q.logprob[: len(cands)]
-            correct += _ranked_first(scores, ex.label)
+            each_correct.append(bool(_ranked_first(scores, ex.label)))
+            correct += each_correct[-1]
             per_token += _ranked_first(scores / q.n_tokens[: len(cands)], ex.label)
             gold = tuple(ex.answer_ids)
             g = cands.index(gold) if gold in cands else len(cands)
-            gold_logprob += float(q.logprob[g])
+            each_gold.append(float(q.logprob[g]))
+            gold_logprob += each_gold[-1]
             n_tok += int(q.n_tokens[g])
         n = len(self.examples)
         return QueryScore(loss=-gold_logprob / n_tok, accuracy=correct / n, n=n,
-                          n_answer_tokens=n_tok, accuracy_per_token=per_token / n)
+                          n_answer_tokens=n_tok, accuracy_per_token=per_token / n,
+                          correct=tuple(each_correct), gold_logprob=tuple(each_gold))
 
 
 def _ranked_first(scores: torch.Tensor, label: int) -> int:

@@ -37,6 +37,7 @@ from typing import ClassVar, Literal
 from fmmeta.algorithms.build import method_of
 from fmmeta.config import ConfigError, load_config
 from fmmeta.config.schema import hints
+from fmmeta.evaluation.metrics import METRICS
 from fmmeta.recipe_config import RecipeConfig
 from fmmeta.shipped import shipped_path
 
@@ -212,8 +213,10 @@ class StudyConfig:
     """Seeds of validation episode draws each trial is scored over (>= 3)."""
     episodes_per_task: int = 1
     """Validation episodes per task per seed (>= 1)."""
-    metric: Literal["accuracy", "loss"] = "accuracy"
-    """What a trial is chosen by: mean validation query accuracy (higher is better) or loss."""
+    metric: str = "accuracy"
+    """What a trial is chosen by: the mean validation value of a registered metric
+    (:mod:`fmmeta.evaluation.metrics`: accuracy, loss, accuracy_per_token or one registered
+    since), maximised where higher is better, else minimised."""
     family: str = "overall"
     """Which validation episodes score a trial: overall, classification, generation or a task
     family of the suite."""
@@ -240,6 +243,8 @@ class StudyConfig:
             if not getattr(self, key) >= least:
                 why = " (a mean and a worst case over seeds of episode draws)" if key == "seeds" else ""
                 problems.append(f"{key}={getattr(self, key)} is invalid: must be >= {least}{why}")
+        if self.metric not in METRICS:
+            problems.append(f"metric={self.metric!r} is invalid: registered metrics are {list(METRICS)}")
         if not self.space:
             problems.append("space={} is invalid: name one or more methods to study, e.g. "
                             "space: {fomaml: {algorithm: {inner_lr: {low: 0.01, high: 0.3}}}}")

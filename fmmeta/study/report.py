@@ -17,6 +17,7 @@ from typing import Any, Mapping, Sequence
 from fmmeta.atomic import replace_text
 from fmmeta.config import to_dict
 from fmmeta.errors import UserInputError
+from fmmeta.evaluation.metrics import get_metric
 from fmmeta.study.config import StudyConfig
 from fmmeta.study.search import DIVERGED, FOLDER
 
@@ -49,11 +50,12 @@ def choose(method: str, rows: Sequence[Mapping[str, Any]], study: StudyConfig) -
     if not complete:
         raise UserInputError(f"no trial of {method} finished ({len(rows)} pruned, diverged or "
                              "interrupted): widen the space or raise trials")
-    sign = -1.0 if study.metric == "accuracy" else 1.0  # best first; ties to the earlier folder
+    higher = get_metric(study.metric).higher_is_better
+    sign = -1.0 if higher else 1.0  # best first; ties to the earlier folder
     ordered = sorted(complete, key=lambda r: (sign * r["value"], str(r["folder"])))
     best, runner = ordered[0], (ordered[1] if len(ordered) > 1 else None)
     se = best.get("standard_error")
-    what = (f"{'highest' if study.metric == 'accuracy' else 'lowest'} mean validation {study.metric} "
+    what = (f"{'highest' if higher else 'lowest'} mean validation {study.metric} "
             f"({study.family}, {study.seeds} seeds of episode draws) of {len(complete)} complete trials")
     why = f"{best['folder']}: {what}, {best['value']:.4f}" + ("" if se is None else f" (standard error {se:.4f})")
     if runner is not None:
@@ -82,14 +84,18 @@ def _value(v: Any) -> str:
     return "-" if v is None else f"{v:.4f}"
 
 
+def _value3(v: Any) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
 def _interval(i: Mapping[str, Any], signed: bool = False) -> str:
     f = "+.3f" if signed else ".3f"
     return f"{i['estimate']:{f}} [{i['low']:{f}}, {i['high']:{f}}]"
 
 
-def _favour(comparison: Mapping[str, Any], replicates: int) -> str:
-    """``"2 / 1"``: the replicates whose mean difference favours the method / the baseline."""
-    favour = comparison.get("accuracy_replicated", {}).get("favour")
+def _favour(comparison: Mapping[str, Any], metric: str, replicates: int) -> str:
+    """``"2 / 1"``: the replicates whose mean difference in ``metric`` is above 0 / below 0."""
+    favour = comparison.get(f"{metric}_replicated", {}).get("favour")
     return f"{favour[0]} / {favour[1]}" if favour and replicates > 1 else "-"
 
 
@@ -118,11 +124,22 @@ def format_study(data: Mapping[str, Any]) -> str:
                                       else str(r["params"].get(k, "-")) for k in keys)
                          + f" | {curve} | {_value(r['value'])} | {_value(r.get('standard_error'))} |")
         lines += ["", f"Chosen: {data['choice'][method]['why']}.", ""]
-    lines += _held_out_lines(data["held_out"])
+    lines += _held_out_lines(data["held_out"], s["metric"])
     return "\n".join(lines) + "\n"
 
 
-def _held_out_lines(held_out: Mapping[str, Any] | None) -> list[str]:
+def _metrics_in(cells: Any) -> list[str]:
+    """The metrics ``eval.json`` summary cells or comparisons hold (``<metric>_interval`` keys of a
+    cell, ``<metric>_replicated`` keys of a comparison), in their order."""
+    names: dict[str, None] = {}
+    for c in cells:
+        names.update({k.rsplit("_", 1)[0]: None for k in c if k.endswith(("_interval", "_replicated"))})
+    return list(names)
+
+
+def _held_out_lines(held_out: Mapping[str, Any] | None, metric: str) -> list[str]:
+    """The held-out tables: per family, each method's ``metric`` (the study's) with its interval
+    and worst seed, then the mean of every other metric; the paired differences likewise."""
     if held_out is None:
         return ["## Held-out", "", "Not scored yet.", ""]
     replicates = len(held_out.get("train_seeds") or [0])
@@ -130,23 +147,28 @@ def _held_out_lines(held_out: Mapping[str, Any] | None) -> list[str]:
            else f"95% interval over {replicates} training replicates and the episodes")
     lines = ["## Held-out (scored once)", "",
              f"{held_out['n_seeds']} seeds of episode draws; each row at its headline step "
-             f"(accuracy, {how}).", ""]
+             f"({metric}, {how}).", ""]
     for family in sorted({f for m in held_out["summary"].values() for f in m}):
-        lines += [f"### {family}", "", "| method | step | accuracy | worst seed | loss |", "|---|---|---|---|---|"]
-        for method, by_family in held_out["summary"].items():
-            cells = by_family.get(family)
-            if not cells:
-                continue
-            step = max(cells, key=int)
-            c = cells[step]
-            lines.append(f"| {method} | {step} | {_interval(c['accuracy_interval'])} | "
-                         f"{c['accuracy_worst']:.3f} | {c['loss_mean']:.3f} |")
-        pairs = [c for c in held_out["comparisons"] if c["family"] == family]
+        headline = {method: cells[max(cells, key=int)] for method, by_family in held_out["summary"].items()
+                    if (cells := by_family.get(family))}
+        others = [m for m in _metrics_in(headline.values()) if m != metric]
+        lines += [f"### {family}", "", f"| method | step | {metric} | worst seed | " + " | ".join(others) + " |",
+                  "|---|---|---|---|" + "---|" * len(others)]
+        for method, c in headline.items():
+            step = max(held_out["summary"][method][family], key=int)
+            cell = (f"{_interval(c[f'{metric}_interval'])} | {c[f'{metric}_worst']:.3f}"
+                    if f"{metric}_interval" in c else "- | -")
+            lines.append(f"| {method} | {step} | {cell} | "
+                         + " | ".join(_value3(c.get(f"{m}_mean")) for m in others) + " |")
+        pairs = [c for c in held_out["comparisons"] if c["family"] == family and metric in c]
         if pairs:
-            lines += ["", "| paired difference | accuracy | replicates for / against | loss |", "|---|---|---|---|"]
-            lines += [f"| {c['method']} - {c['baseline']} | {_interval(c['accuracy'], True)}"
-                      + (" (excludes 0)" if c["accuracy"]["low"] > 0 or c["accuracy"]["high"] < 0 else "")
-                      + f" | {_favour(c, replicates)} | {_interval(c['loss'], True)} |" for c in pairs]
+            others = [m for m in _metrics_in(pairs) if m != metric]
+            lines += ["", f"| paired difference | {metric} | replicates for / against | " + " | ".join(others) + " |",
+                      "|---|---|---|" + "---|" * len(others)]
+            lines += [f"| {c['method']} - {c['baseline']} | {_interval(c[metric], True)}"
+                      + (" (excludes 0)" if c[metric]["low"] > 0 or c[metric]["high"] < 0 else "")
+                      + f" | {_favour(c, metric, replicates)} | "
+                      + " | ".join(_interval(c[m], True) if m in c else "-" for m in others) + " |" for c in pairs]
         lines.append("")
     lines += [f"- {n}" for n in held_out.get("notes", [])]
     return lines

@@ -25,8 +25,9 @@ from fmmeta.algorithms.config import AlgorithmConfig
 from fmmeta.engine import EngineFactory
 from fmmeta.errors import UserInputError
 from fmmeta.evaluation.held_out import evaluate_methods, select_inner_lr
+from fmmeta.evaluation.metrics import get_metric
 from fmmeta.evaluation.replicated import replicated_interval
-from fmmeta.evaluation.result import OVERALL, EvalResult
+from fmmeta.evaluation.result import OVERALL, EvalResult, kind_of
 from fmmeta.evaluation.run import (
     Replicate,
     draw_episodes,
@@ -69,8 +70,7 @@ class Scorer:
             raise UserInputError("the task suite has no validation tasks: a study chooses on them; "
                                  "give the suite validation tasks (tasks.validation_fraction > 0)")
         families = {"overall", *(t.family for t in self.suite.validation)}
-        kinds = {"classification" if ep.choices is not None else "generation"
-                 for ep in self._validation_draw(0)}
+        kinds = {kind_of(ep) for ep in self._validation_draw(0)}
         if family not in families | kinds:
             raise UserInputError(f"family={family!r} is invalid: the validation tasks have "
                                  f"{sorted(families | kinds)}; choose one of them")
@@ -149,7 +149,11 @@ def score_of(result: EvalResult, method: str, metric: str, family: str) -> float
     the method's headline step (the most adaptation steps scored; 0 for MetaICL)."""
     step = result.steps_of(method)[-1]
     cell = result.get(method, step, family)
-    return cell.accuracy_mean if metric == "accuracy" else cell.loss_mean
+    if metric not in cell.metrics:
+        raise UserInputError(f"metric={metric!r} is not defined on every {family} validation episode (it applies "
+                             f"to {sorted(get_metric(metric).kinds)} episodes): choose a family of those kinds "
+                             "or another metric")
+    return cell.mean(metric)
 
 
 def standard_error_of(result: EvalResult, method: str, metric: str, family: str) -> float:
@@ -159,5 +163,5 @@ def standard_error_of(result: EvalResult, method: str, metric: str, family: str)
     step = result.steps_of(method)[-1]
     mine = [r for r in result.records if r.method == method and r.step == step
             and family in (r.kind, r.family, OVERALL)]
-    values = [[r.accuracy if metric == "accuracy" else r.loss for r in mine]]
+    values = [[r.metrics[metric] for r in mine]]
     return replicated_interval(values, [r.task for r in mine]).standard_error()

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from fmmeta.errors import UserInputError
+from fmmeta.evaluation.metrics import get_metric
 from fmmeta.study.config import Range, StudyConfig, key_type
 
 __all__ = ["DIVERGED", "FOLDER", "STORAGE_FILE", "create_studies", "finished", "import_optuna", "next_folder",
@@ -64,7 +65,7 @@ def open_study(optuna: ModuleType, folder: Path, method: str, study: StudyConfig
               if study.pruner == "median" else optuna.pruners.NopPruner())
     return optuna.create_study(
         storage=storage or f"sqlite:///{(folder / STORAGE_FILE).resolve()}", study_name=method,
-        direction="maximize" if study.metric == "accuracy" else "minimize",
+        direction=get_metric(study.metric).direction,
         pruner=pruner, load_if_exists=True,
     )
 

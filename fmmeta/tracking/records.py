@@ -39,17 +39,21 @@ def step_scalars(record: Mapping[str, Any]) -> dict[str, float]:
 
 def evaluation_rows(eval_json: Path) -> list[dict[str, Any]]:
     """One row per (method, family, adaptation step) of ``eval.json``'s summary: the numbers of
-    ``eval.md``'s tables in a shape a tracker's table shows and sorts."""
+    ``eval.md``'s tables in a shape a tracker's table shows and sorts. Every metric the cell holds
+    (``<metric>_interval``, see :mod:`fmmeta.evaluation.metrics`) gives ``<metric>`` (the mean
+    over episodes), ``<metric>_low``, ``<metric>_high`` and ``<metric>_worst_seed``."""
     summary = json.loads(eval_json.read_text())["summary"]
     rows = []
     for method, families in summary.items():
         for family, steps in families.items():
             for step, cell in steps.items():
-                acc, loss = cell["accuracy_interval"], cell["loss_interval"]
-                rows.append({
-                    "method": method, "family": family, "step": int(step),
-                    "accuracy": acc["estimate"], "accuracy_low": acc["low"], "accuracy_high": acc["high"],
-                    "accuracy_worst_seed": cell["accuracy_worst"], "loss": loss["estimate"],
-                    "loss_low": loss["low"], "loss_high": loss["high"], "episodes": cell["n_episodes"],
-                })
+                row: dict[str, Any] = {"method": method, "family": family, "step": int(step)}
+                for key, interval in cell.items():
+                    if key.endswith("_interval"):
+                        name = key[: -len("_interval")]
+                        row.update({name: interval["estimate"], f"{name}_low": interval["low"],
+                                    f"{name}_high": interval["high"]})
+                        if f"{name}_worst" in cell:
+                            row[f"{name}_worst_seed"] = cell[f"{name}_worst"]
+                rows.append({**row, "episodes": cell["n_episodes"]})
     return rows

@@ -62,4 +62,4 @@ def test_a_held_out_multiple_choice_task_is_scored_both_ways_in_the_report(tmp_p
     assert all(0.0 <= r["accuracy_per_token"] <= 1.0 for r in mine)
     text = (tmp_path / "run" / "eval" / "eval.md").read_text()
     assert "## multiple_choice: query accuracy" in text
-    assert "## multiple_choice: accuracy with options ranked per token" in text
+    assert "## multiple_choice: query accuracy_per_token" in text

@@ -25,7 +25,7 @@ def _script():
 
 def _records(method: str, shift: float, tasks: list[str]) -> list[EpisodeRecord]:
     return [EpisodeRecord(method=method, seed=s, episode=e, task=tasks[e], kind="classification",
-                          step=2, loss=1.0 + 0.1 * e - shift, accuracy=(s + e) % 3 / 3 + shift, n=6)
+                          step=2, metrics={"loss": 1.0 + 0.1 * e - shift, "accuracy": (s + e) % 3 / 3 + shift}, n=6)
             for s in range(3) for e in range(len(tasks))]
 
 
@@ -46,7 +46,7 @@ def test_pooled_files_give_the_single_call_difference(tmp_path: Path) -> None:
     assert len(pooled.records) == len(a) + len(b)
     expected = one_call.compare("reptile@40", "multitask@40", "classification")
     got = pooled.compare("reptile@40", "multitask@40", "classification")
-    assert got == expected and got.accuracy.estimate == pytest.approx(0.1)
+    assert got == expected and got.interval("accuracy").estimate == pytest.approx(0.1)
 
 
 def test_files_with_other_episodes_are_refused(tmp_path: Path) -> None:
@@ -84,8 +84,8 @@ OLD_RECORDS = [
 def test_a_record_of_the_old_layout_loads_with_its_kind_and_family() -> None:
     rec = EpisodeRecord.from_dict(OLD_RECORDS[1])
     assert rec == EpisodeRecord(method="base", seed=0, episode=5, task="langid-ro-ga-uk",
-                                kind="classification", step=6, loss=5.059190273284912,
-                                accuracy=0.2777777910232544, n=18, family="cldr-langid")
+                                kind="classification", step=6, n=18, family="cldr-langid",
+                                metrics={"loss": 5.059190273284912, "accuracy": 0.2777777910232544})
     # older still: no suite family at all
     no_family = {k: v for k, v in OLD_RECORDS[0].items() if k != "domain"}
     oldest = EpisodeRecord.from_dict(no_family)
@@ -103,7 +103,7 @@ def test_an_old_eval_json_pools_with_the_same_summary_keys(tmp_path: Path) -> No
                                "records": OLD_RECORDS}))
     pooled = _script().pooled_result([old])
     assert pooled.families() == ["classification", "generation", "cldr-langid", "cldr-translation", "overall"]
-    assert pooled.get("multitask", 6, "cldr-langid").accuracy_mean == 1.0
+    assert pooled.get("multitask", 6, "cldr-langid").mean("accuracy") == 1.0
     assert pooled.get("base", 6, "generation").n_episodes == 1
 
 

@@ -30,7 +30,7 @@ def _result() -> EvalResult:
                     acc = min(1.0, 0.1 * (m_i + 1) + 0.2 * step + 0.05 * seed + 0.1 * fam_i)
                     loss = 3.0 - 0.5 * step - 0.3 * m_i + 0.1 * seed + 0.2 * fam_i
                     recs.append(EpisodeRecord(method=method, seed=seed, episode=fam_i, task=f"t{fam_i}",
-                                              kind=fam, step=step, loss=loss, accuracy=acc, n=4))
+                                              kind=fam, step=step, metrics={"loss": loss, "accuracy": acc}, n=4))
     sel = LrSelection(chosen={"base": 0.1, "fomaml": 0.03},
                       val_loss={"base": {0.03: 2.5, 0.1: 2.0}, "fomaml": {0.03: 1.5, 0.1: math.inf}},
                       steps=2, tasks=("val_a", "val_b"))
@@ -70,10 +70,10 @@ def test_report_files_carry_the_result_numbers(tmp_path: Path) -> None:
         for fam, by_step in by_fam.items():
             for step, cell in by_step.items():
                 got = data["summary"][m][fam][str(step)]
-                assert got["accuracy_mean"] == pytest.approx(cell.accuracy_mean)
-                assert got["accuracy_worst"] == pytest.approx(cell.accuracy_worst)
-                assert got["loss_mean"] == pytest.approx(cell.loss_mean)
-                assert got["loss_worst"] == pytest.approx(cell.loss_worst)
+                assert got["accuracy_mean"] == pytest.approx(cell.mean("accuracy"))
+                assert got["accuracy_worst"] == pytest.approx(cell.worst("accuracy"))
+                assert got["loss_mean"] == pytest.approx(cell.mean("loss"))
+                assert got["loss_worst"] == pytest.approx(cell.worst("loss"))
     assert len(data["records"]) == len(res.records) and data["inner_lrs"] == {"base": 0.1, "fomaml": 0.03}
     assert data["lr_selection"]["val_loss"]["fomaml"]["0.1"] is None  # inf -> null: strict JSON
 
@@ -88,22 +88,22 @@ def test_report_files_carry_the_result_numbers(tmp_path: Path) -> None:
                 cell = summary[m][fam][step]
                 for metric, text in (("accuracy", acc[m][step]), ("loss", loss[m][step])):
                     mean, low, high, worst = map(float, re.fullmatch(CELL, text).groups())
-                    interval = getattr(cell, f"{metric}_interval")
-                    assert mean == pytest.approx(getattr(cell, f"{metric}_mean"), abs=5e-4)
+                    interval = cell.interval(metric)
+                    assert mean == pytest.approx(cell.mean(metric), abs=5e-4)
                     assert (low, high) == pytest.approx((interval.low, interval.high), abs=5e-4)
-                    assert worst == pytest.approx(getattr(cell, f"{metric}_worst"), abs=5e-4)
+                    assert worst == pytest.approx(cell.worst(metric), abs=5e-4)
         assert acc[IN_CONTEXT][1:] == ["-", "-"]
     # the worst case really differs from the mean in this data, so the test can tell them apart
-    assert summary["base"]["overall"][0].accuracy_worst < summary["base"]["overall"][0].accuracy_mean
+    assert summary["base"]["overall"][0].worst("accuracy") < summary["base"]["overall"][0].mean("accuracy")
     # paired differences against in-context: the numbers of EvalResult.compare, bold if they exclude 0
     diffs = _table(md, "### overall\n")
     c = res.compare("fomaml", IN_CONTEXT)
     text = diffs["fomaml"][0]
-    assert text.startswith("**") == c.accuracy.excludes_zero
+    assert text.startswith("**") == c.interval("accuracy").excludes_zero
     est, low, high = map(float, re.fullmatch(r"\**(\S+) \[(\S+), (\S+)\]\**", text).groups())
-    assert (est, low, high) == pytest.approx((c.accuracy.estimate, c.accuracy.low, c.accuracy.high), abs=5e-4)
+    assert (est, low, high) == pytest.approx((c.interval("accuracy").estimate, c.interval("accuracy").low, c.interval("accuracy").high), abs=5e-4)
     assert diffs[IN_CONTEXT] == ["-", "-"]
-    assert data["comparisons"][0]["accuracy"]["estimate"] == pytest.approx(res.comparisons()[0].accuracy.estimate)
+    assert data["comparisons"][0]["accuracy"]["estimate"] == pytest.approx(res.comparisons()[0].interval("accuracy").estimate)
     lr_rows = _table(md, "## Adaptation lr selection (mean validation query loss)")
     assert lr_rows["fomaml"] == ["1.500", "inf", "0.03"] and lr_rows["base"][-1] == "0.1"
     _assert_png(paths["adaptation_curves.png"])
@@ -155,8 +155,8 @@ def test_the_report_opens_with_what_holds_over_replicates_or_says_the_adapters_a
 
     def one(shift: float) -> EvalResult:
         recs = [EpisodeRecord(method=m, seed=s, episode=e, task=f"t{e % 4}", kind="classification", step=2,
-                              loss=1.0, n=4,
-                              accuracy=float(np.clip(base + (m == "fomaml") * hard[s, e] + rng.normal(0, 0.02), 0, 1)))
+                              n=4, metrics={"loss": 1.0, "accuracy": float(
+                                  np.clip(base + (m == "fomaml") * hard[s, e] + rng.normal(0, 0.02), 0, 1))})
                 for m, base in (("multitask", 0.4), ("fomaml", 0.6 + shift)) for s in range(3) for e in range(8)]
         return EvalResult(records=recs, methods=["fomaml", "multitask"], max_steps=2, n_seeds=3,
                           inner_lrs={"fomaml": 0.1, "multitask": 0.1}, inner=InnerLoopConfig())
@@ -196,7 +196,7 @@ def test_tasks_where_no_method_leaves_chance_are_named_and_kept_out_of_the_headl
                 for episode in range(8):
                     acc = float(np.clip(mean + rng.normal(0, 0.1), 0, 1))
                     recs.append(EpisodeRecord(method=method, seed=seed, episode=episode, task=task,
-                                              kind="classification", step=1, loss=1.0, accuracy=acc, n=8,
+                                              kind="classification", step=1, metrics={"loss": 1.0, "accuracy": acc}, n=8,
                                               chance=0.5))
     result = EvalResult(records=recs, methods=["fomaml", "multitask"], max_steps=1, n_seeds=3,
                         inner_lrs={}, inner=InnerLoopConfig())
@@ -204,9 +204,9 @@ def test_tasks_where_no_method_leaves_chance_are_named_and_kept_out_of_the_headl
     headline = format_markdown(result).split("## What holds", 1)[1].split("\n## ", 1)[0]
     assert "At chance, kept out of this section: coin (chance 0.50)" in headline
     (c,) = [c for c in result.without_tasks(["coin"]).comparisons() if c.family == "classification"]
-    assert f"{c.accuracy.estimate:+.3f}" in headline  # the comparison on 'easy' alone
+    assert f"{c.interval('accuracy').estimate:+.3f}" in headline  # the comparison on 'easy' alone
     everything = [c for c in result.comparisons() if c.family == "classification"][0]
-    assert f"{everything.accuracy.estimate:+.3f}" not in headline
+    assert f"{everything.interval('accuracy').estimate:+.3f}" not in headline
 
 
 def test_summary_keys_come_in_the_same_order_in_every_process() -> None:
@@ -218,8 +218,8 @@ def test_summary_keys_come_in_the_same_order_in_every_process() -> None:
     code = (
         "import json\n"
         "from fmmeta.evaluation.result import EpisodeRecord, summarise\n"
-        "records = [EpisodeRecord(method=m, seed=s, episode=0, task=t, kind=k, family=f, step=0, loss=1.0 + s,\n"
-        "                         accuracy=0.5, n=2) for m in ('a', 'b') for s in range(3)\n"
+        "records = [EpisodeRecord(method=m, seed=s, episode=0, task=t, kind=k, family=f, step=0,\n"
+        "                         metrics={'loss': 1.0 + s, 'accuracy': 0.5}, n=2) for m in ('a', 'b') for s in range(3)\n"
         "           for t, k, f in (('t1', 'classification', 'fam-x'), ('t2', 'generation', 'fam-y'))]\n"
         "print(json.dumps({m: list(v) for m, v in summarise(records).items()}))\n"
     )
@@ -240,18 +240,18 @@ def test_an_out_of_format_family_is_scored_apart_against_the_base_model(tmp_path
                 for episode in range(6):
                     acc = float(np.clip(mean + rng.normal(0, 0.05), 0, 1))
                     recs.append(EpisodeRecord(method=method, seed=seed, episode=episode, task=task, family=family,
-                                              kind="classification", step=0, loss=1.0, accuracy=acc, n=6))
+                                              kind="classification", step=0, metrics={"loss": 1.0, "accuracy": acc}, n=6))
     result = EvalResult(records=recs, methods=["base", "reptile", IN_CONTEXT], max_steps=0, n_seeds=3,
                         inner_lrs={}, inner=InnerLoopConfig(), format_shift=["word-categories"])
-    by_hand = {m: np.mean([r.accuracy for r in recs if r.method == m and r.family == "word-categories"])
+    by_hand = {m: np.mean([r.metrics["accuracy"] for r in recs if r.method == m and r.family == "word-categories"])
                for m in ("base", "reptile")}
     (c, icl) = result.against_base()
     assert (c.method, c.baseline, c.family) == ("reptile", "base", "word-categories")
-    assert c.accuracy.estimate == pytest.approx(by_hand["reptile"] - by_hand["base"]) and c.accuracy.high < 0
+    assert c.interval("accuracy").estimate == pytest.approx(by_hand["reptile"] - by_hand["base"]) and c.interval("accuracy").high < 0
     md = format_markdown(result)
     headline = md.split("## What holds", 1)[1].split("\n## ", 1)[0]
     assert "Out of format (word-categories: a template and label words no meta-training task has)" in headline
-    assert f"| reptile | word-categories | {c.accuracy.estimate:+.3f}" in headline and "yes, below |" in headline
+    assert f"| reptile | word-categories | {c.interval('accuracy').estimate:+.3f}" in headline and "yes, below |" in headline
     assert icl.method == IN_CONTEXT
     paths = write_report(result, tmp_path)
     raw = json.loads(paths["eval.json"].read_text())
@@ -260,8 +260,8 @@ def test_an_out_of_format_family_is_scored_apart_against_the_base_model(tmp_path
 
 
 def test_the_comparisons_per_kind_leave_the_out_of_format_tasks_out() -> None:
-    recs = [EpisodeRecord(method=m, seed=s, episode=e, task=t, family=f, kind="classification", step=0, loss=1.0,
-                          accuracy=acc, n=4)
+    recs = [EpisodeRecord(method=m, seed=s, episode=e, task=t, family=f, kind="classification", step=0,
+                          metrics={"loss": 1.0, "accuracy": acc}, n=4)
             for m, own, shifted in (("reptile", 0.9, 0.1), ("multitask", 0.5, 0.9), ("base", 0.5, 0.9))
             for t, f, acc in (("langid", "cldr-langid", own), ("words-1", "word-categories", shifted))
             for s in range(3) for e in range(4)]

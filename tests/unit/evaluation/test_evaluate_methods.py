@@ -78,22 +78,22 @@ def test_records_equal_direct_adaptation_and_params_are_restored(optimizer: str)
         for step in (0, 2):
             ref = _reference(model, params, state, eps[1][0], lr, step, inner)
             rec = by_key[(method, 1, 0, step)]
-            assert rec.loss == pytest.approx(ref.loss, rel=1e-5, abs=1e-6)
-            assert rec.accuracy == ref.accuracy and rec.kind == "classification"
+            assert rec.metrics["loss"] == pytest.approx(ref.loss, rel=1e-5, abs=1e-6)
+            assert rec.metrics["accuracy"] == ref.accuracy and rec.kind == "classification"
     # adaptation really happens: the base model's support-trained loss moves
-    assert by_key[("base", 0, 1, 2)].loss != by_key[("base", 0, 1, 0)].loss
+    assert by_key[("base", 0, 1, 2)].metrics["loss"] != by_key[("base", 0, 1, 0)].metrics["loss"]
     # in-context: base state, support as demonstrations, step 0 only
     restore(params, before)
     ep = eps[2][1]
     ref = score_query(model, ep.in_context_query(), PAD, choices=ep.choices)
     rec = by_key[(IN_CONTEXT, 2, 1, 0)]
-    assert rec.loss == pytest.approx(ref.loss, rel=1e-6) and rec.kind == "generation"
+    assert rec.metrics["loss"] == pytest.approx(ref.loss, rel=1e-6) and rec.kind == "generation"
     assert (IN_CONTEXT, 2, 1, 1) not in by_key
 
 
 def _rec(method: str, seed: int, kind: str, loss: float, acc: float, step: int = 0) -> EpisodeRecord:
     return EpisodeRecord(method=method, seed=seed, episode=0, task=kind, kind=kind,
-                         step=step, loss=loss, accuracy=acc, n=4)
+                         step=step, metrics={"loss": loss, "accuracy": acc}, n=4)
 
 
 def test_summary_is_mean_and_worst_over_seed_means() -> None:
@@ -105,11 +105,11 @@ def test_summary_is_mean_and_worst_over_seed_means() -> None:
     res = EvalResult(records=recs, methods=["m"], max_steps=0, n_seeds=3, inner_lrs={"m": 0.1},
                      inner=InnerLoopConfig())
     cls = res.get("m", 0, "classification")
-    assert cls.accuracy_mean == pytest.approx(0.75) and cls.accuracy_worst == 0.5
-    assert cls.loss_mean == pytest.approx(3.5 / 3) and cls.loss_worst == 2.0
+    assert cls.mean("accuracy") == pytest.approx(0.75) and cls.worst("accuracy") == 0.5
+    assert cls.mean("loss") == pytest.approx(3.5 / 3) and cls.worst("loss") == 2.0
     overall = res.get("m", 0)  # seed means: acc 0.5, 0.5, 0.5; loss 2.0, 2.0, 2.25
-    assert overall.accuracy_mean == pytest.approx(0.5) and overall.accuracy_worst == pytest.approx(0.5)
-    assert overall.loss_mean == pytest.approx(6.25 / 3) and overall.loss_worst == 2.25
+    assert overall.mean("accuracy") == pytest.approx(0.5) and overall.worst("accuracy") == pytest.approx(0.5)
+    assert overall.mean("loss") == pytest.approx(6.25 / 3) and overall.worst("loss") == 2.25
     assert overall.n_seeds == 3 and overall.n_episodes == 6
     with pytest.raises(KeyError, match="step=1"):
         res.get("m", 1)
@@ -222,23 +222,23 @@ def test_every_method_sees_the_same_episodes_and_demonstrations_follow_adaptatio
     # step 0 with demonstrations is the in-context score of that state ...
     restore(params, trained)
     icl = score_query(model, ep.in_context_query(), PAD, choices=ep.choices)
-    assert by_key[("icl_only", 1, 0, 0)].loss == pytest.approx(icl.loss, rel=1e-6)
-    assert by_key[("trained+demos", 1, 0, 0)].loss == pytest.approx(icl.loss, rel=1e-6)
+    assert by_key[("icl_only", 1, 0, 0)].metrics["loss"] == pytest.approx(icl.loss, rel=1e-6)
+    assert by_key[("trained+demos", 1, 0, 0)].metrics["loss"] == pytest.approx(icl.loss, rel=1e-6)
     # ... and after 2 steps it is the adapted weights' in-context score
     adapt(model, params, [collate(ep.support, PAD)], inner, steps=2)
     adapted = score_query(model, ep.in_context_query(), PAD, choices=ep.choices)
-    assert by_key[("trained+demos", 1, 0, 2)].loss == pytest.approx(adapted.loss, rel=1e-5)
+    assert by_key[("trained+demos", 1, 0, 2)].metrics["loss"] == pytest.approx(adapted.loss, rel=1e-5)
     restore(params, before)
     # paired differences at headline steps: the hand computation on the same episodes
     c = res.compare("trained+demos", IN_CONTEXT, "classification")
     assert (c.method_step, c.baseline_step) == (2, 0)
-    want = [by_key[("trained+demos", s, 0, 2)].accuracy - by_key[(IN_CONTEXT, s, 0, 0)].accuracy
+    want = [by_key[("trained+demos", s, 0, 2)].metrics["accuracy"] - by_key[(IN_CONTEXT, s, 0, 0)].metrics["accuracy"]
             for s in range(3)]
-    assert c.accuracy.estimate == pytest.approx(sum(want) / 3) and c.accuracy.n == 3
+    assert c.interval("accuracy").estimate == pytest.approx(sum(want) / 3) and c.interval("accuracy").n == 3
     assert {(x.method, x.baseline) for x in res.comparisons()} == {
         (m, IN_CONTEXT) for m in methods if m != IN_CONTEXT}
     cell = res.get("trained", 2, "fam_a")
-    assert cell.accuracy_interval.low <= cell.accuracy_mean <= cell.accuracy_interval.high
+    assert cell.interval("accuracy").low <= cell.mean("accuracy") <= cell.interval("accuracy").high
 
 
 def test_a_difference_needs_the_same_episodes() -> None:
@@ -268,7 +268,7 @@ def test_learned_step_sizes_are_used_as_they_are_and_not_tuned() -> None:
     adapt(model, params, [collate(ep.support, PAD)], inner, steps=2, step_sizes=learned)
     ref = score_query(model, ep, PAD)
     rec = next(r for r in res.records if (r.method, r.seed, r.episode, r.step) == ("learned", 0, 1, 2))
-    assert rec.loss == pytest.approx(ref.loss, rel=1e-5)
+    assert rec.metrics["loss"] == pytest.approx(ref.loss, rel=1e-5)
     restore(params, before)
     with pytest.raises(ValueError, match="step sizes for"):
         evaluate_methods(model, params, {"x": EvalMethod(trained, step_sizes=[0.1])}, test, _settings(inner, 1))
@@ -334,8 +334,8 @@ def test_episodes_adapted_together_score_as_one_at_a_time(optimizer: str, paddin
         assert any(p.batch.lines is not None for p in support_passes(eps[0][:2], PAD, 2, padding_free=True))
     assert alone.keys() == together.keys() and len(alone) == 3 * 5 * 3 * 3
     for key, r in alone.items():
-        assert together[key].loss == pytest.approx(r.loss, rel=1e-6, abs=1e-7), key
-        assert together[key].accuracy == r.accuracy, key
+        assert together[key].metrics["loss"] == pytest.approx(r.metrics["loss"], rel=1e-6, abs=1e-7), key
+        assert together[key].metrics["accuracy"] == r.metrics["accuracy"], key
 
 
 def test_support_passes_sort_rows_by_length_within_the_token_budget(monkeypatch) -> None:
@@ -379,12 +379,12 @@ def test_a_method_trained_in_context_adapts_and_is_scored_in_that_format() -> No
     ref = evaluate_methods(model, params, {"m": EvalMethod(trained)}, formatted, settings, families=families)
     assert len(ours.records) == len(ref.records) == 3 * 2 * 3
     for a, b in zip(ours.records, ref.records, strict=True):
-        assert (a.seed, a.episode, a.step, a.accuracy) == (b.seed, b.episode, b.step, b.accuracy)
-        assert a.loss == pytest.approx(b.loss, rel=1e-5)
+        assert (a.seed, a.episode, a.step, a.metrics["accuracy"]) == (b.seed, b.episode, b.step, b.metrics["accuracy"])
+        assert a.metrics["loss"] == pytest.approx(b.metrics["loss"], rel=1e-5)
     demos_only = evaluate_methods(model, params, {"m": EvalMethod(trained, demonstrations=True)},
                                   eps, settings, families=families)
-    after = [r.loss for r in ours.records if r.step == 2]
-    assert max(abs(x - r.loss) for x, r in zip(after, [r for r in demos_only.records if r.step == 2])) > 1e-4
+    after = [r.metrics["loss"] for r in ours.records if r.step == 2]
+    assert max(abs(x - r.metrics["loss"]) for x, r in zip(after, [r for r in demos_only.records if r.step == 2])) > 1e-4
     val = [ep for seed in eps for ep in seed]
     grid = (0.05, 0.3)
     chose = select_inner_lr(model, params, {"m": EvalMethod(trained, demonstrations=True, in_context_support=True)},
@@ -427,7 +427,7 @@ def test_the_lr_choice_takes_each_episodes_first_gradient_once(padding_free: boo
                                  AdaptPlan(inner=cfg, pad_id=PAD, micro_batch_size=2), 2,
                                  Lockstep(model, params, OneRank()), score_steps=(),
                                  task_lrs=[lr for lr in grid for _ in eps])
-        return [sc[0][1] for sc in scored], sum(rows)
+        return [sc[0][1].loss for sc in scored], sum(rows)
 
     shared, shared_rows = final_losses([ep for _ in grid for ep in eps])
     apart, apart_rows = final_losses([copy.copy(ep) for _ in grid for ep in eps])  # nothing to share

@@ -46,7 +46,7 @@ def test_fit_curve_equals_direct_adaptation_and_the_evaluation() -> None:
     restore(params, theta)
     res = evaluate_methods(model, params, {"m": None}, [eps] * 3, EvalSettings(inner=inner, max_steps=3, pad_id=PAD))
     final = [r for r in res.records if r.seed == 0 and r.step == 3]
-    assert curve[1].query_loss == pytest.approx(sum(r.loss for r in final) / 4, rel=1e-5)
+    assert curve[1].query_loss == pytest.approx(sum(r.metrics["loss"] for r in final) / 4, rel=1e-5)
 
 
 def test_bad_arguments_are_refused() -> None:
