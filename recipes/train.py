@@ -238,7 +238,7 @@ def meta_train(cfg: RecipeConfig, method: str, engine: Engine, model: torch.nn.M
     sampler = CostAwareSampler(
         tasks, cfg.sampler, world_size=engine.world_size, seed=cfg.train.seed,
         support_draws=algorithm.support_draws, support_repeats=algorithm.support_repeats,
-        fast_weight_numel=fast_weight_numel, lockstep=engine.lockstep,
+        fast_weight_numel=fast_weight_numel, lockstep=engine.lockstep, name=method,
     )
     # The next step's passes are collated in the prefetcher's thread while this one trains.
     prefetcher = Prefetcher(sampler, stop_step=cfg.train.meta_steps,

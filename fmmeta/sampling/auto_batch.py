@@ -40,6 +40,7 @@ class AutoBatch:
         every: meta-steps between later choices (0: choose once).
         multiple: B is a multiple of this (the world size where ranks must hold equal counts).
         mib_per_task: memory of one task's fast weights (MiB), for the choice's log line.
+        label: what the log line names (the method: methods may train side by side).
 
     Example:
         >>> sizer = AutoBatch(low=4, high=16, warmup=2, every=0)
@@ -50,9 +51,9 @@ class AutoBatch:
     """
 
     def __init__(self, *, low: int, high: int, warmup: int, every: int, multiple: int = 1,
-                 mib_per_task: float = 0.0) -> None:
+                 mib_per_task: float = 0.0, label: str = "") -> None:
         self.low, self.high, self.warmup, self.every, self.multiple = low, high, warmup, every, multiple
-        self.mib_per_task = mib_per_task
+        self.mib_per_task, self.label = mib_per_task, label
         self.size = self._bounded(low)
         self.due: int | None = warmup - 1
         """The step whose statistics the next choice follows (``None``: no more choices). A step
@@ -78,8 +79,9 @@ class AutoBatch:
         before, self.size = self.size, self.choose(b_noise)
         self.choices.append({"step": noise.step, "b_noise": None if math.isnan(b_noise) else b_noise, "size": self.size})
         logger.info(
-            "meta_batch_size auto: B_noise %s after meta-step %d -> %d tasks per meta-step from meta-step %d "
+            "%smeta_batch_size auto: B_noise %s after meta-step %d -> %d tasks per meta-step from meta-step %d "
             "(was %d; bounds %d-%d; their fast weights %.1f MiB)",
+            f"{self.label}: " if self.label else "",
             f"{b_noise:.1f}" if math.isfinite(b_noise) else "not measured yet (B kept)", noise.step, self.size,
             noise.step + 2, before, self.low, self.high, self.size * self.mib_per_task,
         )

@@ -129,6 +129,7 @@ class CostAwareSampler:
         fast_weight_numel: floats of one task's fast weights (the adapter's size; 0 for methods
             that adapt nothing): prices the rows placement's all-reduce per inner step.
         lockstep: whether the engine's ranks meet at every pass (ZeRO-3); prices the placements.
+        name: whose meta-batches it plans (the method), named in its messages.
 
     Example:
         >>> sampler = CostAwareSampler(tasks, SamplerConfig(meta_batch_size=8), world_size=2, seed=0)
@@ -149,6 +150,7 @@ class CostAwareSampler:
         support_repeats: int = 1,
         fast_weight_numel: int = 0,
         lockstep: bool = True,
+        name: str = "",
     ) -> None:
         _check_arguments(sources, config, world_size=world_size, seed=seed, support_draws=support_draws)
         self.sources = list(sources)
@@ -164,7 +166,7 @@ class CostAwareSampler:
             low=config.auto_batch_min, high=min(config.auto_batch_max, len(sources)),
             warmup=config.auto_batch_warmup, every=config.auto_batch_every,
             multiple=world_size if config.on_uneven == "error" else 1,
-            mib_per_task=fast_weight_megabytes(1, fast_weight_numel))
+            mib_per_task=fast_weight_megabytes(1, fast_weight_numel), label=name)
         """Chooses the tasks per meta-step of ``meta_batch_size: auto`` (``None`` otherwise)."""
         self.cost_model = CostModel(a=config.cost_a, b=config.cost_b, c=config.cost_c, r=config.cost_r,
                                     damping=config.cost_damping)

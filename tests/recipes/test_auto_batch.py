@@ -30,7 +30,9 @@ def test_auto_plans_the_recorded_noise_scale_and_resumes_to_the_same_choices(tmp
     # the choice after step 1 (end of the warm-up) plans steps 3-5; the one after step 4, steps 6-7
     first, second = _expected(records[1]["noise_scale"]), _expected(records[4]["noise_scale"])
     assert tasks == [2, 2, 2, first, first, first, second, second], (tasks, [r["noise_scale"] for r in records])
-    assert f"-> {first} tasks per meta-step from meta-step 3" in done.stdout
+    seen = records[1]["noise_scale"]
+    said = f"{seen:.1f}" if seen is not None else "not measured yet (B kept)"
+    assert f"fomaml: meta_batch_size auto: B_noise {said} after meta-step 1 -> {first} tasks per meta-step from meta-step 3" in done.stdout
     assert f"-> {second} tasks per meta-step from meta-step 6" in done.stdout
     assert {first, second} != {2}, "B_noise never moved B: the test would not see a lost choice"
 
