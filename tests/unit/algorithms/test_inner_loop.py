@@ -196,7 +196,7 @@ def test_answer_logits_paths_agree(tiny_peft, episodes, monkeypatch, kind: str) 
     from fmmeta.algorithms import answer_loss
 
     batch = collate(list(episodes[0].support) + list(episodes[1].query), PAD_ID)
-    cls = type(answer_loss._unwrap(tiny_peft))
+    cls = type(answer_loss.unwrap_causal_lm(tiny_peft))
     assert answer_loss._logits_to_keep_kind(tiny_peft) == "mask"
     with torch.no_grad():
         masked = answer_loss_rows(tiny_peft, batch)
