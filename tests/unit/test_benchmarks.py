@@ -17,14 +17,14 @@ from fmmeta.models.precision import resolve_dtype
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _run(script: str, *args: str) -> dict:
+def _run(script: str, *args: str, timeout_s: float = 300) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     # earlier in-process tests leave the variables a launcher sets (init_distributed sets them
     # for a lone process); a benchmark that launches its own ranks must not inherit them
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *args], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=300)
+                          env=env, capture_output=True, text=True, timeout=timeout_s)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -180,9 +180,11 @@ def test_workers_benchmark_runs_small() -> None:
     assert out["eval_loss_max_rel_diff"] == 0.0  # one thread in both layouts: the same sums
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_training_phase_benchmark_runs_small() -> None:
-    out = _run("training_phase.py", "--tiny", "--meta-steps", "2", "--", "methods=[fomaml,multitask]")
+    # two recipe processes compile with inductor from an empty cache on a fresh clone: 300 s was
+    # passed on a machine shared with other work (a hang guard, not a timing)
+    out = _run("training_phase.py", "--tiny", "--meta-steps", "2", "--", "methods=[fomaml,multitask]", timeout_s=540)
     assert all(set(out["per_method_s"][side]) == {"fomaml", "multitask"} for side in ("eager", "compiled"))
     assert out["compile_graphs"] > 0 and out["speedup"] > 0 and out["wall_speedup"] > 0
     assert out["speedup_per_pair"] == [out["speedup"]]  # one pair: its ratio is the median's
