@@ -31,7 +31,8 @@ from fmmeta.startup import Terminated, ctrl_c_raises  # first: Ctrl-C during the
 from fmmeta.adaptation import Adapted, Adapter, TaskFiles, TaskFormat, resolve_method
 from fmmeta.adaptation.cross_validation import DEFAULT_FOLDS, Comparison, below_base, fold_count
 from fmmeta.adaptation.method import AUTO, RunMethod, candidate_methods, load_run_config
-from fmmeta.adaptation.task_files import FORMAT_KEYS, adapt_builders, describe_source, read_task
+from fmmeta.adaptation.task_files import read_task
+from fmmeta.adaptation.task_format import adapt_builders, describe_source, format_keys, key_help
 from fmmeta.adaptation.task_list import task_list
 from fmmeta.errors import UserInputError
 from fmmeta.library_warnings import show_library_warnings_once
@@ -64,12 +65,12 @@ def parse_args(argv: list[str], prog: str | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("adapted"), help="output folder, new or empty")
     p.add_argument("--source", help="read rows as this tasks.collection source of the run's config does")
     p.add_argument("--builder", choices=adapt_builders(), help="the task builder the files are read with: "
-                   + ", ".join(adapt_builders()) + " (dataset: generation)")
-    for key in ("template", "answer_template", "text_column", "label_column", "input_column", "output_column",
-                "options_column", "answer_format"):
-        p.add_argument("--" + key.replace("_", "-"), dest=key, help=f"as a YAML task source's {key}")
-    p.add_argument("--option-columns", help="multiple choice: the columns holding one option each, comma-separated")
-    p.add_argument("--labels", help="the label set, comma-separated (default: the support's labels)")
+                   + ", ".join(adapt_builders()) + " (dataset: generation); each takes its own keys below")
+    p.add_argument("--template", help="as a YAML task source's template (not chat)")
+    p.add_argument("--answer-template", help="as a YAML task source's answer_template (not chat)")
+    p.add_argument("--labels", help="classification: the label set, comma-separated (default: the verbalizer's "
+                   "words, else the support's labels)")
+    add_builder_keys(p)
     p.add_argument("--steps", type=int, help="adaptation steps (default: the run's evaluation's)")
     p.add_argument("--lr", type=float, help="adaptation lr (default: the one the evaluation chose on validation)")
     p.add_argument("--max-new-tokens", type=int, help="longest greedy answer (generation; default 64, at most the "
@@ -77,6 +78,12 @@ def parse_args(argv: list[str], prog: str | None = None) -> argparse.Namespace:
     p.add_argument("--tasks-per-pass", type=int, help="tasks adapted together (default: eval.episodes_per_pass)")
     p.add_argument("--no-adapters", action="store_true", help="write predictions only, no adapter folders")
     return p.parse_args(argv)
+
+
+def add_builder_keys(p: argparse.ArgumentParser) -> None:
+    """A flag per key of the builders' own sections, its help the builders that take it and its doc."""
+    for key, text in key_help().items():
+        p.add_argument("--" + key.replace("_", "-"), dest=key, help=text)
 
 
 def task_files(args: argparse.Namespace) -> list[TaskFiles]:
@@ -88,7 +95,7 @@ def task_files(args: argparse.Namespace) -> list[TaskFiles]:
             raise UserInputError(f"--source {args.source!r} is not a source of the run's config: it has "
                                  f"{sorted(sources) or 'none (a built-in suite)'}")
         fmt = TaskFormat.from_source(sources[args.source])
-    fmt = fmt.replace(**{k: getattr(args, k) for k in FORMAT_KEYS})
+    fmt = fmt.replace(**{k: getattr(args, k) for k in format_keys()})
     if (args.tasks is None) == (args.support is None):
         raise UserInputError("give either --support FILE (with --query FILE) for one task, or --tasks for many")
     if args.tasks is not None:

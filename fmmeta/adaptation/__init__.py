@@ -49,8 +49,10 @@ def adapt(run: str | Path, method: str, support: Rows, query: Rows | None = None
         name: the task's name in predictions.
         max_new_tokens: longest greedy answer of a generation task.
         folds: cross-validation folds of ``auto``.
-        format_keys: the task source keys of :class:`~fmmeta.adaptation.task_files.TaskFormat`
-            (``builder``, ``template``, ``text_column``, ``label_column``, ``labels``, ...).
+        format_keys: how the rows are read (:class:`~fmmeta.adaptation.task_format.TaskFormat`):
+            ``builder``, ``template``, ``answer_template``, ``labels``, and any key of that
+            builder's own section (``text_column``; chat's ``messages_column``, ...); a key the
+            builder does not take is refused, naming the keys it does.
 
     Returns:
         The adapted task: ``.predictions`` of the query, ``.predict(rows)``, ``.save(folder)``.

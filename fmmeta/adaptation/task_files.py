@@ -4,7 +4,7 @@ A meta-trained adapter meets its user's task the way it met a held-out task in e
 :class:`~fmmeta.tasks.episode.Episode`, support examples to adapt on and query examples to score.
 Here the rows come from the user's files (any format :func:`~fmmeta.tasks.data.read_dataset`
 reads) and become examples through the same options a YAML task source takes (``builder``,
-``template``, columns, ``answer_template``) and the same tokenization rules as the task builders
+``template``, ``answer_template`` and the builder's own keys: :mod:`.task_format`) and the same tokenization rules as the task builders
 (answer words with EOS, prompts cut from the left to ``tasks.max_length``), so an example of a
 held-out task written out as text comes back as the very token ids the evaluation scored.
 
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from fmmeta.adaptation.task_format import TaskFormat, adapt_builders, describe_source
 from fmmeta.errors import UserInputError
 from fmmeta.tasks.choice_rows import (
     OPTIONS_FIELD,
@@ -32,107 +33,10 @@ from fmmeta.tasks.choice_rows import (
 from fmmeta.tasks.classification import answer_word_ids
 from fmmeta.tasks.columns import answer_template_problem, column, render, resolve_template, template_fields
 from fmmeta.tasks.episode import Episode, Example
-from fmmeta.tasks.registry import task_builder, task_builders
+from fmmeta.tasks.registry import task_builder
 from fmmeta.tasks.tokens import encode, eos_ids
 
 logger = logging.getLogger(__name__)
-
-
-def adapt_builders() -> list[str]:
-    """The task builders adapt reads a user's files with (those registered with an ``adapt`` format)."""
-    return [b.name for b in task_builders() if b.adapt is not None]
-
-
-def _adapt_builders_text() -> str:
-    return ", ".join(f"{b.name} ({b.summary})" for b in task_builders() if b.adapt is not None)
-
-FORMAT_KEYS = ("builder", "template", "answer_template", "text_column", "label_column", "input_column",
-               "output_column", "labels", "options_column", "option_columns", "answer_format")
-"""The keys of :class:`TaskFormat`: what a YAML list of tasks may set per task."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class TaskFormat:
-    """How rows become examples: the keys of a YAML task source that apply to one task.
-
-    Attributes:
-        builder: a task builder of :mod:`fmmeta.tasks.registry` that adapt reads files with
-            (:func:`adapt_builders`): ``"classification"`` (a label per row; the answer is its
-            label word), ``"dataset"`` (generation: the answer is the output column's text),
-            ``"multiple_choice"`` (each row its own options; ``label_column`` names the gold one), ...
-        template: prompt format over column names; ``None`` = the text (or input) column alone.
-        answer_template: answer format; ``{answer}`` is the label word or the output text.
-        text_column, label_column: classification's text and label columns.
-        input_column, output_column: generation's prompt and answer columns.
-        labels: classification's label set, in order; ``None`` = the support's labels in order
-            of first appearance. A support label outside an explicit set is refused.
-        options_column, option_columns, answer_format: multiple choice's options (one list or
-            ``{text, label}`` column, or a column per option) and how the label names the gold one
-            (:mod:`fmmeta.tasks.choice_rows`).
-    """
-
-    builder: str = "classification"
-    template: str | None = None
-    answer_template: str = " {answer}"
-    text_column: str = "text"
-    label_column: str = "label"
-    input_column: str = "input"
-    output_column: str = "output"
-    labels: tuple[str, ...] | None = None
-    options_column: str | None = None
-    option_columns: tuple[str, ...] | None = None
-    answer_format: str = "auto"
-
-    @classmethod
-    def from_source(cls, source: Any) -> TaskFormat:
-        """The format of a ``tasks.collection`` source of the run's config (its resolved keys).
-
-        Raises:
-            UserInputError: the source's builder reads one file as many tasks (``task_column``).
-        """
-        args = source.resolved()
-        builder = args.get("builder")
-        if builder not in adapt_builders():
-            raise UserInputError(f"source {describe_source(source)!r} has builder={builder!r}: a user's task is "
-                                 f"one task per support file; use a source of {' / '.join(adapt_builders())}, "
-                                 "or give --builder and the columns yourself")
-        words = source.verbalizer
-        labels = tuple(words.values() if isinstance(words, dict) else words) if words else None
-        keys = {k: args[k] for k in ("template", "text_column", "label_column", "input_column", "output_column",
-                                     "options_column", "answer_format") if args.get(k) is not None}
-        if args.get("option_columns"):
-            keys["option_columns"] = tuple(args["option_columns"])
-        return cls(builder=builder, answer_template=source.answer_template, labels=labels, **keys)
-
-    def replace(self, **changes: Any) -> TaskFormat:
-        """This format with ``changes`` (``None`` values are ignored: an option not given)."""
-        unknown = sorted(set(changes) - set(FORMAT_KEYS))
-        if unknown:
-            raise UserInputError(f"unknown task key(s) {unknown}: allowed are {list(FORMAT_KEYS)}")
-        given = {k: v for k, v in changes.items() if v is not None}
-        if isinstance(given.get("labels"), str):
-            given["labels"] = tuple(w.strip() for w in given["labels"].split(",") if w.strip())
-        elif "labels" in given:
-            given["labels"] = tuple(str(w) for w in given["labels"])
-        if isinstance(given.get("option_columns"), str):
-            given["option_columns"] = tuple(c.strip() for c in given["option_columns"].split(",") if c.strip())
-        elif "option_columns" in given:
-            given["option_columns"] = tuple(str(c) for c in given["option_columns"])
-        if given.get("builder", self.builder) not in adapt_builders():
-            raise UserInputError(f"builder={given['builder']!r} is invalid: {_adapt_builders_text()}")
-        return dataclasses.replace(self, **given)
-
-    @property
-    def reader(self) -> AdaptFormat:
-        """How this format's rows are read and tokenized (its builder's adapt format)."""
-        name = task_builder(self.builder).adapt
-        assert name is not None  # replace() and from_source() admit adapt's builders only
-        return ADAPT_FORMATS[name]
-
-
-def describe_source(source: Any) -> str:
-    """A source's name as ``--source`` takes it: its task_name, else its path's file stem."""
-    return str(source.task_name or Path(str(source.path)).stem)
 
 
 @dataclass(frozen=True)
@@ -173,7 +77,7 @@ class UserTask:
     def is_classification(self) -> bool:
         """Whether the task ranks candidates (a label set, or each question's options) rather than
         generating."""
-        return self.episode.choices is not None or self.format.reader.ranks
+        return self.episode.choices is not None or reader(self.format).ranks
 
     def candidate_words(self) -> list[tuple[str, ...]]:
         """Per query, the names of the candidates it is ranked among (its label set or options)."""
@@ -206,11 +110,10 @@ def read_rows(data: Path | Sequence[Mapping[str, Any]], *, what: str) -> list[di
     return rows
 
 
-def _prompts(rows: list[dict[str, Any]], fmt: TaskFormat, first: str, *, where: str,
+def _prompts(rows: list[dict[str, Any]], template: str, *, where: str,
              options: Sequence[Sequence[str]] | None = None) -> list[str]:
-    """Each row's prompt text: the template over its columns (``first`` alone without one); for
-    multiple choice (``options`` given) ``{options}`` shows the row's options as lettered lines."""
-    template = resolve_template(fmt.template, first)
+    """Each row's prompt text: the template over its columns; for multiple choice (``options``
+    given) ``{options}`` shows the row's options as lettered lines."""
     try:
         fields = template_fields(template, key="template")
     except ValueError as err:
@@ -248,7 +151,9 @@ def _answers(rows: list[dict[str, Any]], key: str, *, required: bool, where: str
 
 def _label_set(fmt: TaskFormat, support: list[str | None], query: list[str | None], name: str) -> tuple[str, ...]:
     """The candidates: the given labels, else the support's in order of first appearance."""
-    labels = fmt.labels if fmt.labels is not None else tuple(dict.fromkeys(s for s in support if s is not None))
+    words = _verbalizer_words(fmt)
+    labels = fmt.labels if fmt.labels is not None else tuple(dict.fromkeys(words.values())) if words else tuple(
+        dict.fromkeys(s for s in support if s is not None))
     for what, values in (("support", support), ("query", query)):
         bad = sorted({v for v in values if v is not None and v not in labels})
         if bad:
@@ -288,23 +193,24 @@ class TaskTexts:
 def read_task(files: TaskFiles) -> TaskTexts:
     """Reads and checks one task's support and query rows (see :func:`build_task`)."""
     fmt, name = files.format, files.name
-    reader = fmt.reader
-    answer = answer_template_problem(fmt.answer_template, multiple_choice=reader.letters, key="--answer-template")
+    fmt_reader = reader(fmt)
+    answer = answer_template_problem(fmt.answer_template, multiple_choice=fmt_reader.letters, key="--answer-template")
     if answer is not None:
         raise UserInputError(f"task {name!r}: {answer}")
     support = read_rows(files.support, what=f"task {name!r} support")
     query = [] if files.query is None else read_rows(files.query, what=f"task {name!r} query")
-    s_ans = reader.answers(fmt, support, True, f"task {name!r} support")
-    q_ans = reader.answers(fmt, query, False, f"task {name!r} query")
-    return reader.read(files, support, query, (s_ans, q_ans))
+    s_ans = fmt_reader.answers(fmt, support, True, f"task {name!r} support")
+    q_ans = fmt_reader.answers(fmt, query, False, f"task {name!r} query")
+    return fmt_reader.read(files, support, query, (s_ans, q_ans))
 
 
 def _read_classification(files: TaskFiles, support: list[dict[str, Any]], query: list[dict[str, Any]],
                          answers: tuple[list[str | None], list[str | None]]) -> TaskTexts:
     """A classification task's rows: prompts over the text column, and its label set."""
     fmt, name = files.format, files.name
-    prompts = (_prompts(support, fmt, fmt.text_column, where=f"task {name!r} support"),
-               _prompts(query, fmt, fmt.text_column, where=f"task {name!r} query"))
+    template = resolve_template(fmt.template, fmt.keys.text_column)
+    prompts = (_prompts(support, template, where=f"task {name!r} support"),
+               _prompts(query, template, where=f"task {name!r} query"))
     return TaskTexts(files, support, prompts, answers, _label_set(fmt, *answers, name))
 
 
@@ -312,8 +218,9 @@ def _read_generation(files: TaskFiles, support: list[dict[str, Any]], query: lis
                      answers: tuple[list[str | None], list[str | None]]) -> TaskTexts:
     """A generation task's rows: prompts over the input column."""
     fmt, name = files.format, files.name
-    prompts = (_prompts(support, fmt, fmt.input_column, where=f"task {name!r} support"),
-               _prompts(query, fmt, fmt.input_column, where=f"task {name!r} query"))
+    template = resolve_template(fmt.template, fmt.keys.input_column)
+    prompts = (_prompts(support, template, where=f"task {name!r} support"),
+               _prompts(query, template, where=f"task {name!r} query"))
     return TaskTexts(files, support, prompts, answers, ())
 
 
@@ -326,33 +233,35 @@ def _read_multiple_choice(files: TaskFiles, support: list[dict[str, Any]], query
                              "e.g. 'Question: {question}\nAnswer:'")
     s_q = _questions(support, answers[0], fmt, where=f"task {name!r} support")
     q_q = _questions(query, answers[1], fmt, where=f"task {name!r} query")
-    prompts = (_prompts(support, fmt, fmt.input_column, where=f"task {name!r} support", options=s_q[0]),
-               _prompts(query, fmt, fmt.input_column, where=f"task {name!r} query", options=q_q[0]))
+    prompts = (_prompts(support, fmt.template, where=f"task {name!r} support", options=s_q[0]),
+               _prompts(query, fmt.template, where=f"task {name!r} query", options=q_q[0]))
     return TaskTexts(files, support, prompts, answers, (), (s_q[0], q_q[0]), (s_q[1], q_q[1]))
 
 
 def _questions(rows: list[dict[str, Any]], answers: list[str | None], fmt: TaskFormat, *, where: str
                ) -> tuple[list[list[str]], list[int | None]]:
     """Each multiple-choice row's option texts and gold option (``None`` where its label is absent)."""
-    if (fmt.options_column is None) == (not fmt.option_columns):
+    keys = fmt.keys
+    answer_format = keys.answer_format or "auto"
+    if (keys.options_column is None) == (not keys.option_columns):
         raise UserInputError(f"{where}: a multiple-choice task needs exactly one of --options-column (a list or "
                              "{text, label} column) and --option-columns (a column per option)")
-    cols = [fmt.options_column] if fmt.options_column is not None else list(fmt.option_columns or ())
+    cols = [keys.options_column] if keys.options_column is not None else list(keys.option_columns or ())
     missing = [c for c in cols if any(c not in r for r in rows)]
     if missing:
         raise UserInputError(f"{where}: column(s) {missing} not found; the rows have columns {sorted(rows[0])}")
     texts: list[list[str]] = []
     gold: list[int | None] = []
     try:
-        check_answer_column([r.get(fmt.label_column) for r, a in zip(rows, answers) if a is not None],
-                            fmt.answer_format, where=f"{where}: {fmt.label_column}")
+        check_answer_column([r.get(keys.label_column) for r, a in zip(rows, answers) if a is not None],
+                            answer_format, where=f"{where}: {keys.label_column}")
         for i, (r, a) in enumerate(zip(rows, answers)):
-            value = r[cols[0]] if fmt.options_column is not None else [r[c] for c in cols]
-            opts, keys = question_options(value, where=f"{where}: row {i}")
+            value = r[cols[0]] if keys.options_column is not None else [r[c] for c in cols]
+            opts, option_keys = question_options(value, where=f"{where}: row {i}")
             texts.append(opts)
-            raw = r.get(fmt.label_column)
-            gold.append(None if a is None else gold_index(raw, opts, keys, fmt.answer_format,
-                                                         where=f"{where}: row {i} ({fmt.label_column})"))
+            raw = r.get(keys.label_column)
+            gold.append(None if a is None else gold_index(raw, opts, option_keys, answer_format,
+                                                         where=f"{where}: row {i} ({keys.label_column})"))
     except ValueError as err:
         raise UserInputError(str(err)) from None
     return texts, gold
@@ -366,9 +275,9 @@ def build_task(files: TaskFiles | TaskTexts, tokenizer: Any, *, max_length: int,
             labels outside the label set, or an answer too long for ``max_length``.
     """
     texts = read_task(files) if isinstance(files, TaskFiles) else files
-    s_ids, q_ids = (encode(tokenizer, p) for p in texts.files.format.reader.prompt_texts(texts, tokenizer))
+    s_ids, q_ids = (encode(tokenizer, p) for p in reader(texts.files.format).prompt_texts(texts, tokenizer))
     sep = tuple(encode(tokenizer, [separator])[0]) if separator else ()
-    task = texts.files.format.reader.build(texts, s_ids, q_ids, tokenizer, max_length, sep)
+    task = reader(texts.files.format).build(texts, s_ids, q_ids, tokenizer, max_length, sep)
     cut = [sum(len(e.prompt_ids) < len(p) for e, p in zip(examples, ids))
            for examples, ids in ((task.episode.support, s_ids), (task.episode.query, q_ids))]
     if sum(cut):  # as training says of its tasks: their opening tokens are gone
@@ -475,6 +384,13 @@ ADAPT_FORMATS: dict[str, AdaptFormat] = {}
 """Adapt's formats by name: what a builder's registration names as its ``adapt``."""
 
 
+def reader(fmt: TaskFormat) -> AdaptFormat:
+    """How ``fmt``'s rows are read and tokenized: its builder's adapt format."""
+    name = task_builder(fmt.builder).adapt
+    assert name is not None  # TaskFormat admits adapt's builders only
+    return ADAPT_FORMATS[name]
+
+
 def register_adapt_format(fmt: AdaptFormat) -> AdaptFormat:
     """Adds ``fmt`` to :data:`ADAPT_FORMATS` (a builder module's registration)."""
     ADAPT_FORMATS[fmt.name] = fmt
@@ -482,19 +398,36 @@ def register_adapt_format(fmt: AdaptFormat) -> AdaptFormat:
 
 
 def _labels(fmt: TaskFormat, rows: list[dict[str, Any]], required: bool, where: str) -> list[str | None]:
-    return _answers(rows, fmt.label_column, required=required, where=where)
+    return _answers(rows, fmt.keys.label_column, required=required, where=where)
+
+
+def _class_labels(fmt: TaskFormat, rows: list[dict[str, Any]], required: bool, where: str) -> list[str | None]:
+    """Each row's label, as its verbalizer word where the verbalizer names one (a label that is a
+    word already stays as it is)."""
+    words = _verbalizer_words(fmt)
+    if words is None:
+        return _labels(fmt, rows, required, where)
+    return [None if a is None else words.get(a, a) for a in _labels(fmt, rows, required, where)]
+
+
+def _verbalizer_words(fmt: TaskFormat) -> dict[str, str] | None:
+    """Classification's verbalizer as label text -> word (a list: by integer label), or None."""
+    words = getattr(fmt.keys, "verbalizer", None)
+    if words is None:
+        return None
+    return {str(k): str(w) for k, w in (words.items() if isinstance(words, dict) else enumerate(words))}
 
 
 def _outputs(fmt: TaskFormat, rows: list[dict[str, Any]], required: bool, where: str) -> list[str | None]:
-    return _answers(rows, fmt.output_column, required=required, where=where)
+    return _answers(rows, fmt.keys.output_column, required=required, where=where)
 
 
-register_adapt_format(AdaptFormat(name="classification", answers=_labels, read=_read_classification,
+register_adapt_format(AdaptFormat(name="classification", answers=_class_labels, read=_read_classification,
                                   build=_classification, ranks=True))
 register_adapt_format(AdaptFormat(name="generation", answers=_outputs, read=_read_generation, build=_generation))
 register_adapt_format(AdaptFormat(name="multiple_choice", answers=_labels, read=_read_multiple_choice,
                                   build=_multiple_choice, ranks=True, letters=True))
 
 
-__all__ = ["ADAPT_FORMATS", "AdaptFormat", "register_adapt_format", "adapt_builders", "FORMAT_KEYS", "TaskFiles", "TaskFormat", "TaskTexts", "UserTask", "build_task", "describe_source",
-           "read_rows", "read_task"]
+__all__ = ["ADAPT_FORMATS", "AdaptFormat", "TaskFiles", "TaskFormat", "TaskTexts", "UserTask", "adapt_builders",
+           "build_task", "describe_source", "read_rows", "read_task", "reader", "register_adapt_format"]

@@ -6,14 +6,15 @@ A hundred small tasks adapted in one process share the model load and the adapta
 * a folder whose every sub-folder is a task, named by the folder, holding ``support.<ext>`` and
   ``query.<ext>`` (any format the task builders read);
 * a YAML list of ``{name, support, query}`` mappings, each with any :class:`TaskFormat` key of
-  its own (``template``, ``labels``, ...); relative paths are relative to the YAML file.
+  its own (``template``, ``labels``, its builder's keys, ...); relative paths are relative to the YAML file.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from fmmeta.adaptation.task_files import FORMAT_KEYS, TaskFiles, TaskFormat
+from fmmeta.adaptation.task_files import TaskFiles, TaskFormat
+from fmmeta.adaptation.task_format import format_keys
 from fmmeta.errors import UserInputError
 
 DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".arrow")
@@ -52,7 +53,7 @@ def yaml_tasks(path: Path, fmt: TaskFormat) -> list[TaskFiles]:
     for i, item in enumerate(items):
         if not isinstance(item, dict) or "support" not in item or "query" not in item:
             raise UserInputError(f"--tasks {str(path)!r} item {i} is {item!r}: each task needs support and query "
-                                 "files (and optionally name and the keys " + ", ".join(FORMAT_KEYS) + ")")
+                                 "files (and optionally name and the keys " + ", ".join(format_keys()) + ")")
         extra = {k: v for k, v in item.items() if k not in ("name", "support", "query")}
         name = str(item.get("name", f"task{i}"))
         out.append(TaskFiles(name, path.parent / str(item["support"]), path.parent / str(item["query"]),

@@ -135,11 +135,10 @@ def _chat_problems(source: Any, keys: ChatKeys) -> list[str]:
 # ------------------------------------------------------------------------------------------- adapt
 
 
-def _user_turns(row: dict[str, Any], i: int, where: str) -> tuple[list[dict[str, str]], str | None]:
-    """A user's row as turns and its answer (None: a query row without one), read with the default
-    columns: ``messages`` (ending in the assistant's answer, or in the user's turn to answer), or
-    ``prompt`` and ``completion``."""
-    keys = ChatKeys()
+def _user_turns(row: dict[str, Any], keys: ChatKeys, i: int, where: str) -> tuple[list[dict[str, str]], str | None]:
+    """A user's row as turns and its answer (None: a query row without one), read with the format's
+    columns: messages (ending in the assistant's answer, or in the user's turn to answer), or
+    prompt and completion."""
     if row.get(keys.messages_column) is not None:  # a file of both layouts has None in the other's columns
         value = row[keys.messages_column]
         if isinstance(value, list) and value and isinstance(value[-1], dict) and value[-1].get("role") != "assistant":
@@ -150,25 +149,32 @@ def _user_turns(row: dict[str, Any], i: int, where: str) -> tuple[list[dict[str,
         turns = [{"role": "user", "content": row[keys.prompt_column]}, {"role": "assistant", "content": answer or "?"}]
         return _turns(turns, i, where)[0], answer if answer else None
     raise ValueError(f"{where}: row {i} has no {keys.messages_column!r} column and no {keys.prompt_column!r} column; "
-                     f"it has {sorted(row)}")
+                     f"it has {sorted(row)}: name them with --messages-column, or --prompt-column and "
+                     "--completion-column")
 
 
 def _adapt_answers(fmt: TaskFormat, rows: list[dict[str, Any]], required: bool, where: str) -> list[str | None]:
+    if fmt.template is not None or fmt.answer_template not in (" {answer}", "{answer}"):  # "{answer}": as built
+        raise UserInputError(f"{where}: template={fmt.template!r} and answer_template={fmt.answer_template!r} do "
+                             "not apply to builder chat (the tokenizer's chat template renders the turns, and the "
+                             "answer is the assistant's content): remove them")
     try:
-        answers = [_user_turns(r, i, where)[1] for i, r in enumerate(rows)]
+        answers = [_user_turns(r, fmt.keys, i, where)[1] for i, r in enumerate(rows)]
     except ValueError as err:
         raise UserInputError(str(err)) from None
     missing = [i for i, a in enumerate(answers) if a is None]
     if required and missing:
         raise UserInputError(f"{where}: row {missing[0]} has no answer: every support row needs the assistant's "
-                             "answer (the last messages turn, or the completion column)")
+                             f"answer (the last {fmt.keys.messages_column!r} turn, or the "
+                             f"{fmt.keys.completion_column!r} column)")
     return answers
 
 
 def _adapt_read(files: TaskFiles, support: list[dict[str, Any]], query: list[dict[str, Any]],
                 answers: tuple[list[str | None], list[str | None]]) -> TaskTexts:
     where = f"task {files.name!r}"
-    prompts = tuple([json.dumps(_user_turns(r, i, where)[0], ensure_ascii=False) for i, r in enumerate(rows)]
+    keys = files.format.keys
+    prompts = tuple([json.dumps(_user_turns(r, keys, i, where)[0], ensure_ascii=False) for i, r in enumerate(rows)]
                     for rows in (support, query))
     return TaskTexts(files, support, (prompts[0], prompts[1]), answers, ())
 

@@ -21,7 +21,16 @@ from typing import Any, Literal
 from fmmeta.tasks.columns import answer_template_problem
 from fmmeta.tasks.data import FORMATS
 from fmmeta.tasks.options import TaskOptions
-from fmmeta.tasks.registry import SourceRows, TaskBuilder, builder_names, builder_sections, task_builder
+from fmmeta.tasks.registry import (
+    SourceRows,
+    TaskBuilder,
+    build_section,
+    builder_names,
+    builder_sections,
+    key_owners,
+    key_problems,
+    task_builder,
+)
 from fmmeta.tasks.spec import EpisodeSpec
 
 Preset = Literal["metaicl", "natural_instructions"]
@@ -43,15 +52,6 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
 }  # fmt: skip
 """Column names and templates of collection layouts people already have, by preset name."""
-
-
-def _section_keys() -> dict[str, list[str]]:
-    """Each builder key -> the builders whose section takes it."""
-    out: dict[str, list[str]] = {}
-    for name, section in builder_sections():
-        for f in dataclasses.fields(section):
-            out.setdefault(f.name, []).append(name)
-    return out
 
 
 @dataclass(kw_only=True, init=False)
@@ -128,7 +128,7 @@ class CollectionSource:
     def __getattr__(self, key: str) -> Any:
         """A builder key's value (its builder's default if not set; None where another builder
         takes it), as the source's attribute."""
-        if key.startswith("_") or key == "keys" or key not in _section_keys():
+        if key.startswith("_") or key == "keys" or key not in key_owners():
             raise AttributeError(key)
         return self.resolved().get(key)
 
@@ -150,14 +150,9 @@ class CollectionSource:
         builder = self.task_builder
         if builder is None:
             raise ValueError(f"builder={self.builder!r} is not a task builder")
-        from fmmeta.config import ConfigError, build_config
-
         names = {f.name for f in dataclasses.fields(builder.section)}
         given = {**PRESETS.get(self.preset or "", {}), **{k: v for k, v in self.keys.items() if v is not None}}
-        try:
-            return build_config(builder.section, {k: v for k, v in given.items() if k in names})
-        except ConfigError as err:
-            raise ValueError("; ".join(err.problems)) from None
+        return build_section(builder, {k: v for k, v in given.items() if k in names})
 
     def resolved(self) -> dict[str, Any]:
         """The builder's name, the template and the builder's keys, as one mapping."""
@@ -231,20 +226,7 @@ class CollectionSource:
             close = difflib.get_close_matches(named, names, n=1)
             return [f"builder={named!r} is invalid: allowed values are {', '.join(map(repr, names))}"
                     + (f"; did you mean {close[0]!r}?" if close else "")]
-        problems = []
-        takes = {f.name for f in dataclasses.fields(builder.section)}
-        owners = _section_keys()
-        for key, value in self.keys.items():
-            if key in takes or value in (None, ""):
-                continue
-            if key in owners:
-                problems.append(f"{key}={value!r} does not apply to builder={builder.name!r} (only to "
-                                f"{' / '.join(owners[key])}): remove it or change the builder")
-            else:
-                close = difflib.get_close_matches(key, [*takes, *(f.name for f in dataclasses.fields(self))], n=1)
-                problems.append(f"{key} is not a key of builder={builder.name!r}"
-                                + (f" (did you mean {close[0]!r}?)" if close else "")
-                                + f": its keys are {', '.join(sorted(takes))}")
+        problems = key_problems(builder, self.keys, also=[f.name for f in dataclasses.fields(self)])
         if problems:
             return problems
         try:

@@ -17,10 +17,14 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from fmmeta.config import ConfigError, build_config
 
 if TYPE_CHECKING:  # only types: the registry imports no builder at import time
     import datasets
@@ -128,5 +132,54 @@ def builder_sections() -> list[tuple[str, type]]:
     return [(b.name, b.section) for b in task_builders()]
 
 
-__all__ = ["BUILDER_MODULES", "SourceRows", "TaskBuilder", "builder_names", "builder_sections", "register",
-           "task_builder", "task_builders"]
+def key_owners() -> dict[str, list[str]]:
+    """Each builder key -> the builders whose section takes it."""
+    out: dict[str, list[str]] = {}
+    for name, section in builder_sections():
+        for f in dataclasses.fields(section):
+            out.setdefault(f.name, []).append(name)
+    return out
+
+
+def key_problems(builder: TaskBuilder, given: Mapping[str, Any], *, takes: Collection[str] | None = None,
+                 also: Sequence[str] = ()) -> list[str]:
+    """Each key of ``given`` that ``builder`` does not take: another builder's (naming those that
+    take it) or no builder's (with the closest valid key); unset values (None, "") pass.
+
+    Args:
+        builder: the chosen builder.
+        given: its keys as the user set them.
+        takes: the keys it takes (default: its section's fields).
+        also: the keys valid beside them (suggested for a misspelt key).
+    """
+    takes = sorted(takes if takes is not None else (f.name for f in dataclasses.fields(builder.section)))
+    its = f"builder={builder.name!r} takes {', '.join(takes)}"
+    owners = key_owners()
+    problems = []
+    for key, value in given.items():
+        if key in takes or value is None or value == "":
+            continue
+        if key in owners:
+            problems.append(f"{key}={value!r} does not apply to builder={builder.name!r} (only to "
+                            f"{' / '.join(owners[key])}): remove it or change the builder ({its})")
+        else:
+            close = difflib.get_close_matches(key, [*takes, *also], n=1)
+            problems.append(f"{key} is not a key of builder={builder.name!r}"
+                            + (f" (did you mean {close[0]!r}?)" if close else "") + f": {its}")
+    return problems
+
+
+def build_section(builder: TaskBuilder, values: Mapping[str, Any]) -> Any:
+    """``builder``'s section from ``values`` (its keys only), its defaults for the rest.
+
+    Raises:
+        ValueError: a value of the wrong type (the message names each key, value and type).
+    """
+    try:
+        return build_config(builder.section, values)
+    except ConfigError as err:
+        raise ValueError("; ".join(err.problems)) from None
+
+
+__all__ = ["BUILDER_MODULES", "SourceRows", "TaskBuilder", "build_section", "builder_names", "builder_sections",
+           "key_owners", "key_problems", "register", "task_builder", "task_builders"]

@@ -63,11 +63,11 @@ def test_a_chat_collection_trains_evaluates_and_adapts(tmp_path: Path) -> None:
 
     import recipes.adapt as recipe
 
-    support = _jsonl(tmp_path / "s.jsonl", _chats(7, 4))
-    query = _jsonl(tmp_path / "q.jsonl", [{"messages": [{"role": "user", "content": "9+7"}]},
+    support = _jsonl(tmp_path / "s.jsonl", [{"turns": r["messages"]} for r in _chats(7, 4)])  # a column of its own
+    query = _jsonl(tmp_path / "q.jsonl", [{"turns": [{"role": "user", "content": "9+7"}]},
                                           {"prompt": "8+7", "completion": "15"}])
     code = recipe.main(["--run", str(out), "--method", "fomaml", "--support", str(support), "--query", str(query),
-                        "--builder", "chat", "--out", str(tmp_path / "adapted")])
+                        "--builder", "chat", "--messages-column", "turns", "--out", str(tmp_path / "adapted")])
     assert code == 0
     predictions = [json.loads(x) for x in next((tmp_path / "adapted").rglob("predictions.jsonl")).read_text().splitlines()]
     assert len(predictions) == 2

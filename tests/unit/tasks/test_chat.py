@@ -112,3 +112,37 @@ def test_adapt_reads_a_chat_file_as_the_collection_does(tmp_path: Path) -> None:
     assert tok.decode(task.episode.query[1].answer_ids) == "10</s>"
     with pytest.raises(UserInputError, match="chat template"):
         build_task(TaskFiles("add2", support, query, TaskFormat(builder="chat")), tiny_tokenizer(), max_length=64)
+
+
+def test_adapt_reads_chat_files_with_the_columns_its_format_names(tmp_path: Path) -> None:
+    tok = _chat_tokenizer()
+    turns = [{"turns": row["messages"]} for row in _messages(4, 2)]
+    support = _jsonl(tmp_path / "s.jsonl", turns)
+    query = _jsonl(tmp_path / "q.jsonl", [{"turns": [{"role": "user", "content": "7+2"}]}, {"q": "8+2", "a": "10"}])
+    fmt = TaskFormat().replace(builder="chat", messages_column="turns", prompt_column="q", completion_column="a")
+    task = build_task(TaskFiles("add2", support, query, fmt), tok, max_length=64)
+    assert task.query_known == (False, True)
+    assert tok.decode(task.episode.support[3].answer_ids) == "5</s>"
+    assert tok.decode(task.episode.query[0].prompt_ids) == "<|user|>7+2\n<|assistant|>"
+    assert tok.decode(task.episode.query[1].answer_ids) == "10</s>"
+    with pytest.raises(UserInputError, match="row 0 has no 'messages' column and no 'prompt' column.*--messages-column"):
+        build_task(TaskFiles("add2", support, query, TaskFormat(builder="chat")), tok, max_length=64)
+
+
+def test_adapt_reads_a_chat_source_with_its_columns(tmp_path: Path) -> None:
+    from fmmeta.tasks.collection_config import CollectionSource
+
+    fmt = TaskFormat.from_source(CollectionSource(path=str(tmp_path), builder="chat", messages_column="turns",
+                                                  task_name="adds"))
+    assert (fmt.builder, fmt.keys.messages_column, fmt.keys.prompt_column) == ("chat", "turns", "prompt")
+    assert fmt.keys.task_name is None  # the source's name, not the user's task's
+    support = _jsonl(tmp_path / "s.jsonl", [{"turns": row["messages"]} for row in _messages(2, 1)])
+    task = build_task(TaskFiles("add1", support, None, fmt), _chat_tokenizer(), max_length=64)
+    assert len(task.episode.support) == 2
+
+
+def test_adapt_refuses_a_template_for_chat(tmp_path: Path) -> None:
+    support = _jsonl(tmp_path / "s.jsonl", _messages(2, 1))
+    with pytest.raises(UserInputError, match="do not apply to builder chat"):
+        build_task(TaskFiles("t", support, None, TaskFormat(builder="chat", template="Q: {x}")), _chat_tokenizer(),
+                   max_length=64)
