@@ -29,7 +29,14 @@ from fmmeta.startup import Terminated, ctrl_c_raises  # first: Ctrl-C during the
 
 # isort: split
 from fmmeta.adaptation import Adapted, Adapter, TaskFiles, TaskFormat, resolve_method
-from fmmeta.adaptation.cross_validation import DEFAULT_FOLDS, Comparison, below_base, fold_count
+from fmmeta.adaptation.cross_validation import (
+    DEFAULT_FOLDS,
+    DEFAULT_METRIC,
+    Comparison,
+    below_base,
+    cv_metric,
+    fold_count,
+)
 from fmmeta.adaptation.method import AUTO, RunMethod, candidate_methods, load_run_config
 from fmmeta.adaptation.task_files import read_task
 from fmmeta.adaptation.task_format import adapt_builders, describe_source, format_keys, key_help
@@ -54,6 +61,9 @@ def parse_args(argv: list[str], prog: str | None = None) -> argparse.Namespace:
                    "candidate on the support rows, report them and warn if the method trails the base model")
     p.add_argument("--folds", type=int, default=DEFAULT_FOLDS, help="cross-validation folds of auto / --compare "
                    f"(default {DEFAULT_FOLDS}; fewer where a label has fewer support rows)")
+    p.add_argument("--cv-metric", default=DEFAULT_METRIC, help="the registered metric auto / --compare choose by, "
+                   "in its direction, candidates it cannot tell apart then by loss (default accuracy; e.g. loss: any "
+                   "registered metric that applies to the tasks, as a study's study.metric)")
     p.add_argument("--replicate", type=int, default=0, help="training replicate (runs of train.replicates > 1)")
     p.add_argument("--adapter", type=Path, help="adapt this peft adapter folder the way --method adapts, instead "
                    "of the method's own (it must fit the run's model and LoRA)")
@@ -174,6 +184,9 @@ def _plans(args: argparse.Namespace) -> tuple[RunMethod | None, dict[str, RunMet
         if args.folds != DEFAULT_FOLDS:
             raise UserInputError(f"--folds {args.folds} with --method {args.method}: folds are for cross-validation; "
                                  f"add --compare, or use --method {AUTO}")
+        if args.cv_metric != DEFAULT_METRIC:
+            raise UserInputError(f"--cv-metric {args.cv_metric} with --method {args.method}: the metric is for "
+                                 f"cross-validation; add --compare, or use --method {AUTO}")
         return plan, {}, {}
     plans, skipped = candidate_methods(args.run, args.replicate)
     for method, why in skipped.items():
@@ -195,16 +208,18 @@ def adapt(args: argparse.Namespace) -> dict[str, Any]:
         raise UserInputError("; ".join(problems))
     texts = [read_task(f) for f in files]  # every file checked before the model loads
     k = fold_count(texts, args.folds) if plans else 0
+    if plans:
+        cv_metric(args.cv_metric, texts)
     out = out_folder(args.out, args.run)
     adapter = Adapter(plan or next(iter(plans.values())), tasks_per_pass=args.tasks_per_pass,
                       max_new_tokens=args.max_new_tokens or min(64, max_length))
     comparison = warning = None
     if plans:
         logger.info("cross-validating %s on the support rows of %d task(s), %d folds", ", ".join(plans), len(texts), k)
-        comparison = adapter.compare(plans, texts, k, skipped, time.monotonic)
+        comparison = adapter.compare(plans, texts, k, skipped, time.monotonic, args.cv_metric)
         plan = plan or plans[comparison.chosen]
         adapter = adapter.with_method(plan)
-        warning = below_base(plan.method, comparison.scores)
+        warning = below_base(plan.method, comparison.scores, args.cv_metric)
     assert plan is not None
     logger.info("adapting %d task(s) with %s of %s: %s, %d step(s)", len(texts), plan.method, plan.run,
                 f"lr {plan.lr:g} ({plan.lr_source})" if plan.lr is not None else plan.lr_source, plan.steps)
@@ -251,8 +266,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     if cv is not None:
         print(f"cross-validated on the support rows ({cv['folds']} folds):")
         for method, score in cv["candidates"].items():
-            print(f"  {method:<12} accuracy {score['accuracy']:.3f} ± {score['accuracy_se']:.3f}   loss "
-                  f"{score['loss']:.4f} ± {score['loss_se']:.4f}" + ("   <- best" if method == cv["chosen"] else ""))
+            digits = {m: 3 if m == args.cv_metric else 4 for m in score if m + "_se" in score}  # as `why` says them
+            values = [f"{m} {score[m]:.{d}f} ± {score[m + '_se']:.{d}f}" for m, d in digits.items()]
+            print(f"  {method:<12} " + "   ".join(values) + ("   <- best" if method == cv["chosen"] else ""))
         if args.method == AUTO:
             print(f"auto chose {cv['chosen']}: {cv['why']}")
         if result["warning"]:

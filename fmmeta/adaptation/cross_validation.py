@@ -11,11 +11,17 @@ fold. Every support row is predicted once, by a candidate that never saw it.
 Folds are stratified: a classification task's rows of each label are dealt to the folds in turn,
 so each fold's training rows keep every label. The folds of all tasks adapt together, in the
 grouped passes adapt uses for many tasks (:meth:`~fmmeta.adaptation.session.Adapter.compare`).
+
+A candidate's held rows are scored by the registered metrics (:mod:`fmmeta.evaluation.metrics`)
+that apply to the tasks' kinds, and the choice reads one of them by name, in its direction
+(``--cv-metric``, accuracy unless told), with the loss to decide among candidates it cannot tell
+apart: a metric registered from any module can choose.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
@@ -23,10 +29,26 @@ from typing import Any, Callable, Mapping, Sequence
 from fmmeta.adaptation.task_files import TaskTexts
 from fmmeta.errors import UserInputError
 from fmmeta.evaluation.methods import BASE
+from fmmeta.evaluation.metrics import (
+    CLASSIFICATION,
+    GENERATION,
+    HEADLINE,
+    KINDS,
+    METRICS,
+    MULTIPLE_CHOICE,
+    Metric,
+    get_metric,
+)
+from fmmeta.evaluation.scoring import QueryScore
 
 MIN_FOLDS = 2
 DEFAULT_FOLDS = 4
 """Folds by default: a 4-shot task (4 rows a label) is held out one row a label at a time."""
+DEFAULT_METRIC = HEADLINE
+"""The registered metric auto chooses by unless told (``--cv-metric``): the evaluation's headline."""
+TIE_BREAK = "loss"
+"""The registered metric that decides among candidates tied on the chosen one: the gold answer's
+log-likelihood, which every row of every kind has and which moves before a ranking flips."""
 
 
 def _se(values: Sequence[float]) -> float:
@@ -38,9 +60,29 @@ def _se(values: Sequence[float]) -> float:
     return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
 
 
+def _query_score(correct: tuple[bool, ...], nats: tuple[float, ...], tokens: tuple[int, ...]) -> QueryScore:
+    """Held rows as one scored query set: loss per answer token over all of them (as adapt's
+    summary counts its loss), accuracy over rows."""
+    return QueryScore(loss=sum(nats) / sum(tokens), accuracy=sum(correct) / len(correct), n=len(correct),
+                      n_answer_tokens=sum(tokens), correct=correct, gold_logprob=tuple(-x for x in nats))
+
+
+def kind_of(texts: TaskTexts) -> str:
+    """A task's kind as the evaluation names it (:data:`~fmmeta.evaluation.metrics.KINDS`): the
+    metrics that apply to it score its held rows."""
+    if texts.labels:
+        return CLASSIFICATION
+    return MULTIPLE_CHOICE if texts.options[0] else GENERATION
+
+
 @dataclass(frozen=True)
 class Score:
     """A candidate's cross-validated score over every held-out support row of every task.
+
+    The held rows of all folds are one query set, each row predicted once by a candidate that
+    never saw it, and every registered metric that applies to the tasks' kinds scores it with the
+    ``compute`` the evaluation scores an episode's query set with; standard errors take the rows
+    as the sampling unit.
 
     Attributes:
         correct: per held row (in one order for every candidate), whether it was predicted
@@ -49,64 +91,87 @@ class Score:
         nats: per held row, minus the log-probability of its gold answer.
         tokens: per held row, its gold answer's tokens (the same for every candidate).
         seconds: time the candidate's folds took to adapt and predict.
+        kinds: the kinds of the tasks the rows come from (default: every kind, so only the
+            metrics of every kind apply).
     """
 
     correct: tuple[bool, ...]
     nats: tuple[float, ...]
     tokens: tuple[int, ...]
     seconds: float
+    kinds: frozenset[str] = frozenset(KINDS)
 
     @classmethod
-    def of(cls, predictions: Sequence[Mapping[str, Any]], seconds: float) -> Score:
+    def of(cls, predictions: Sequence[Mapping[str, Any]], seconds: float,
+           kinds: frozenset[str] = frozenset(KINDS)) -> Score:
         """The score of held rows' predictions (each with ``correct``, ``answer_logprob`` and
         ``answer_tokens``)."""
         if not predictions:
             raise ValueError("no held-out row was scored")
         return cls(tuple(bool(r["correct"]) for r in predictions),
                    tuple(-float(r["answer_logprob"]) for r in predictions),
-                   tuple(int(r["answer_tokens"]) for r in predictions), seconds)
+                   tuple(int(r["answer_tokens"]) for r in predictions), seconds, kinds)
 
     @property
     def rows(self) -> int:
         """Held rows scored."""
         return len(self.correct)
 
-    @property
-    def accuracy(self) -> float:
-        """The share of held rows predicted right."""
-        return sum(self.correct) / self.rows
+    def held(self) -> QueryScore:
+        """The held rows as one scored query set, as the evaluation scores an episode's."""
+        return _query_score(self.correct, self.nats, self.tokens)
 
     @property
-    def accuracy_se(self) -> float:
-        """Its standard error over rows."""
-        return _se([float(c) for c in self.correct])
+    def metrics(self) -> dict[str, float]:
+        """Every registered metric that applies to the rows' kinds and has a value on them, by name
+        (in registration order)."""
+        held = self.held()
+        values = {m.name: m.compute(held) for m in METRICS.values() if self.kinds <= m.kinds}
+        return {name: v for name, v in values.items() if v is not None}
 
-    @property
-    def loss(self) -> float:
-        """Nats per answer token over all held rows (as adapt's summary counts its loss)."""
-        return sum(self.nats) / sum(self.tokens)
+    def value(self, metric: str) -> float:
+        """The held rows' value of ``metric``.
 
-    @property
-    def loss_se(self) -> float:
-        """Its standard error, rows as the sampling unit (the delta method for a ratio of sums)."""
-        return _se([n - self.loss * t for n, t in zip(self.nats, self.tokens)]) * self.rows / sum(self.tokens)
+        Raises:
+            UserInputError: the metric does not apply to these rows (the message lists those that do).
+        """
+        values = self.metrics
+        if metric not in values:
+            raise UserInputError(f"metric {metric!r} does not score these held-out rows (of "
+                                 f"{', '.join(sorted(self.kinds))} tasks): choose among {list(values)}")
+        return values[metric]
 
-    def minus(self, other: Score) -> tuple[float, float, float, float]:
-        """This candidate less ``other`` on the same held rows, paired row by row: the accuracy
-        difference and its standard error, the loss difference and its standard error. Pairing
+    def se(self, metric: str) -> float:
+        """The standard error of :meth:`value`, rows as the sampling unit: the jackknife's (the
+        metric on the rows less each row in turn), for a mean the plain standard error."""
+        value, compute, n = self.value(metric), get_metric(metric).compute, self.rows
+        left_out = [compute(_query_score(self.correct[:i] + self.correct[i + 1:], self.nats[:i] + self.nats[i + 1:],
+                                         self.tokens[:i] + self.tokens[i + 1:])) for i in range(n)] if n > 1 else []
+        return _se([n * value - (n - 1) * v for v in left_out if v is not None])
+
+    def minus(self, other: Score, metric: str) -> tuple[float, float]:
+        """This candidate less ``other`` on the same held rows in ``metric``, and the paired
+        standard error of the difference: each row's share of it is what the difference loses
+        when that row alone takes ``other``'s result, and the error is over rows. (For a metric
+        that sums over rows, accuracy and the loss of answers both candidates share, the shares
+        add up to the difference and the error is that of the row-by-row differences.) Pairing
         removes what the rows share (how hard each is), so a difference is seen with far fewer
         rows than two separate scores need; and a candidate right on every row still has a
         difference with an error."""
-        accuracy = [float(a) - float(b) for a, b in zip(self.correct, other.correct, strict=True)]
-        loss = [a - b for a, b in zip(self.nats, other.nats, strict=True)]
-        per_token = self.rows / sum(self.tokens)
-        return (self.accuracy - other.accuracy, _se(accuracy), self.loss - other.loss, _se(loss) * per_token)
+        value, compute, n = self.value(metric), get_metric(metric).compute, self.rows
+        if other.rows != n:
+            raise ValueError(f"a paired difference needs the same held rows: {n} and {other.rows}")
+        swapped = [compute(_query_score(self.correct[:i] + other.correct[i:i + 1] + self.correct[i + 1:],
+                                        self.nats[:i] + other.nats[i:i + 1] + self.nats[i + 1:], self.tokens))
+                   for i in range(n)]
+        return value - other.value(metric), _se([n * (value - v) for v in swapped if v is not None])
 
     def as_dict(self) -> dict[str, float | int]:
-        """Rounded for ``summary.json``."""
-        return {"accuracy": round(self.accuracy, 4), "accuracy_se": round(self.accuracy_se, 4),
-                "loss": round(self.loss, 4), "loss_se": round(self.loss_se, 4), "rows": self.rows,
-                "seconds": round(self.seconds, 3)}
+        """Rounded for ``summary.json``: each metric and its standard error, rows and seconds."""
+        out: dict[str, float | int] = {}
+        for name, value in self.metrics.items():
+            out |= {name: round(value, 4), f"{name}_se": round(self.se(name), 4)}
+        return out | {"rows": self.rows, "seconds": round(self.seconds, 3)}
 
 
 def _rows_by_fold(texts: TaskTexts, k: int) -> list[list[int]]:
@@ -167,54 +232,100 @@ def folds(texts: TaskTexts, k: int) -> list[TaskTexts]:
     return out
 
 
-def choose(scores: Mapping[str, Score], order: Sequence[str]) -> tuple[str, str]:
+def _better(metric: Metric, difference: float) -> float:
+    """How much better a difference ``a - b`` in ``metric`` says ``a`` is than ``b``."""
+    return difference if metric.higher_is_better else -difference
+
+
+def _best_word(metric: Metric) -> str:
+    return "highest" if metric.higher_is_better else "lowest"
+
+
+def choose(scores: Mapping[str, Score], order: Sequence[str], metric: str = DEFAULT_METRIC) -> tuple[str, str]:
     """The candidate to adapt with, and why in one sentence.
 
-    The best cross-validated accuracy wins, unless a simpler candidate (earlier in ``order``:
-    base, in_context, then the run's methods) trails it by no more than the paired standard
-    error of the difference; among candidates so tied, the lowest loss, again unless a simpler
-    one is within one paired standard error of it. With a few rows, a meta-trained adapter must
-    lead, not merely match.
+    The best cross-validated ``metric`` (a registered metric, in its direction) wins, unless a
+    simpler candidate (earlier in ``order``: base, in_context, then the run's methods) trails it
+    by no more than the paired standard error of the difference; among candidates so tied, the
+    best :data:`TIE_BREAK` (loss), again unless a simpler one is within one paired standard error
+    of it. With a few rows, a meta-trained adapter must lead, not merely match.
     """
+    first, then = get_metric(metric), get_metric(TIE_BREAK)
     ranked = [m for m in order if m in scores]
-    leader = max(ranked, key=lambda m: scores[m].accuracy)  # max keeps the first, the simplest, of equals
 
-    def trails(m: str, best: str, loss: bool) -> bool:
-        """Whether ``m`` trails ``best`` by no more than the paired standard error (one row of
+    def best(candidates: Sequence[str], by: Metric) -> str:  # max and min keep the first, the simplest, of equals
+        return (max if by.higher_is_better else min)(candidates, key=lambda m: scores[m].value(by.name))
+
+    def trails(m: str, lead: str, by: Metric) -> bool:
+        """Whether ``m`` trails ``lead`` by no more than the paired standard error (one row of
         difference alone is exactly one error: rounding must not decide it)."""
-        accuracy, accuracy_se, nats, nats_se = scores[best].minus(scores[m])
-        return -nats <= nats_se + 1e-12 if loss else accuracy <= accuracy_se + 1e-12
+        difference, se = scores[lead].minus(scores[m], by.name)
+        return _better(by, difference) <= se + 1e-12
 
-    tied = [m for m in ranked if trails(m, leader, loss=False)]
-    lowest = min(tied, key=lambda m: scores[m].loss)
-    chosen = next(m for m in tied if trails(m, lowest, loss=True))
+    leader = best(ranked, first)
+    tied = [m for m in ranked if trails(m, leader, first)]
+    settled = best(tied, then)
+    chosen = next(m for m in tied if trails(m, settled, then))
     s = scores[chosen]
-    why = f"cross-validated accuracy {s.accuracy:.3f} ± {s.accuracy_se:.3f}, loss {s.loss:.4f}"
+    why = f"cross-validated {first.name} {s.value(first.name):.3f} ± {s.se(first.name):.3f}" + (
+        f", {then.name} {s.value(then.name):.4f}" if then is not first else "")
     others = [m for m in tied if m != chosen]
     if not others:
         return chosen, why + ": ahead of every other candidate by more than the paired standard error"
-    why += f"; {', '.join(others)} within one paired standard error of the best accuracy"
-    if chosen != lowest:
-        return chosen, why + f", and it within one of {lowest}'s lowest loss {scores[lowest].loss:.4f}: the simpler"
-    return chosen, why + ": the lowest loss among them"
+    why += f"; {', '.join(others)} within one paired standard error of the best {first.name}"
+    if chosen != settled:
+        return chosen, why + (f", and it within one of {settled}'s {_best_word(then)} {then.name} "
+                              f"{scores[settled].value(then.name):.4f}: the simpler")
+    return chosen, why + f": the {_best_word(then)} {then.name} among them"
 
 
-def below_base(method: str, scores: Mapping[str, Score]) -> str | None:
+def below_base(method: str, scores: Mapping[str, Score], metric: str = DEFAULT_METRIC) -> str | None:
     """A one-line warning when ``method`` does worse than the base model on the user's rows by
-    more than the paired standard error (accuracy; the loss where accuracy does not tell)."""
+    more than the paired standard error (in ``metric``; in :data:`TIE_BREAK` where ``metric``
+    does not tell)."""
     if method == BASE or BASE not in scores or method not in scores:
         return None
+    first, then = get_metric(metric), get_metric(TIE_BREAK)
     m, b = scores[method], scores[BASE]
-    accuracy, accuracy_se, loss, loss_se = m.minus(b)
-    if accuracy < -accuracy_se:
-        return (f"{method}'s cross-validated accuracy on your support rows, {m.accuracy:.3f}, is below the base "
-                f"model's {b.accuracy:.3f} by {-accuracy:.3f} ± {accuracy_se:.3f}: its meta-training does not fit "
-                "this task; --method base (or auto) adapts the base model instead")
-    if accuracy <= accuracy_se and loss > loss_se:
-        return (f"{method}'s cross-validated loss on your support rows, {m.loss:.4f}, is above the base model's "
-                f"{b.loss:.4f} by {loss:.4f} ± {loss_se:.4f}, at no better accuracy: --method base (or auto) may fit "
-                "this task better")
+    difference, se = m.minus(b, first.name)
+    if -_better(first, difference) > se + 1e-12:  # one row alone is one error, as in choose
+        return (f"{method}'s cross-validated {first.name} on your support rows, {m.value(first.name):.3f}, is "
+                f"{'below' if first.higher_is_better else 'above'} the base model's {b.value(first.name):.3f} by "
+                f"{abs(difference):.3f} ± {se:.3f}: its meta-training does not fit this task; --method base (or "
+                "auto) adapts the base model instead")
+    tie_difference, tie_se = m.minus(b, then.name)
+    if _better(first, difference) <= se + 1e-12 and -_better(then, tie_difference) > tie_se + 1e-12:
+        return (f"{method}'s cross-validated {then.name} on your support rows, {m.value(then.name):.4f}, is "
+                f"{'below' if then.higher_is_better else 'above'} the base model's {b.value(then.name):.4f} by "
+                f"{abs(tie_difference):.4f} ± {tie_se:.4f}, at no better {first.name}: --method base (or auto) "
+                "may fit this task better")
     return None
+
+
+def scorable(kinds: frozenset[str]) -> list[str]:
+    """The registered metrics cross-validation can choose by for tasks of ``kinds``: those that
+    apply to every one of them and have a value on held rows as cross-validation scores them
+    (each row's correctness and its gold answer's log-probability; no per-token ranking)."""
+    probe = Score((True, False), (0.5, 1.5), (1, 2), 0.0).held()
+    return [m.name for m in METRICS.values() if kinds <= m.kinds and m.compute(probe) is not None]
+
+
+def cv_metric(name: str, tasks: Sequence[TaskTexts]) -> Metric:
+    """The registered metric ``name``, checked to score the cross-validation of ``tasks``.
+
+    Raises:
+        UserInputError: no metric of that name is registered, or it does not apply to a task's
+            kind (the message lists those that do).
+    """
+    kinds = frozenset(kind_of(t) for t in tasks)
+    usable = scorable(kinds)
+    if name in usable:
+        return get_metric(name)
+    close = difflib.get_close_matches(name, usable, n=1)
+    what = (f"does not score {' and '.join(sorted(kinds))} tasks' held-out rows" if name in METRICS
+            else "is not a registered metric")
+    raise UserInputError(f"--cv-metric {name!r} {what}" + (f" (did you mean {close[0]!r}?)" if close else "")
+                         + f": cross-validation of these tasks can choose by {', '.join(usable)}")
 
 
 def cross_validate(adapt_with: Callable[[str, list[TaskTexts]], list[list[dict[str, Any]]]],
@@ -231,11 +342,12 @@ def cross_validate(adapt_with: Callable[[str, list[TaskTexts]], list[list[dict[s
         clock: seconds, for each candidate's cost.
     """
     fold_tasks = [f for t in tasks for f in folds(t, k)]
+    kinds = frozenset(kind_of(t) for t in tasks)
     scores = {}
     for name in candidates:
         start = clock()
         predictions = [row for rows in adapt_with(name, fold_tasks) for row in rows]
-        scores[name] = Score.of(predictions, clock() - start)
+        scores[name] = Score.of(predictions, clock() - start, kinds)
     return scores
 
 
@@ -262,5 +374,5 @@ class Comparison:
                 "candidates": {m: s.as_dict() for m, s in self.scores.items()}, "skipped": dict(self.skipped)}
 
 
-__all__ = ["DEFAULT_FOLDS", "MIN_FOLDS", "Comparison", "Score", "below_base", "choose", "cross_validate",
-           "fold_count", "folds", "most_folds"]
+__all__ = ["DEFAULT_FOLDS", "DEFAULT_METRIC", "MIN_FOLDS", "TIE_BREAK", "Comparison", "Score", "below_base",
+           "choose", "cross_validate", "cv_metric", "fold_count", "folds", "kind_of", "most_folds", "scorable"]

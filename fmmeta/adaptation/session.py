@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
-from fmmeta.adaptation.cross_validation import Comparison, choose, cross_validate
+from fmmeta.adaptation.cross_validation import DEFAULT_METRIC, Comparison, choose, cross_validate, cv_metric
 from fmmeta.adaptation.method import RunMethod
 from fmmeta.adaptation.predict import generate, rank, subset_route
 from fmmeta.adaptation.task_files import TaskFiles, TaskTexts, UserTask, build_task, read_rows
@@ -185,7 +185,7 @@ class Adapter:
         return out
 
     def compare(self, plans: Mapping[str, RunMethod], tasks: Sequence[TaskTexts], k: int,
-                skipped: Mapping[str, str], clock: Callable[[], float]) -> Comparison:
+                skipped: Mapping[str, str], clock: Callable[[], float], metric: str = DEFAULT_METRIC) -> Comparison:
         """Cross-validates every plan's method on ``tasks`` on this model (loaded once): the
         folds of all tasks adapt together for each candidate
         (:func:`~fmmeta.adaptation.cross_validation.cross_validate`).
@@ -195,13 +195,19 @@ class Adapter:
                 (:func:`~fmmeta.adaptation.method.candidate_methods`).
             tasks: the user's tasks, read and checked; k: folds per task.
             skipped: candidates left out, with why; clock: seconds.
+            metric: the registered metric the choice reads
+                (:func:`~fmmeta.adaptation.cross_validation.choose`).
+
+        Raises:
+            UserInputError: ``metric`` does not score these tasks (checked before any fold adapts).
         """
+        cv_metric(metric, tasks)
         def adapt_with(name: str, fold_tasks: list[TaskTexts]) -> list[list[dict[str, Any]]]:
             candidate = self.with_method(plans[name])
             return [a.predictions for a in candidate.adapt([candidate.build(t) for t in fold_tasks])]
 
         scores = cross_validate(adapt_with, list(plans), tasks, k, clock)
-        chosen, why = choose(scores, list(plans))
+        chosen, why = choose(scores, list(plans), metric)
         return Comparison(k, scores, chosen, why, dict(skipped))
 
     def adapt(self, tasks: Sequence[UserTask], on_group: Callable[[int], None] | None = None) -> list[Adapted]:

@@ -266,6 +266,7 @@ def test_numbers_adapt_takes_are_range_checked_before_the_model_loads(
     (tmp_path / "s.csv").write_text("text,label\nParis,fr\nBerlin,de\n")
     (tmp_path / "q.csv").write_text("text\nLyon\n")
     (tmp_path / "lone.csv").write_text("text,label\nParis,fr\nLyon,fr\nBerlin,de\n")
+    (tmp_path / "two.csv").write_text("text,label\nParis,fr\nLyon,fr\nBerlin,de\nBonn,de\n")
     base = ["--run", str(run), "--method", "fomaml", "--support", str(tmp_path / "s.csv"), "--query",
             str(tmp_path / "q.csv"), "--out", str(tmp_path / "out")]
     for extra, message in [
@@ -280,6 +281,13 @@ def test_numbers_adapt_takes_are_range_checked_before_the_model_loads(
         (["--compare", "--folds", "1"], "--folds 1 is invalid: cross-validation needs >= 2 folds"),
         (["--method", "auto", "--lr", "0.1"], "--method auto compares the run's methods as its evaluation adapts them"),
         (["--method", "auto", "--support", str(tmp_path / "lone.csv")], "has 1 support row of one of its labels"),
+        (["--cv-metric", "loss"], "--cv-metric loss with --method fomaml: the metric is for cross-validation; add "
+                                  "--compare, or use --method auto"),
+        (["--method", "auto", "--support", str(tmp_path / "two.csv"), "--cv-metric", "acuracy"],
+         "--cv-metric 'acuracy' is not a registered metric (did you mean 'accuracy'?): cross-validation of these "
+         "tasks can choose by accuracy, loss"),
+        (["--compare", "--support", str(tmp_path / "two.csv"), "--cv-metric", "accuracy_per_token"],
+         "--cv-metric 'accuracy_per_token' does not score classification tasks' held-out rows"),
     ]:
         assert recipe.main(base + extra) == 2
         err = capsys.readouterr().err
