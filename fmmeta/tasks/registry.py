@@ -104,10 +104,13 @@ def register(builder: TaskBuilder) -> TaskBuilder:
 
 
 def task_builders() -> list[TaskBuilder]:
-    """Every registered builder, in registration order."""
+    """Every registered builder: those of :data:`BUILDER_MODULES` in that order, then any other
+    in registration order (so messages and ``--help`` list them alike whichever module a
+    program happened to import first)."""
     for module in BUILDER_MODULES:
         importlib.import_module(module)
-    return list(_REGISTERED.values())
+    rank = {module: i for i, module in enumerate(BUILDER_MODULES)}
+    return sorted(_REGISTERED.values(), key=lambda b: rank.get(b.rows.__module__, len(rank)))
 
 
 def builder_names() -> list[str]:

@@ -363,3 +363,15 @@ def test_a_cut_that_keeps_only_the_templates_ending_is_refused(builder: str, cap
     assert "cut 8 of 8 prompts from the left" in caplog.text
     with pytest.raises(ValueError, match="is no more than the template's fixed ending .18 tokens.: none of those rows' own text is left"):
         build(20)
+
+
+def test_the_registry_lists_builders_alike_whichever_module_was_imported_first() -> None:
+    # Messages and --help list the builders; importing the chat builder's module first (as a test
+    # or a user's script may) must not reorder them.
+    import subprocess
+    import sys
+
+    code = "{}from fmmeta.tasks.registry import task_builders; print([b.name for b in task_builders()])"
+    plain, chat_first = (subprocess.run([sys.executable, "-c", code.format(pre)], capture_output=True, text=True,
+                                        check=True).stdout for pre in ("", "import fmmeta.tasks.chat; "))
+    assert plain == chat_first and "'chat'" in plain, (plain, chat_first)
