@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from fmmeta.adaptation.cross_validation import DEFAULT_FOLDS, fold_count
+from fmmeta.adaptation.cross_validation import DEFAULT_FOLDS, DEFAULT_METRIC, fold_count
+from fmmeta.adaptation.cross_validation import cv_metric as checked_metric
 from fmmeta.adaptation.method import AUTO, RunMethod, candidate_methods, resolve_method
 from fmmeta.adaptation.session import Adapted, Adapter
 from fmmeta.adaptation.task_files import TaskFiles, TaskFormat, UserTask, build_task, read_task
@@ -31,7 +32,7 @@ def _data(rows: Rows | None) -> Path | Sequence[Mapping[str, Any]] | None:
 def adapt(run: str | Path, method: str, support: Rows, query: Rows | None = None, *, replicate: int = 0,
           steps: int | None = None, lr: float | None = None, name: str = "task",
           max_new_tokens: int = 64, adapter: str | Path | None = None, folds: int = DEFAULT_FOLDS,
-          **format_keys: Any) -> Adapted:
+          cv_metric: str = DEFAULT_METRIC, **format_keys: Any) -> Adapted:
     """Adapts a run's ``method`` to one new task, as the run's evaluation adapts, and predicts its query.
 
     Args:
@@ -49,6 +50,8 @@ def adapt(run: str | Path, method: str, support: Rows, query: Rows | None = None
         name: the task's name in predictions.
         max_new_tokens: longest greedy answer of a generation task.
         folds: cross-validation folds of ``auto``.
+        cv_metric: the registered metric (:mod:`fmmeta.evaluation.metrics`) ``auto`` chooses by;
+            it must apply to the task's kind.
         format_keys: how the rows are read (:class:`~fmmeta.adaptation.task_format.TaskFormat`):
             ``builder``, ``template``, ``answer_template``, ``labels``, and any key of that
             builder's own section (``text_column``; chat's ``messages_column``, ...); a key the
@@ -69,6 +72,9 @@ def adapt(run: str | Path, method: str, support: Rows, query: Rows | None = None
     """
     files = TaskFiles(name, _data(support), _data(query), TaskFormat().replace(**format_keys))  # type: ignore[arg-type]
     if method != AUTO:
+        if cv_metric != DEFAULT_METRIC:
+            raise UserInputError(f"cv_metric={cv_metric!r} with method={method!r}: the metric chooses a method "
+                                 f"by cross-validation, for method={AUTO!r} only")
         plan = resolve_method(Path(run), method, replicate=replicate, steps=steps, lr=lr,
                               adapter=None if adapter is None else Path(adapter))
         loaded = Adapter(plan, max_new_tokens=max_new_tokens)
@@ -79,8 +85,9 @@ def adapt(run: str | Path, method: str, support: Rows, query: Rows | None = None
     plans, skipped = candidate_methods(Path(run), replicate)
     texts = read_task(files)
     k = fold_count([texts], folds)
+    checked_metric(cv_metric, [texts])  # before the model loads
     loaded = Adapter(next(iter(plans.values())), max_new_tokens=max_new_tokens)
-    comparison = loaded.compare(plans, [texts], k, skipped, time.monotonic)
+    comparison = loaded.compare(plans, [texts], k, skipped, time.monotonic, cv_metric)
     loaded = loaded.with_method(plans[comparison.chosen])
     return dataclasses.replace(loaded.adapt([loaded.build(texts)])[0], comparison=comparison)
 

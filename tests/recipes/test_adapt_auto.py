@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from fmmeta.errors import UserInputError
 from tests.recipes import _recipe
 
 LEFT, RIGHT = "abcde", "vwxyz"
@@ -114,6 +115,10 @@ def test_auto_picks_the_adapter_that_knows_the_task_and_the_base_model_where_it_
     assert adapted.comparison is not None and adapted.comparison.chosen == "fomaml"
     assert adapted.comparison.as_dict()["candidates"] == cv["candidates"] | {
         m: {**c, "seconds": adapted.comparison.scores[m].as_dict()["seconds"]} for m, c in cv["candidates"].items()}
+    with pytest.raises(UserInputError, match="no_such_metric"):  # checked before the model loads
+        fmmeta.adapt(knowing_run, "auto", _rows(8, seed=2), folds=4, cv_metric="no_such_metric")
+    with pytest.raises(UserInputError, match="for method='auto' only"):
+        fmmeta.adapt(knowing_run, "fomaml", _rows(8, seed=2), cv_metric="loss")
 
     s, q = _write(tmp_path / "swapped", _rows(8, seed=2, swap=True), _rows(6, seed=3, swap=True))
     summary, _ = _auto(knowing_run, tmp_path / "out_swapped", s, q, "--method", "auto")
