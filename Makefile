@@ -5,8 +5,13 @@ export PYTHONUNBUFFERED := 1
 # DeepSpeed JIT-builds its CPU comm op into torch's extension cache, which is keyed by name only:
 # two checkouts sharing one home directory would rebuild it over each other and can leave a stale
 # lock that hangs every later launch, so each checkout builds into its own venv.
-TEST_ENV := OMP_NUM_THREADS=1 DS_ACCELERATOR=$${DS_ACCELERATOR:-cpu} \
+# Inductor's compile pool is one process more per compile for no gain at one thread.
+TEST_ENV := OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1 DS_ACCELERATOR=$${DS_ACCELERATOR:-cpu} \
 	TORCH_EXTENSIONS_DIR=$${TORCH_EXTENSIONS_DIR:-$(CURDIR)/.venv/torch_extensions}
+# pytest-xdist workers: each test runs single-threaded, so one worker per core of the 2-core CI
+# machine. A file's tests stay on one worker (--dist loadfile), so its module fixtures are built once;
+# the recipe runs many files share are built once per session (tests/_once.py).
+TEST_WORKERS ?= 2
 
 .PHONY: setup train lint test test-unit test-distributed test-recipes bench gpu-wheels
 
@@ -23,7 +28,7 @@ lint: setup
 	$(PY) -m mypy
 
 test: lint
-	$(TEST_ENV) $(PY) -m pytest tests -q $(ARGS)
+	$(TEST_ENV) $(PY) -m pytest tests -q -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 test-unit: setup
 	$(TEST_ENV) $(PY) -m pytest tests/unit -q $(ARGS)

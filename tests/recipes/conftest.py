@@ -6,29 +6,27 @@ from pathlib import Path
 
 import pytest
 
+from tests._once import built_once
 from tests.recipes import _recipe
 
 
 @pytest.fixture(scope="session")
 def local_short(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One process, the shared short run, uninterrupted: the reference of every other run."""
-    out = tmp_path_factory.mktemp("recipe") / "local"
-    _recipe.run("python", [*_recipe.SHORT, f"output_dir={out}"], timeout_s=120)
-    return out
+    return built_once(tmp_path_factory, "local_short", lambda out: _recipe.run(
+        "python", [*_recipe.SHORT, f"output_dir={out}"], timeout_s=120))
 
 
 @pytest.fixture(scope="session")
 def local_dropout(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The one-process reference with LoRA dropout on, so the losses depend on the torch RNG
     stream too and a resume that failed to restore it would show."""
-    out = tmp_path_factory.mktemp("recipe") / "local_dropout"
-    _recipe.run("python", [*_recipe.SHORT, *_recipe.DROPOUT, f"output_dir={out}"], timeout_s=120)
-    return out
+    return built_once(tmp_path_factory, "local_dropout", lambda out: _recipe.run(
+        "python", [*_recipe.SHORT, *_recipe.DROPOUT, f"output_dir={out}"], timeout_s=120))
 
 
 @pytest.fixture(scope="session")
 def deepspeed_short(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two processes under ``deepspeed`` (ZeRO-3), the shared short run, uninterrupted."""
-    out = tmp_path_factory.mktemp("recipe") / "deepspeed"
-    _recipe.run("deepspeed", [*_recipe.SHORT, f"output_dir={out}"], nprocs=2, timeout_s=180)
-    return out
+    return built_once(tmp_path_factory, "deepspeed_short", lambda out: _recipe.run(
+        "deepspeed", [*_recipe.SHORT, f"output_dir={out}"], nprocs=2, timeout_s=180))
