@@ -35,6 +35,18 @@ def _resumed_from(log: str) -> int:
     return int(found[0][1])
 
 
+def _train_here(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """The recipe's ``main`` in this process, to the end (no new interpreter's imports: seconds per
+    run); its console output, stdout and stderr together."""
+    from fmmeta.recipes import train
+
+    capsys.readouterr()
+    code = train.main(["--config", str(_recipe.SMOKE), *args])
+    out, err = capsys.readouterr()
+    assert code == 0, (out + err)[-4000:]
+    return out + err
+
+
 def _kill_and_resume(launcher: str, nprocs: int, out: Path, reference: Path, extra: list[str]) -> None:
     args = [*_recipe.SHORT, *extra, f"output_dir={out}", "train.resume=auto"]
     killed_log = _recipe.run_and_kill(launcher, args, out / "metrics.jsonl", at_step=4, nprocs=nprocs)
@@ -60,7 +72,9 @@ def test_kill_and_resume_deepspeed_zero3_two_processes(tmp_path: Path, deepspeed
 
 
 @pytest.mark.timeout(240)
-def test_corrupt_newest_checkpoint_falls_back_to_previous(tmp_path: Path, local_dropout: Path) -> None:
+def test_corrupt_newest_checkpoint_falls_back_to_previous(
+    tmp_path: Path, local_dropout: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "run"
     shutil.copytree(local_dropout, out)
     checkpoints = out / "fomaml" / "checkpoints"
@@ -71,9 +85,7 @@ def test_corrupt_newest_checkpoint_falls_back_to_previous(tmp_path: Path, local_
     bad.write_bytes(bytes(data))
     shutil.rmtree(out / "fomaml" / "adapter")
 
-    proc = _recipe.run("python", [*_recipe.SHORT, *_recipe.DROPOUT, f"output_dir={out}", "train.resume=auto"],
-                       timeout_s=120)
-    log = proc.stdout
+    log = _train_here([*_recipe.SHORT, *_recipe.DROPOUT, f"output_dir={out}", "train.resume=auto"], capsys)
     assert "adapter/adapter_model.safetensors" in log and "step_00000007" in log, log[-3000:]
     assert re.search(r"falling back to checkpoint step_00000005 \(skipped unusable newer: step_00000007\)", log), log[-3000:]
     assert _resumed_from(log) == 5
@@ -83,7 +95,9 @@ def test_corrupt_newest_checkpoint_falls_back_to_previous(tmp_path: Path, local_
 
 
 @pytest.mark.timeout(240)
-def test_a_torn_last_metrics_line_is_dropped_on_resume(tmp_path: Path, local_short: Path) -> None:
+def test_a_torn_last_metrics_line_is_dropped_on_resume(
+    tmp_path: Path, local_short: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A kill (or a full disk) mid-write leaves a torn last line in metrics.jsonl; the resume
     failed on it with a JSON traceback until the file was fixed by hand. Now that line is dropped
     with a warning and the run goes on to the uninterrupted run's results."""
@@ -92,6 +106,6 @@ def test_a_torn_last_metrics_line_is_dropped_on_resume(tmp_path: Path, local_sho
     shutil.rmtree(out / "fomaml" / "checkpoints" / "step_00000007")  # resume from step 5's
     with (out / "metrics.jsonl").open("a") as fh:
         fh.write('{"method": "fomaml", "step": 8, "outer_lo')
-    proc = _recipe.run("python", [*_recipe.SHORT, f"output_dir={out}", "train.resume=auto"], timeout_s=180)
-    assert "dropped its torn last line" in proc.stdout and _resumed_from(proc.stdout) == 5
+    log = _train_here([*_recipe.SHORT, f"output_dir={out}", "train.resume=auto"], capsys)
+    assert "dropped its torn last line" in log and _resumed_from(log) == 5
     _assert_same_run(out, local_short)
