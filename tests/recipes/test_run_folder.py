@@ -84,21 +84,20 @@ def test_refused_resume_leaves_the_folder_byte_identical(tmp_path: Path, local_s
         "sampler.strategy=hard": "sampler.strategy: 'diversity' in the checkpoint, 'hard' now",
     }
     for override, message in cases.items():
-        proc = _recipe.run("python", [*_recipe.SHORT, f"output_dir={out}", override],
-                           timeout_s=60, check=False)
+        proc = _recipe.run_here([*_recipe.SHORT, f"output_dir={out}", override], check=False)
         assert proc.returncode == 2, proc.stdout[-3000:]
         assert message in proc.stdout and "nothing in" in proc.stdout, proc.stdout[-3000:]
         assert "Traceback" not in proc.stdout
         assert _snapshot(out) == before, override
     # A Reptile run pointed at a FOMAML checkpoint.
     ckpt = out / "fomaml" / "checkpoints" / "step_00000007"
-    proc = _recipe.run("python", [*_recipe.SHORT, f"output_dir={out}", "methods=[reptile]",
-                                  f"train.resume={ckpt}"], timeout_s=60, check=False)
+    proc = _recipe.run_here([*_recipe.SHORT, f"output_dir={out}", "methods=[reptile]", f"train.resume={ckpt}"],
+                            check=False)
     assert proc.returncode == 2 and "algorithm.name: 'fomaml' in the checkpoint, 'reptile' now" in proc.stdout
     assert _snapshot(out) == before
     # The explicit override accepts the change (nothing left to train: 8 of 8 steps are done).
-    proc = _recipe.run("python", [*_recipe.SHORT, f"output_dir={out}", "lora.alpha=32",
-                                  "train.resume_changes=[lora.alpha]"], timeout_s=120)
+    proc = _recipe.run_here([*_recipe.SHORT, f"output_dir={out}", "lora.alpha=32",
+                             "train.resume_changes=[lora.alpha]"])
     assert "resumed from" in proc.stdout
 
 
