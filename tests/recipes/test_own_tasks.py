@@ -46,9 +46,8 @@ def test_own_tasks_yaml_one_process(tmp_path: Path) -> None:
     assert "collection: 4 sources (0 from the cache" in proc.stdout
     assert "6/2/3 meta-train/val/test tasks" in proc.stdout
     _check_report(out)
-    again = _recipe.run("python", ["--config", str(CONFIG), *TINY, "methods=[fomaml]",
-                                   "eval.enabled=false", f"output_dir={tmp_path / 'again'}",
-                                   f"tasks.cache_dir={tmp_path / 'cache'}"], timeout_s=180)
+    again = _recipe.run_here(["--config", str(CONFIG), *TINY, "methods=[fomaml]", "eval.enabled=false",
+                              f"output_dir={tmp_path / 'again'}", f"tasks.cache_dir={tmp_path / 'cache'}"])
     assert "collection: 4 sources (4 from the cache" in again.stdout
 
 

@@ -171,8 +171,7 @@ def test_the_in_context_inner_loop_end_to_end(smoke, tmp_path: Path) -> None:
     in-context rows; multi-task keeps its plain rows; the report says which adapted in context."""
     plain, _ = smoke
     out = tmp_path / "in_context"
-    _recipe.run("python", ["algorithm.inner_format=in_context", "methods=[fomaml,multitask]",
-                           f"output_dir={out}"], timeout_s=180)
+    _recipe.run_here(["algorithm.inner_format=in_context", "methods=[fomaml,multitask]", f"output_dir={out}"])
     tokens = {(r["method"], r["step"]): r["tokens"] for r in _recipe.records(out / "metrics.jsonl")}
     before = {(r["method"], r["step"]): r["tokens"] for r in _recipe.records(plain / "metrics.jsonl")}
     for step in range(STEPS):
@@ -190,8 +189,8 @@ def test_padding_free_passes_equal_padded_ones_end_to_end(smoke, tmp_path: Path)
     packed, log = smoke
     assert "padding-free)" in log.stdout  # the banner says so
     out = tmp_path / "padded"
-    _recipe.run("python", ["algorithm.padding_free=false", "methods=[fomaml,metaicl]", "eval.enabled=false",
-                           f"output_dir={out}"], timeout_s=180)
+    _recipe.run_here(["algorithm.padding_free=false", "methods=[fomaml,metaicl]", "eval.enabled=false",
+                      f"output_dir={out}"])
     got = {(r["method"], r["step"]): r for r in _recipe.records(packed / "metrics.jsonl")}
     want = {(r["method"], r["step"]): r for r in _recipe.records(out / "metrics.jsonl")}
     for method in ("fomaml", "metaicl"):
