@@ -7,7 +7,9 @@ that mix tasks while tasks span several passes; with 3 tasks on 2 ranks the task
 
 Three launches cover everything (each launch costs seconds of imports): one plain process for the
 local reference and the one-rank DeepSpeed engines, ``deepspeed --num_gpus 2`` for the two-rank
-engines, and ``accelerate launch`` (DeepSpeed plugin, torchrun underneath) for the accelerate path.
+engines, and ``accelerate launch`` (DeepSpeed plugin, torchrun underneath) for the accelerate path;
+``gather_step``'s two-rank result is checked on the same launches (``ds3:all:gather``). A fourth
+launch of 4 ranks runs rows across ranks.
 The outer gradient clip (0.001) is below every step's meta-gradient norm, so DeepSpeed's clipping is
 compared against the local engine's ``clip_grad_norm`` on every step.
 """
@@ -28,15 +30,17 @@ TOL = 1e-5
 
 METHODS = ("reptile", "multitask")
 METASGD = ("local:all:metasgd", "local:all:uneven:metasgd")
-ONE_PROC = ["local:all", "local:one", "local:all:uneven", "ds0:all", "ds1:all", "ds2:all", "ds3:all",
-            "ds3:one", "ds3off:all", "ds3:all:bf16", "ds2:all:ckpt", "ds3:all:ckpt",
-            "local:mixed", "local:spread", "ds3:mixed", "ds2:spread", "local:spread:gc",
-            *(f"local:{layout}:{m}" for m in METHODS for layout in ("all", "mixed", "spread", "all:uneven")),
-            *METASGD]
+# Each path runs once where it is strongest: every ZeRO stage (and the offload, the checkpoint
+# resume, the packed layouts, each method) on 2 ranks; one process keeps the references, the
+# packed layouts' local engine and one-rank DeepSpeed (ZeRO-3, the stage that partitions).
+ONE_PROC = ["local:all", "local:one", "local:all:uneven", "ds3:all", "ds3:one", "ds3:all:bf16",
+            "local:mixed", "local:spread", "local:spread:gc",
+            *(f"local:{layout}:{m}" for m in METHODS for layout in ("all", "all:uneven")),
+            *METASGD, "local:all:metaicl", "local:all:gather"]
 TWO_PROC = ["ds0:all", "ds1:all", "ds2:all", "ds3:all", "ds3off:all", "ds3:one:gc:save", "ds3:all:uneven",
             "ds2:one:ckpt", "ds3:all:ckpt", "ds3:mixed:gc", "ds3:spread:uneven", "ds2:mixed",
-            *(f"ds3:{layout}:{m}" for m in METHODS for layout in ("mixed", "spread:uneven")),
-            "ds2:spread:reptile", "ds3:mixed:metasgd", "ds3:spread:uneven:metasgd"]
+            *(f"ds3:spread:uneven:{m}" for m in METHODS),
+            "ds2:spread:reptile", "ds3:mixed:metasgd", "ds3:spread:uneven:metasgd", "ds3:all:gather"]
 # Rows across ranks (``_common.build_rows_plan``): every rank holds every task and runs a share of
 # each task's rows, the tasks' rows split unevenly over ranks; each against its one-process
 # reference with one task per pass. (launch, spec, reference)
@@ -51,12 +55,11 @@ ROWS = [
     ("two_proc", "ds3:rows:clip:reptile", "local:all:clip:reptile"),
     ("two_proc", "ds3:rows:multitask", "local:all:multitask"),
     ("two_proc", "ds3:rows:uneven:metaicl", "local:all:uneven:metaicl"),
-    ("four_proc", "ds3:rows", "local:all"),
+    # 4 ranks: both stages, uneven splits with dummy passes, the clip, Meta-SGD and Reptile (the
+    # other methods' rows are on 2 ranks; each launch of 4 costs 4 processes' imports)
     ("four_proc", "ds2:rows:clip", "local:all:clip"),
     ("four_proc", "ds3:rows:uneven:metasgd", "local:all:uneven:metasgd"),
     ("four_proc", "ds3:rows:uneven:reptile", "local:all:uneven:reptile"),
-    ("four_proc", "ds2:rows:multitask", "local:all:multitask"),
-    ("four_proc", "ds3:rows:metaicl", "local:all:metaicl"),
 ]
 # Padding-free lines (``algorithm.padding_free``): several examples, of several tasks, per row of
 # a pass; each against its reference with one task per pass and against the same layout padded.
@@ -137,15 +140,16 @@ def test_reference_is_sensitive(one_proc: Path) -> None:
     assert relative_error(_load(one_proc, "local:one")[0], a) < TOL  # micro-batch 1 == all, local
 
 
-@pytest.mark.parametrize("spec", ["ds0:all", "ds1:all", "ds2:all", "ds3:all", "ds3:one", "ds3off:all"])
+@pytest.mark.parametrize("spec", ["ds3:all", "ds3:one"])
 def test_one_process_deepspeed_matches_local(one_proc: Path, spec: str) -> None:
     _check(one_proc, spec, one_proc, "local:all")
 
 
-@pytest.mark.parametrize("spec", ["ds2:all:ckpt", "ds3:all:ckpt"])
-def test_resume_from_saved_adapter_and_optimizer_matches(one_proc: Path, spec: str) -> None:
-    """Save adapter + optimizer before the last step, rebuild the engine, load, finish: same result."""
-    _check(one_proc, spec, one_proc, "local:all")
+@pytest.mark.parametrize("spec", ["ds2:one:ckpt", "ds3:all:ckpt"])
+def test_resume_from_saved_adapter_and_optimizer_matches(two_proc: Path, one_proc: Path, spec: str) -> None:
+    """Save adapter + optimizer before the last step, rebuild the engine, load, finish: same result
+    (2 ranks: each saves and loads its own optimizer partition; ZeRO-2 with micro-batches of one)."""
+    assert _check(two_proc, spec, one_proc, "local:all")["world"] == 2
 
 
 def test_bf16_zero3_close_to_fp32(one_proc: Path) -> None:
@@ -155,17 +159,12 @@ def test_bf16_zero3_close_to_fp32(one_proc: Path) -> None:
     assert relative_error(got, want) < 2e-2
 
 
-@pytest.mark.parametrize("spec", ["ds0:all", "ds1:all", "ds2:all", "ds3:all", "ds3off:all",
-                                  "ds3:one:gc:save", "ds3:all:ckpt"])
+@pytest.mark.parametrize("spec", ["ds0:all", "ds1:all", "ds2:all", "ds3:all", "ds3off:all", "ds3:one:gc:save"])
 def test_two_processes_match_local(two_proc: Path, one_proc: Path, spec: str) -> None:
     meta = _check(two_proc, spec, one_proc, "local:all")
     assert meta["world"] == 2 and None not in meta["grad_task_sq"]  # the noise statistics were compared
     if ":gc" in spec:
         assert meta["gc_on"], "activation checkpointing was not enabled"
-
-
-def test_two_process_resume_with_micro_batches_of_one(two_proc: Path, one_proc: Path) -> None:
-    _check(two_proc, "ds2:one:ckpt", one_proc, "local:all")
 
 
 def test_uneven_work_finishes_and_matches(two_proc: Path, one_proc: Path) -> None:
@@ -177,7 +176,7 @@ def test_uneven_work_finishes_and_matches(two_proc: Path, one_proc: Path) -> Non
     _check(two_proc, "ds3:spread:uneven", one_proc, "local:all:uneven")
 
 
-@pytest.mark.parametrize("spec", ["local:mixed", "local:spread", "ds3:mixed", "ds2:spread", "local:spread:gc"])
+@pytest.mark.parametrize("spec", ["local:mixed", "local:spread", "local:spread:gc"])
 def test_packed_layouts_match_one_task_per_pass_on_one_process(one_proc: Path, spec: str) -> None:
     _check(one_proc, spec, one_proc, "local:all")
 
@@ -195,12 +194,10 @@ def test_reptile_and_multitask_packed_match_their_reference(
     two_proc: Path, one_proc: Path, accel: Path, method: str
 ) -> None:
     """Each method on 2 processes under DeepSpeed ZeRO-2/3 and under accelerate (its DeepSpeed
-    plugin, ZeRO-3) equals its one-process reference."""
+    plugin, ZeRO-3) equals its one-process reference: every task of a rank in one pass
+    (accelerate), and passes that mix tasks while tasks span passes (deepspeed)."""
     ref = f"local:all:{method}"
     assert _check(accel, f"acc:mixed:{method}", one_proc, ref)["world"] == 2
-    for layout in ("mixed", "spread"):
-        _check(one_proc, f"local:{layout}:{method}", one_proc, ref)
-    _check(two_proc, f"ds3:mixed:{method}", one_proc, ref)
     _check(two_proc, f"ds3:spread:uneven:{method}", one_proc, f"local:all:uneven:{method}")
     if method == "reptile":
         _check(two_proc, "ds2:spread:reptile", one_proc, ref)
@@ -357,3 +354,37 @@ def test_padding_free_lines_match_the_reference_with_fewer_padded_tokens(
     out = request.getfixturevalue(launch)
     meta = _check(out, spec, one_proc, ref)
     assert meta["padded_tokens"] < _load(out, padded)[1]["padded_tokens"]
+
+
+def _gathered(out: Path, spec: str, rank: int) -> list[dict]:
+    return json.loads((out / f"{spec.replace(':', '_')}.gathered.{rank}.json").read_text())
+
+
+def _tasks(observations: list[dict]) -> list[tuple[int, int, float]]:
+    return sorted((o["step"], o["task_id"], o["query_loss"]) for o in observations if o["kind"] == "task")
+
+
+def test_two_rank_gather_equals_one_process(two_proc: Path, one_proc: Path) -> None:
+    """gather_step under 2-rank ZeRO-3 gives every rank the same result, made of each rank's own
+    observations in rank order, equal to one process's for the same tasks: the task observations
+    (losses to 1e-4), the real-token total. Three steps, so the adapters moved alike too; padded
+    tokens and pass observations differ by construction (all four tasks on one rank vs two each)."""
+    import math
+
+    local = _gathered(one_proc, "local:all:gather", 0)
+    rank0, rank1 = _gathered(two_proc, "ds3:all:gather", 0), _gathered(two_proc, "ds3:all:gather", 1)
+    assert len(local) == len(rank0) == len(rank1) == 3
+    for step, (ref, a, b) in enumerate(zip(local, rank0, rank1, strict=True)):
+        assert a["observations"] == b["observations"] == a["mine"] + b["mine"]
+        assert {o["rank"] for o in a["observations"] if o["kind"] == "pass"} == {0, 1}
+        assert a["n_real_tasks"] == ref["n_real_tasks"] == 4
+        assert a["n_tokens"] == ref["n_tokens"] > 0
+        rec = a["record"]
+        assert rec["tokens"] == sum(rec["rank_tokens"]) == ref["n_tokens"]
+        assert all(len(rec[k]) == 2 for k in ("rank_compute_s", "rank_collective_s", "rank_data_wait_s",
+                                              "rank_tokens", "rank_peak_memory_mb"))
+        got, want = _tasks(a["observations"]), _tasks(ref["observations"])
+        assert [t[:2] for t in got] == [t[:2] for t in want] == [(step, t) for t in range(4)]
+        for (_, _, x), (_, _, y) in zip(got, want, strict=True):
+            assert math.isfinite(x) and abs(x - y) <= 1e-4 * abs(y), (step, got, want)
+        assert rec["outer_loss"] == pytest.approx(ref["record"]["outer_loss"], rel=1e-4)
