@@ -6,7 +6,9 @@ count of a LoRA pass is about 1.37x lower, docs/benchmarks.md). Most of the rest
 embeddings, SiLU, casts), and only fusing them can remove that time. This measures how far fusing
 goes, on one pass of the default model with its LoRA adapter: ``--rows`` rows of ``--tokens``
 tokens, the loss on the last ``--answer`` positions, as in the recipe's passes. The same model runs
-eager and under ``torch.compile`` (inductor, default mode), alternated. Prints a few human lines
+eager and under ``torch.compile`` (inductor, default mode; ``--backend aot_eager`` runs the same
+code through dynamo and AOTAutograd with eager kernels, a quick check of the code path, as the test
+suite's small run does), alternated. Prints a few human lines
 and, as the last line, one JSON object:
 
 * ``seconds``: median wall seconds of the pass, ``eager`` and ``compiled``; ``speedup`` their ratio;
@@ -167,7 +169,7 @@ def meta_steps(args: argparse.Namespace, dtype: torch.dtype) -> dict:
 
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     plain_graphs = plain_graph_count(model, works, algorithm, params)
-    compiled = compile_layers(model)  # engine.compile's path
+    compiled = compile_layers(model, backend=args.backend)  # engine.compile's path
     with torch.compiler.set_stance("force_eager"):
         eager = [run(w) for w in works]
     first = [run(w) for w in works]
@@ -205,6 +207,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=40, help="tokens per row")
     ap.add_argument("--answer", type=int, default=6, help="positions the loss is taken on, per row")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--backend", default="inductor", choices=["inductor", "aot_eager"],
+                    help="torch.compile's backend (aot_eager: the code path without inductor's kernels)")
     ap.add_argument("--meta-steps", type=int, default=4,
                     help="FOMAML meta-batches to run eager and with compiled layers (0: none)")
     args = ap.parse_args()
@@ -234,7 +238,7 @@ def main() -> None:
     del reference, ref_params
     eager = step(model)
     start = time.perf_counter()
-    compiled_model = torch.compile(model)
+    compiled_model = torch.compile(model, backend=args.backend)
     compiled = step(compiled_model)
     compile_s = time.perf_counter() - start
     seconds = median_times({"eager": lambda: step(model), "compiled": lambda: step(compiled_model)}, args.reps)
@@ -262,7 +266,7 @@ def main() -> None:
             print(f"frozen weights packed for oneDNN ({packed['layers']} layers; engine.pack_weights): "
                   f"{packed['speedup']['eager']}x eager, {packed['speedup']['compiled']}x compiled per meta-step, "
                   f"alternated with plain; gradient error against eager plain {packed['grad_rel_error']:.2e}")
-    print(json.dumps({"device": args.device, "model": model_name(args), "dtype": args.dtype,
+    print(json.dumps({"device": args.device, "model": model_name(args), "dtype": args.dtype, "backend": args.backend,
                       "threads": torch.get_num_threads(), "rows": args.rows, "tokens": args.tokens,
                       "seconds": {k: round(s, 4) for k, s in seconds.items()},
                       "speedup": round(seconds["eager"] / seconds["compiled"], 3),

@@ -33,10 +33,17 @@ def _run(script: str, *args: str, timeout_s: float = 300) -> dict:
 
 @pytest.mark.timeout(300)
 def test_compiled_benchmark_runs_small() -> None:
-    out = _run("compiled.py", "--tiny", "--reps", "1", "--threads", "1", "--meta-steps", "2", "--dtype", "bfloat16")
+    """aot_eager: the benchmark's code end to end, dynamo's graphs and AOTAutograd's backward, without
+    inductor's minutes of kernel compiling; inductor compiles the same compile_layers path in
+    test_training_phase_benchmark_runs_small (the recipe's FOMAML meta-steps) and
+    tests/unit/algorithms/test_compiled.py (a pass against eager)."""
+    out = _run("compiled.py", "--tiny", "--reps", "1", "--threads", "1", "--meta-steps", "2", "--dtype", "bfloat16",
+               "--backend", "aot_eager")
+    assert out["backend"] == "aot_eager"
     assert out["seconds"]["eager"] > 0 and out["seconds"]["compiled"] > 0 and out["compile_s"] > 0
     assert all(m > 0 for m in out["mfu"].values())
-    assert 0 < out["grad_rel_error"] < 0.05  # the compiled pass computes the same gradient, in bf16
+    # the compiled pass computes the same gradient, in bf16 (aot_eager's eager kernels: to the bit)
+    assert 0 <= out["grad_rel_error"] < 0.05
     steps = out["meta_step"]
     assert steps["meta_batches"] == 2 and steps["layers_compiled"] == 2  # the tiny model's two layers
     # something compiled (the count depends on the grad modes, masks and sizes of 1 the passes
@@ -44,12 +51,12 @@ def test_compiled_benchmark_runs_small() -> None:
     assert 1 <= steps["graphs"] <= steps["graphs_plain"] and steps["first_round_s"] > 0
     assert steps["graphs_added_later"] == 0 and steps["compile_s"] > 0
     assert all(steps["seconds"][k] > 0 and steps["mfu"][k] > 0 for k in ("eager", "compiled"))
-    assert 0 < steps["grad_rel_error"] < 0.05  # compiled layers, the same meta-gradient in bf16
+    assert 0 <= steps["grad_rel_error"] < 0.05  # compiled layers, the same meta-gradient in bf16
     packed = steps["packed"]  # engine.pack_weights, where this CPU has oneDNN's bf16 matmul
     if packing_available():
         assert packed["layers"] == 2 * 7 + 1  # each layer's 7 frozen linears and the LM head
         assert all(v > 0 for v in packed["seconds"].values()) and all(v > 0 for v in packed["speedup"].values())
-        assert 0 < packed["grad_rel_error"] < 0.05
+        assert 0 <= packed["grad_rel_error"] < 0.05  # 0 where the packed kernels round as the plain ones
     else:
         assert packed is None
 
