@@ -1,4 +1,5 @@
-"""``engine.compile`` under DeepSpeed: what compiled decoder layers do on 2 ranks (gloo, CPU, fp32).
+"""``engine.compile`` under DeepSpeed: what compiled decoder layers do on 2 ranks (gloo, CPU, fp32)
+and, for ZeRO-3, on one.
 
 The layers are compiled in place before DeepSpeed wraps the model, as ``build_engine`` does, by
 dynamo's "aot_eager" backend (inductor's traced forward and backward graphs run by eager kernels:
@@ -17,7 +18,9 @@ three FOMAML meta-steps and is compared with the plain one-process reference
 * ZeRO-3 gathers every sublayer's weights in module hooks DeepSpeed hides from dynamo
   (``torch.compiler.disable``), so each compiled layer breaks at every sublayer; the numbers still
   match, but a meta-step ran 2.4x slower than eager ZeRO-3 (inductor, one process), so
-  ``engine.compile`` refuses ZeRO-3 (:func:`fmmeta.engine.build.compile_problems`). The test pins that graph breaks are the reason:
+  ``engine.compile`` refuses ZeRO-3 (:func:`fmmeta.engine.build.compile_problems`). One process
+  shows it: the hooks gather at any world size, and tracing through them is the suite's costliest
+  compile, so it is not paid on two ranks at once. The test pins that graph breaks are the reason:
   a DeepSpeed that traces its hooks without a break fails it, and the refusal can then go.
 """
 
@@ -52,16 +55,19 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     ref = tmp_path_factory.mktemp("reference")
     run_worker(ref, [REFERENCE], nprocs=1, launcher="python")
     two = tmp_path_factory.mktemp("compiled")
-    run_worker(two, [*ALLOWED, REFUSED], nprocs=2, launcher="deepspeed", pg_timeout_s=60)
+    run_worker(two, ALLOWED, nprocs=2, launcher="deepspeed", pg_timeout_s=60)
     run_worker(two, [ACCELERATE], nprocs=2, launcher="accelerate", pg_timeout_s=60,
                accelerate_config="accelerate_zero2.yaml")
+    # ZeRO-3 on one process: its gathering hooks, and so its graph breaks, are there at any world
+    # size, and dynamo tracing through them is the costliest compile of the suite, so not twice
+    run_worker(two, [REFUSED], nprocs=1, launcher="python", pg_timeout_s=60)
     return ref, two
 
 
-def _compare(runs: tuple[Path, Path], spec: str) -> dict:
+def _compare(runs: tuple[Path, Path], spec: str, world: int = 2) -> dict:
     ref, two = runs
     (want, ref_meta), (got, meta) = _load(ref, REFERENCE), _load(two, spec)
-    assert meta["world"] == 2 and meta["shapes_ok"]
+    assert meta["world"] == world and meta["shapes_ok"]
     err = relative_error(got, want)
     assert err < TOL, f"{spec}: adapter relative error {err:.3e} vs {REFERENCE}"
     for a, b in zip(meta["grad_norms"], ref_meta["grad_norms"], strict=True):
@@ -81,5 +87,5 @@ def test_compiled_layers_under_zero_3_break_at_every_sublayer(runs: tuple[Path, 
     """Why ``engine.compile`` refuses ZeRO-3: right numbers, but tens of graph breaks and graphs
     (each of the 2 layers splits at its attention and MLP projections, their LoRA wrappers and
     its norms) where ZeRO-2 has none and 3."""
-    meta = _compare(runs, REFUSED)
+    meta = _compare(runs, REFUSED, world=1)
     assert meta["graph_breaks"] >= 10 * meta["layers"] and meta["graphs"] > 4, meta
