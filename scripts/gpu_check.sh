@@ -35,26 +35,48 @@ PY=${PYTHON:-python3}
 
 # A wheel is installed only where its distribution is missing, without dependencies and without
 # the network, so nothing the machine already has (torch above all) is replaced.
-installed() { "$PY" -c "import importlib.metadata as m, sys; m.version(sys.argv[1])" "$1" 2>/dev/null; }
-missing=()
+# One Python process answers for every wheel (a process per package took seconds each).
+wheels=()
 if [ -d "$WHEELS" ]; then
   for whl in "$WHEELS"/*.whl; do
     [ -e "$whl" ] || continue
-    name=$(basename "$whl" | cut -d- -f1)
-    installed "$name" || missing+=("$whl")
+    wheels+=("$whl")
   done
+fi
+missing=()
+if [ ${#wheels[@]} -gt 0 ]; then
+  # prints each wheel whose distribution (the file name up to the first '-') is not installed
+  mapfile -t missing < <("$PY" -c '
+import importlib.metadata as m, os, sys
+for whl in sys.argv[1:]:
+    try:
+        m.version(os.path.basename(whl).split("-")[0])
+    except Exception:
+        print(whl)
+' "${wheels[@]}")
 fi
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing ${#missing[@]} wheels from $WHEELS" >&2
   "$PY" -m pip install -q --no-index --no-deps "${missing[@]}" >&2
 fi
-for module in torch transformers peft accelerate deepspeed datasets gguf safetensors yaml babel; do
-  if ! "$PY" -c "import $module" 2>/dev/null; then
-    echo "error: python module '$module' is missing and $WHEELS/ holds no wheel for it: prepare the" \
-      "folder with scripts/gpu_wheels.sh on a machine with the package index, copy it here, rerun" >&2
-    exit 2
-  fi
-done
+# Every module imported in one process (an import, not just a lookup: a wheel installed without
+# its dependencies must still import). Each name is printed before its import and "ok" after the
+# last, so the last line names the module whose import failed, even if it took the process down.
+imported=$("$PY" -c '
+import importlib, sys
+for name in sys.argv[1:]:
+    print(name, flush=True)
+    importlib.import_module(name)
+print("ok")
+' torch transformers peft accelerate deepspeed datasets gguf safetensors yaml babel 2>/dev/null) || true
+module=${imported##*$'\n'}
+[ "$module" = ok ] && module=""
+[ -n "$imported" ] || module=torch  # the interpreter itself did not start
+if [ -n "$module" ]; then
+  echo "error: python module '$module' is missing and $WHEELS/ holds no wheel for it: prepare the" \
+    "folder with scripts/gpu_wheels.sh on a machine with the package index, copy it here, rerun" >&2
+  exit 2
+fi
 
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$PWD/.gpu_check_extensions}
