@@ -256,7 +256,9 @@ def main() -> int:
     out = Path(args.out or tempfile.mkdtemp(prefix="gpu_check_")).resolve()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    steps = 8 if args.device == "cuda" else 2
+    # the dry run: one meta-step is enough to run every path (checkpoint and fp32 master included)
+    # and to compare (bf16 vs fp32 after 1 step: adapter 2.6e-3, losses 3.1e-6; fp32: 1.8e-8)
+    steps = 8 if args.device == "cuda" else 1
     import deepspeed
 
     result: dict[str, Any] = {
