@@ -113,18 +113,27 @@ def run_here(args: list[str], *, check: bool = True) -> subprocess.CompletedProc
     """:func:`run` of ``python recipes/train.py ARGS`` through the recipe's ``main`` in this process:
     the same code and output (stdout and stderr together), without a new interpreter's imports
     (seconds per run). For what no launcher, environment variable or signal plays a part in."""
+    return main_here("train", [*([] if "--config" in args else ["--config", str(SMOKE)]), *args], check=check)
+
+
+def main_here(recipe: str, argv: list[str], *, check: bool = True, merge: bool = True,
+              ) -> subprocess.CompletedProcess[str]:
+    """``python recipes/RECIPE.py ARGV`` (train, evaluate, study, adapt) through its ``main`` in this
+    process; output is stdout and stderr together, or apart (``stdout``, ``stderr``) without ``merge``.
+    The recipe's log handler is made inside ``main``, on the redirected stderr."""
     import contextlib
+    import importlib
     import io
 
-    from fmmeta.recipes import train
-
-    argv = [*([] if "--config" in args else ["--config", str(SMOKE)]), *args]
+    main = importlib.import_module(f"fmmeta.recipes.{recipe}").main
     out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-        code = train.main(argv)  # its log handler is made here, on the redirected stderr
-    done = subprocess.CompletedProcess(["train.main", *argv], code, out.getvalue(), "")
+    err = out if merge else io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    done = subprocess.CompletedProcess([f"{recipe}.main", *argv], code, out.getvalue(),
+                                       "" if merge else err.getvalue())
     if check and code != 0:
-        raise AssertionError(f"rc={code}: train.main({argv})\n{done.stdout[-6000:]}")
+        raise AssertionError(f"rc={code}: {recipe}.main({argv})\n{(done.stdout + done.stderr)[-6000:]}")
     return done
 
 

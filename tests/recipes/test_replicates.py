@@ -34,9 +34,10 @@ def side_by_side(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subpro
 
 @pytest.fixture(scope="module")
 def seed_one(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The one-replicate run with training seed 1 (replicate 1's), one process."""
+    """The one-replicate run with training seed 1 (replicate 1's), one process: this one, through
+    train.py's main (a reference to compare with, no launcher's part)."""
     out = tmp_path_factory.mktemp("replicates") / "seed_one"
-    _recipe.run("python", [*ARGS, "train.seed=1", "engine.workers=1", f"output_dir={out}"], timeout_s=180)
+    _recipe.run_here([*ARGS, "train.seed=1", "engine.workers=1", f"output_dir={out}"])
     return out
 
 
@@ -86,7 +87,7 @@ def test_kill_in_the_second_replicate_and_resume_gives_the_uninterrupted_files(s
                          log=tmp_path / "killed.log")
     assert (out / "replicate_0" / "multitask" / "adapter").is_dir(), "replicate 0 finished before the kill"
     assert not (out / "replicate_2").exists() and not (out / "eval").exists()
-    proc = _recipe.run("python", args, timeout_s=300)
+    proc = _recipe.run_here(args)  # the same command, through train.py's main in this process
     assert "resumed from" in proc.stdout
     for r in range(3):
         _assert_same_replicate(out / f"replicate_{r}", three / f"replicate_{r}")
@@ -96,12 +97,10 @@ def test_kill_in_the_second_replicate_and_resume_gives_the_uninterrupted_files(s
 @pytest.mark.timeout(300)
 def test_a_run_keeps_its_number_of_replicates_and_evaluate_scores_them_all(side_by_side, tmp_path: Path) -> None:
     three, _ = side_by_side
-    refused = _recipe.run("python", [*ARGS, "train.replicates=1", f"output_dir={three}"], check=False)
+    refused = _recipe.run_here([*ARGS, "train.replicates=1", f"output_dir={three}"], check=False)
     assert refused.returncode == 2 and "a run keeps its number of replicates" in refused.stdout
-    evaluate = subprocess.run(
-        [*_recipe.command("python", [], script_path=_recipe.REPO / "recipes" / "evaluate.py")[:2],
-         "--run", str(three)], cwd=_recipe.REPO, env=_recipe.environment(), capture_output=True, text=True,
-        timeout=240)
+    # evaluate.py --run THREE, through its main in this process: stdout (the report paths) apart.
+    evaluate = _recipe.main_here("evaluate", ["--run", str(three)], check=False, merge=False)
     assert evaluate.returncode == 0, evaluate.stderr[-3000:]
     report = Path(evaluate.stdout.strip().splitlines()[0].split(": ", 1)[1])
     again = json.loads(report.read_text())

@@ -102,8 +102,8 @@ def test_a_killed_study_resumes_to_the_same_choice_and_scores(straight: Path, tm
     assert _states(out) == ["COMPLETE", "RUNNING"]  # the kill left the second trial running
     assert (out / "fomaml" / "trial_001" / "validation" / "step_000002.json").is_file()
 
-    assert _run(declaration, tmp_path / "resumed.log") == 0, (tmp_path / "resumed.log").read_text()[-4000:]
-    log = (tmp_path / "resumed.log").read_text()
+    # The same command again, through study.py's main in this process (the kill above was real).
+    log = _recipe.main_here("study", ["--config", str(declaration)]).stdout
     assert "fomaml trial 1 was interrupted by a kill: running it again" in log
     assert "resumed from" in log  # the rerun continued the killed trial's checkpoints
     assert _states(out) == ["COMPLETE", "FAIL", "COMPLETE"]
@@ -128,9 +128,9 @@ def test_held_out_tasks_are_scored_once(straight: Path, tmp_path: Path) -> None:
     before = {p: p.stat().st_mtime_ns for p in (straight / "held_out").iterdir()}
     declaration = tmp_path / "again.yaml"
     declaration.write_text((straight.parent / "straight.yaml").read_text().replace("trials: 2", "trials: 3"))
-    log = tmp_path / "again.log"
-    assert _run(declaration, log) == 2
-    assert "held-out tasks of the study" in log.read_text() and "were scored at" in log.read_text()
+    again = _recipe.main_here("study", ["--config", str(declaration)], check=False)  # in this process
+    assert again.returncode == 2, again.stdout[-3000:]
+    assert "held-out tasks of the study" in again.stdout and "were scored at" in again.stdout
     assert {p: p.stat().st_mtime_ns for p in (straight / "held_out").iterdir()} == before
     assert _states(straight) == ["COMPLETE", "COMPLETE"]  # no trial was added either
 
@@ -234,15 +234,18 @@ def test_a_searched_inner_format_is_scored_in_the_format_it_trained_in(tmp_path:
 def test_methods_searched_side_by_side_choose_and_score_as_one_after_the_other(tmp_path: Path) -> None:
     """``engine.workers=2``: two methods' searches run in two worker processes (each has its own
     Optuna study in the one storage); every trial, the choice and the held-out scores equal the
-    study run in one process."""
+    study run in one process (that one through study.py's main in this process: it forks no workers)."""
     space = {"fomaml": {"algorithm": {"inner_lr": {"low": 0.03, "high": 0.3, "log": True}}},
              "reptile": {"optim": {"outer_lr": {"low": 0.003, "high": 0.03, "log": True}}}}
     reports = {}
     for workers in (1, 2):
         name = f"workers{workers}"
         declaration = _declaration(tmp_path, name, space=space, overrides=[*FAST_EVAL, f"engine.workers={workers}"])
-        log = tmp_path / f"{name}.log"
-        assert _run(declaration, log, timeout_s=180) == 0, log.read_text()[-4000:]
+        if workers == 1:
+            _recipe.main_here("study", ["--config", str(declaration)])
+        else:
+            log = tmp_path / f"{name}.log"
+            assert _run(declaration, log, timeout_s=180) == 0, log.read_text()[-4000:]
         reports[workers] = json.loads((tmp_path / name / "study.json").read_text())
     one, two = reports[1], reports[2]
     assert two["choice"] == one["choice"] and set(two["choice"]) == {"fomaml", "reptile"}
