@@ -35,18 +35,6 @@ def _resumed_from(log: str) -> int:
     return int(found[0][1])
 
 
-def _train_here(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    """The recipe's ``main`` in this process, to the end (no new interpreter's imports: seconds per
-    run); its console output, stdout and stderr together."""
-    from fmmeta.recipes import train
-
-    capsys.readouterr()
-    code = train.main(["--config", str(_recipe.SMOKE), *args])
-    out, err = capsys.readouterr()
-    assert code == 0, (out + err)[-4000:]
-    return out + err
-
-
 def _kill_and_resume(launcher: str, nprocs: int, out: Path, reference: Path, extra: list[str]) -> None:
     args = [*_recipe.SHORT, *extra, f"output_dir={out}", "train.resume=auto"]
     killed_log = _recipe.run_and_kill(launcher, args, out / "metrics.jsonl", at_step=4, nprocs=nprocs)
@@ -72,9 +60,7 @@ def test_kill_and_resume_deepspeed_zero3_two_processes(tmp_path: Path, deepspeed
 
 
 @pytest.mark.timeout(240)
-def test_corrupt_newest_checkpoint_falls_back_to_previous(
-    tmp_path: Path, local_dropout: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_corrupt_newest_checkpoint_falls_back_to_previous(tmp_path: Path, local_dropout: Path) -> None:
     out = tmp_path / "run"
     shutil.copytree(local_dropout, out)
     checkpoints = out / "fomaml" / "checkpoints"
@@ -85,7 +71,7 @@ def test_corrupt_newest_checkpoint_falls_back_to_previous(
     bad.write_bytes(bytes(data))
     shutil.rmtree(out / "fomaml" / "adapter")
 
-    log = _train_here([*_recipe.SHORT, *_recipe.DROPOUT, f"output_dir={out}", "train.resume=auto"], capsys)
+    log = _recipe.run_here([*_recipe.SHORT, *_recipe.DROPOUT, f"output_dir={out}", "train.resume=auto"]).stdout
     assert "adapter/adapter_model.safetensors" in log and "step_00000007" in log, log[-3000:]
     assert re.search(r"falling back to checkpoint step_00000005 \(skipped unusable newer: step_00000007\)", log), log[-3000:]
     assert _resumed_from(log) == 5
@@ -95,9 +81,7 @@ def test_corrupt_newest_checkpoint_falls_back_to_previous(
 
 
 @pytest.mark.timeout(240)
-def test_a_torn_last_metrics_line_is_dropped_on_resume(
-    tmp_path: Path, local_short: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_a_torn_last_metrics_line_is_dropped_on_resume(tmp_path: Path, local_short: Path) -> None:
     """A kill (or a full disk) mid-write leaves a torn last line in metrics.jsonl; the resume
     failed on it with a JSON traceback until the file was fixed by hand. Now that line is dropped
     with a warning and the run goes on to the uninterrupted run's results."""
@@ -106,6 +90,6 @@ def test_a_torn_last_metrics_line_is_dropped_on_resume(
     shutil.rmtree(out / "fomaml" / "checkpoints" / "step_00000007")  # resume from step 5's
     with (out / "metrics.jsonl").open("a") as fh:
         fh.write('{"method": "fomaml", "step": 8, "outer_lo')
-    log = _train_here([*_recipe.SHORT, f"output_dir={out}", "train.resume=auto"], capsys)
+    log = _recipe.run_here([*_recipe.SHORT, f"output_dir={out}", "train.resume=auto"]).stdout
     assert "dropped its torn last line" in log and _resumed_from(log) == 5
     _assert_same_run(out, local_short)
