@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
@@ -121,10 +122,11 @@ class Score:
         """The held rows as one scored query set, as the evaluation scores an episode's."""
         return _query_score(self.correct, self.nats, self.tokens)
 
-    @property
+    @functools.cached_property
     def metrics(self) -> dict[str, float]:
         """Every registered metric that applies to the rows' kinds and has a value on them, by name
-        (in registration order)."""
+        (in registration order); computed once, as :meth:`value`, :meth:`se` and :meth:`minus`
+        each read it for one metric."""
         held = self.held()
         values = {m.name: m.compute(held) for m in METRICS.values() if self.kinds <= m.kinds}
         return {name: v for name, v in values.items() if v is not None}
