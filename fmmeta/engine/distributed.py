@@ -10,11 +10,14 @@ the collective timeout (docs/design.md, "A rank that exits early"), whose defaul
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
 import logging
 import os
+import signal
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -92,6 +95,29 @@ def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
+@contextlib.contextmanager
+def _sigterm_ends_at_once() -> Iterator[None]:
+    """Inside the block, SIGTERM ends the process at once (the system's default action) where a
+    Python handler is installed (the recipes' :class:`fmmeta.startup.Terminated`).
+
+    Why: a Python handler runs only between bytecodes, and the rendezvous blocks in C++ until rank 0
+    answers or the collective timeout passes. When rank 0 failed first (its port in use, a bad
+    input), the launcher (deepspeed's, torchrun) sends the other ranks SIGTERM and SIGKILLs them
+    only 30 s later: the run took that long to end after rank 0's message. Nothing has been written
+    before the group is up, so there is nothing a handler could save. Off the main thread, where
+    handlers cannot be set, and where SIGTERM is ignored, it is left as it is.
+    """
+    handler = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread() or not callable(handler):
+        yield
+        return
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+
+
 def init_distributed(
     backend: str = "gloo", timeout_s: float = 60.0, argv: Sequence[str] | None = None
 ) -> tuple[int, int, int]:
@@ -144,9 +170,10 @@ def init_distributed(
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
     try:
-        dist.init_process_group(
-            backend=backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout_s)
-        )
+        with _sigterm_ends_at_once():  # a launcher's SIGTERM must not wait for the rendezvous
+            dist.init_process_group(
+                backend=backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout_s)
+            )
     except (RuntimeError, OSError) as err:  # torch's DistNetworkError is a RuntimeError
         if "address already in use" not in str(err).lower():
             raise
