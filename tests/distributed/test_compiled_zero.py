@@ -51,23 +51,21 @@ def _load(out: Path, spec: str) -> tuple[list[torch.Tensor], dict]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(the one-process reference's folder, the 2-rank compiled runs' folder)."""
-    ref = tmp_path_factory.mktemp("reference")
-    run_worker(ref, [REFERENCE], nprocs=1, launcher="python")
-    two = tmp_path_factory.mktemp("compiled")
-    run_worker(two, ALLOWED, nprocs=2, launcher="deepspeed", pg_timeout_s=60)
-    run_worker(two, [ACCELERATE], nprocs=2, launcher="accelerate", pg_timeout_s=60,
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder of every run: the one-process reference, the 2-rank compiled runs and ZeRO-3."""
+    out = tmp_path_factory.mktemp("compiled")
+    # ZeRO-3 on one process, in the reference's: its gathering hooks, and so its graph breaks, are
+    # there at any world size, and dynamo tracing through them is the costliest compile of the
+    # suite, so not twice (the worker counts each spec's graphs from a reset dynamo)
+    run_worker(out, [REFERENCE, REFUSED], nprocs=1, launcher="python", pg_timeout_s=60)
+    run_worker(out, ALLOWED, nprocs=2, launcher="deepspeed", pg_timeout_s=60)
+    run_worker(out, [ACCELERATE], nprocs=2, launcher="accelerate", pg_timeout_s=60,
                accelerate_config="accelerate_zero2.yaml")
-    # ZeRO-3 on one process: its gathering hooks, and so its graph breaks, are there at any world
-    # size, and dynamo tracing through them is the costliest compile of the suite, so not twice
-    run_worker(two, [REFUSED], nprocs=1, launcher="python", pg_timeout_s=60)
-    return ref, two
+    return out
 
 
-def _compare(runs: tuple[Path, Path], spec: str, world: int = 2) -> dict:
-    ref, two = runs
-    (want, ref_meta), (got, meta) = _load(ref, REFERENCE), _load(two, spec)
+def _compare(runs: Path, spec: str, world: int = 2) -> dict:
+    (want, ref_meta), (got, meta) = _load(runs, REFERENCE), _load(runs, spec)
     assert meta["world"] == world and meta["shapes_ok"]
     err = relative_error(got, want)
     assert err < TOL, f"{spec}: adapter relative error {err:.3e} vs {REFERENCE}"
@@ -77,14 +75,14 @@ def _compare(runs: tuple[Path, Path], spec: str, world: int = 2) -> dict:
 
 
 @pytest.mark.parametrize("spec", [*ALLOWED, ACCELERATE])
-def test_compiled_layers_under_zero_0_to_2_match_eager_whole(runs: tuple[Path, Path], spec: str) -> None:
+def test_compiled_layers_under_zero_0_to_2_match_eager_whole(runs: Path, spec: str) -> None:
     """Same adapter and grad norms as eager, from a few whole-layer graphs (the local engine's
     count: forward with and without grad, backward) and no graph break."""
     meta = _compare(runs, spec)
     assert 1 <= meta["graphs"] <= 4 and meta["graph_breaks"] == 0, meta
 
 
-def test_compiled_layers_under_zero_3_break_at_every_sublayer(runs: tuple[Path, Path]) -> None:
+def test_compiled_layers_under_zero_3_break_at_every_sublayer(runs: Path) -> None:
     """Why ``engine.compile`` refuses ZeRO-3: right numbers, but tens of graph breaks and graphs
     (each of the 2 layers splits at its attention and MLP projections, their LoRA wrappers and
     its norms) where ZeRO-2 has none and 3."""
