@@ -96,6 +96,17 @@ with a meta-step of a few thousand tokens, minutes on a 2-core CPU where the GPU
 hours. ``tiny`` (``--tiny``): the same code path in seconds."""
 
 
+def fill_sizes(args: argparse.Namespace, device: torch.device) -> str:
+    """Sets every size flag left out to its default for the device and returns which ``SIZES``
+    entry that was; a flag given wins, with ``--tiny`` too (``--tiny --seq 64``: the tiny model
+    on longer sequences)."""
+    size = "tiny" if args.tiny else "gpu" if device.type == "cuda" else "cpu"
+    for key, value in SIZES[size].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return size
+
+
 def peak_flops(args: argparse.Namespace, device: torch.device) -> float | None:
     """The device's dense peak in FLOP/s, or None where it is unknown (CPU, fp32, unlisted GPU)."""
     if args.peak_tflops:
@@ -194,10 +205,7 @@ def main() -> None:
     args = ap.parse_args()
     device = torch.device(args.device)
     liger = use_liger(ap, args, device)
-    size = "tiny" if args.tiny else "gpu" if device.type == "cuda" else "cpu"
-    for key, value in SIZES[size].items():
-        if args.tiny or getattr(args, key) is None:
-            setattr(args, key, value)
+    size = fill_sizes(args, device)
     dtype = getattr(torch, compute_dtype(args))
 
     model = bench.build_model(args, device).to(dtype)

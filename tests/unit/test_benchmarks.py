@@ -101,6 +101,24 @@ def test_throughput_refuses_liger_without_a_gpu() -> None:
     assert "--liger on needs a CUDA device and liger_kernel installed" in done.stderr
 
 
+def test_throughput_size_flags_win_over_the_device_defaults_with_tiny_too() -> None:
+    """``--tiny --seq 64`` once ran 32-token rows: --tiny overwrote every size flag given."""
+    import argparse
+
+    import torch
+
+    from benchmarks.throughput import SIZES, fill_sizes
+
+    args = argparse.Namespace(tiny=True, **{k: None for k in SIZES["tiny"]})
+    args.seq, args.layers = 64, 3
+    assert fill_sizes(args, torch.device("cpu")) == "tiny"
+    assert (args.seq, args.layers) == (64, 3)
+    assert all(getattr(args, k) == v for k, v in SIZES["tiny"].items() if k not in ("seq", "layers"))
+    args = argparse.Namespace(tiny=False, **{k: None for k in SIZES["cpu"]})
+    assert fill_sizes(args, torch.device("cpu")) == "cpu"
+    assert vars(args) == {"tiny": False, **SIZES["cpu"]}
+
+
 @pytest.mark.timeout(600)
 def test_zero3_step_benchmark_runs_small() -> None:
     """Two real ZeRO-3 ranks on a tiny model: the three plans run and are priced."""
