@@ -4,7 +4,7 @@ and, for ZeRO-3, on one.
 The layers are compiled in place before DeepSpeed wraps the model, as ``build_engine`` does, by
 dynamo's "aot_eager" backend (inductor's traced forward and backward graphs run by eager kernels:
 the same graphs and graph breaks, without minutes of C++ compiling on a CPU). Each run makes
-three FOMAML meta-steps and is compared with the plain one-process reference
+``worker.STEPS`` FOMAML meta-steps and is compared with the plain one-process reference
 (``test_equivalence.py``'s ``local:all``): adapter relative 1e-5, outer grad norms 1e-5.
 
 * ZeRO-0 and 2 leave the layers alone: ZeRO-0 launched by deepspeed, ZeRO-2 by accelerate with
