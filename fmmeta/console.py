@@ -39,7 +39,7 @@ def banner(cfg: RecipeConfig, method: str, engine: Engine, model: nn.Module, fas
         cfg.algorithm.inner_steps, cfg.train.meta_steps,
     )
     if engine.world_size > 1:
-        n = cfg.sampler.auto_batch_max if cfg.sampler.meta_batch_size == "auto" else cfg.sampler.meta_batch_size
+        n = cfg.sampler.largest_batch_size
         logger.info(
             "placement %s | rows across ranks would hold %d fast-weight copies on every rank (%.1f MiB)"
             " and all-reduce %.1f MiB per inner step", cfg.sampler.placement, n if fast_weight_numel else 0,

@@ -156,5 +156,11 @@ class SamplerConfig:
         """Tasks in the first meta-step: the fixed number, or auto's warm-up."""
         return self.auto_batch_min if self.meta_batch_size == AUTO else int(self.meta_batch_size)
 
+    @property
+    def largest_batch_size(self) -> int:
+        """The most tasks a meta-step can hold: the fixed number, or auto's upper bound (what
+        memory that grows with the tasks per step must be sized for)."""
+        return self.auto_batch_max if self.meta_batch_size == AUTO else int(self.meta_batch_size)
+
 
 __all__ = ["SamplerConfig"]

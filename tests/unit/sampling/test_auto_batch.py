@@ -95,6 +95,13 @@ def test_the_bound_and_the_pool_cap_the_choice() -> None:
         assert [n for n, _ in _run(pf, 3, b_noise=500.0)][-1] == 20  # the pool holds 20 tasks
 
 
+def test_the_first_and_the_largest_batch_sizes_are_the_bounds_auto_can_take() -> None:
+    auto = SamplerConfig(meta_batch_size="auto", auto_batch_min=2, auto_batch_max=6)
+    assert (auto.first_batch_size, auto.largest_batch_size) == (2, 6)
+    fixed = SamplerConfig(meta_batch_size=4)
+    assert (fixed.first_batch_size, fixed.largest_batch_size) == (4, 4)
+
+
 def test_a_fixed_b_ignores_noise_observations() -> None:
     cfg = SamplerConfig(meta_batch_size=4, micro_batch_size=4)
     with Prefetcher(CostAwareSampler(lognormal_pool(20, seed=2), cfg, world_size=2, seed=4)) as pf:
