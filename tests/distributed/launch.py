@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from fmmeta.engine.distributed import SHM_DIR
+from tests._zygote import run_python
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("worker.py")
@@ -76,7 +77,10 @@ def run_worker(
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
     try:
-        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
+        if launcher == "python":  # forked from the preloaded server (tests/_zygote.py)
+            proc = run_python(cmd[1:], env=env, cwd=REPO, timeout_s=timeout_s, merge=False)
+        else:
+            proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired as e:
         tail = ((e.stdout or b"") if isinstance(e.stdout, str) else (e.stdout or b"").decode(errors="replace"))
         raise AssertionError(f"{launcher} launch ran past {timeout_s}s (a hang?): {' '.join(cmd)}\n{tail[-3000:]}") from None

@@ -2,7 +2,9 @@
 
 Every launch gets ``DS_ACCELERATOR=cpu``, one thread per process, a free rendezvous port, its own
 process group (so a test can SIGKILL the launcher and every worker at once, as a crash would) and a
-subprocess timeout; the recipe itself gets a short collective timeout through the config.
+subprocess timeout; the recipe itself gets a short collective timeout through the config. A run to
+the end without a launcher (:func:`run`) is forked from a preloaded interpreter (tests/_zygote.py);
+a run a test stops or kills (:func:`command`, :func:`run_and_kill`) starts a fresh one.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
+
+from tests._zygote import run_python
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "recipes" / "train.py"
@@ -95,18 +99,30 @@ def run(launcher: str, args: list[str], *, nprocs: int = 1, timeout_s: float = 1
     exit or a run past ``timeout_s`` (a hang) raises ``AssertionError`` with the output tail.
     ``env`` replaces :func:`environment` (e.g. :func:`offline`)."""
     cmd = command(launcher, args, nprocs=nprocs, script_path=script_path)
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env or environment(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        if launcher == "python":  # forked from the preloaded server (tests/_zygote.py)
+            done = run_python(cmd[1:], env=env or environment(), cwd=REPO, timeout_s=timeout_s)
+        else:
+            done = _launch(cmd, env or environment(), timeout_s)
+    except subprocess.TimeoutExpired as e:
+        out = e.output if isinstance(e.output, str) else ""
+        raise AssertionError(f"ran past {timeout_s}s (a hang?): {' '.join(cmd)}\n{out[-4000:]}") from None
+    if check and done.returncode != 0:
+        raise AssertionError(f"rc={done.returncode}: {' '.join(cmd)}\n{done.stdout[-6000:]}")
+    return done
+
+
+def _launch(cmd: list[str], env: dict[str, str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """A launcher's run in its own process group, all of it killed at ``timeout_s``."""
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         kill_group(proc)
         out, _ = proc.communicate()
-        raise AssertionError(f"ran past {timeout_s}s (a hang?): {' '.join(cmd)}\n{out[-4000:]}") from None
-    done = subprocess.CompletedProcess(cmd, proc.returncode, out, "")
-    if check and proc.returncode != 0:
-        raise AssertionError(f"rc={proc.returncode}: {' '.join(cmd)}\n{out[-6000:]}")
-    return done
+        raise subprocess.TimeoutExpired(cmd, timeout_s, output=out) from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
 
 
 def run_here(args: list[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
+from tests._zygote import run_python
 from tests.recipes import _recipe
 
 ADAPT = _recipe.REPO / "recipes" / "adapt.py"
@@ -80,8 +79,7 @@ def _adapt(args: list[str], *, as_a_user: bool) -> None:
 
         assert adapt.main(args) == 0
         return
-    proc = subprocess.run([sys.executable, str(ADAPT), *args], cwd=_recipe.REPO, env=_recipe.environment(),
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=180)
+    proc = run_python([str(ADAPT), *args], env=_recipe.environment(), cwd=_recipe.REPO, timeout_s=180)
     assert proc.returncode == 0, proc.stdout[-4000:]
 
 

@@ -6,27 +6,24 @@ run, which asserts their figures: tests/recipes/test_gpu_check.py."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from fmmeta.engine.packed import packing_available
 from fmmeta.models.precision import resolve_dtype
+from tests._zygote import run_python
+from tests.recipes._recipe import environment
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _run(script: str, *args: str, timeout_s: float = 300) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    # earlier in-process tests leave the variables a launcher sets (init_distributed sets them
-    # for a lone process); a benchmark that launches its own ranks must not inherit them
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *args], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=timeout_s)
+    # one thread, the CPU, and none of the variables a launcher sets, which earlier in-process
+    # tests leave (init_distributed sets them for a lone process): a benchmark that launches its
+    # own ranks must not inherit them
+    done = run_python([str(REPO / "benchmarks" / script), *args], env=environment(), cwd=REPO, timeout_s=timeout_s,
+                      merge=False)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -94,9 +91,8 @@ def test_episodes_benchmark_runs_small() -> None:
 
 def test_throughput_refuses_liger_without_a_gpu() -> None:
     """Liger's kernels are Triton's: asked for on a CPU, a message before any model is built."""
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "throughput.py"), "--tiny",
-                           "--device", "cpu", "--liger", "on"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    done = run_python([str(REPO / "benchmarks" / "throughput.py"), "--tiny", "--device", "cpu", "--liger", "on"],
+                      env=environment(), cwd=REPO, timeout_s=300, merge=False)
     assert done.returncode == 2, done.stderr[-3000:]
     assert "--liger on needs a CUDA device and liger_kernel installed" in done.stderr
 

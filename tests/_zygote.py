@@ -1,0 +1,322 @@
+"""``python SCRIPT ARGS`` for the test helpers, forked from a process that imported the heavy
+libraries once, instead of a new interpreter that imports them again.
+
+Why: a test launch of a recipe or benchmark spent most of its CPU importing torch, transformers,
+peft, DeepSpeed and accelerate (about 6 s per process on the 2-core CI machine, against 1-3 s of
+the run's own work), and the suite makes dozens of such launches. Each pytest worker starts one
+server per launch environment; the server imports those libraries with that environment, then
+forks a child per launch, which runs the script as ``python SCRIPT ARGS`` would: its own session
+and process group, the caller's stdout and stderr, working directory, environment, ``sys.argv``
+and ``sys.path[0]``, ``__name__ == "__main__"``, and the exit code (negative: killed by a signal).
+
+What makes a forked child stand for a fresh interpreter, and what the server checks before it
+serves (otherwise every launch runs in a new interpreter, as before):
+
+* the same environment: a server serves only launches whose environment equals the one it was
+  started with (``PYTEST_CURRENT_TEST`` aside: no library reads it); what its imports added to
+  the environment (torch names its inductor cache folder) is added to the child's, as the same
+  imports would add it in a fresh interpreter;
+* nothing of the imports is visible: they printed nothing and warned nothing (a child would not
+  show a warning a fresh interpreter shows once), and no thread runs when the server forks;
+* fmmeta itself is not preloaded: its import-time side effects (the recipes' Ctrl-C handler, the
+  library warning filters) run in the child, in the order a fresh interpreter runs them.
+
+What differs, and so stays on fresh interpreters: a launch a test signals or kills mid-run (those
+helpers start the process themselves), a launch under deepspeed, torchrun or accelerate (the
+launcher starts the ranks), and a test about start-up itself. Forked children share the server's
+hash seed; the tests that compare runs under different seeds set ``PYTHONHASHSEED``, a different
+environment, so they run fresh. ``FMMETA_TEST_FRESH=1`` runs every launch fresh.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import json
+import os
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+PRELOAD = (
+    "torch", "transformers", "transformers.models.llama.modeling_llama", "peft", "accelerate",
+    "deepspeed", "deepspeed.runtime.zero.stage3", "deepspeed.runtime.zero.muon.muon_optimizer",
+    "safetensors.torch", "yaml",
+)
+"""What the server imports: what every recipe, worker and benchmark process imports anyway.
+Not ``datasets``: pyarrow starts a jemalloc thread at import, and a fork copies no thread."""
+
+EXTRA_PRELOAD = "FMMETA_ZYGOTE_PRELOAD"
+"""Environment variable: more modules (comma-separated) for the server to import (its tests)."""
+
+VOLATILE = ("PYTEST_CURRENT_TEST",)
+"""Environment variables that differ from launch to launch and that no preloaded library reads."""
+
+MAX_SERVERS = 2
+"""Servers per test process: one per distinct launch environment, each ~0.5 GB shared until written."""
+
+FRESH_FIRST = 1
+"""Launches of an environment that run fresh before its server starts: a server costs one fresh
+interpreter's imports, which an environment a test makes for one launch would not repay."""
+
+_servers: dict[tuple[tuple[str, str], ...], _Server | None] = {}
+_launches: dict[tuple[tuple[str, str], ...], int] = {}
+
+
+def run_python(args: list[str], *, env: dict[str, str], cwd: Path, timeout_s: float,
+               merge: bool = True) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output, text=True,
+    timeout=timeout_s)``, forked from a preloaded server where one serves ``env``. With ``merge``,
+    stderr goes into stdout (``stderr=subprocess.STDOUT``). On a timeout the child's process group
+    is killed and ``subprocess.TimeoutExpired`` raised, with the output so far."""
+    server = None if args[0].startswith("-") else _server_for(env)  # a script: no -c, no -m
+    cmd = [sys.executable, *args]
+    if server is None:
+        return _run_fresh(cmd, env=env, cwd=cwd, timeout_s=timeout_s, merge=merge)
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        code = server.run(args, env=env, cwd=cwd, stdout=out, stderr=out if merge else err, timeout_s=timeout_s)
+        text = [_read(f) for f in (out, err)]
+    if isinstance(code, str):
+        sys.stderr.write(f"tests/_zygote.py: launches run fresh from now on: {code}\n")
+        _servers[_key(env)] = None
+        return run_python(args, env=env, cwd=cwd, timeout_s=timeout_s, merge=merge)
+    if code is None:
+        raise subprocess.TimeoutExpired(cmd, timeout_s, output=text[0], stderr=text[1])
+    return subprocess.CompletedProcess(cmd, code, text[0], "" if merge else text[1])
+
+
+def _run_fresh(cmd: list[str], *, env: dict[str, str], cwd: Path, timeout_s: float,
+               merge: bool) -> subprocess.CompletedProcess[str]:
+    """The launch in a new interpreter, in its own session as a forked child is."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
+                            stderr=subprocess.STDOUT if merge else subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc.pid)
+        out, err = proc.communicate()
+        raise subprocess.TimeoutExpired(cmd, timeout_s, output=out, stderr=err) from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, "" if merge else err)
+
+
+def _read(f: Any) -> str:
+    f.seek(0)
+    return f.read().decode("utf-8", errors="replace")
+
+
+def _key(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, v) for k, v in env.items() if k not in VOLATILE))
+
+
+def _server_for(env: dict[str, str]) -> _Server | None:
+    if os.environ.get("FMMETA_TEST_FRESH") == "1":
+        return None
+    key = _key(env)
+    _launches[key] = _launches.get(key, 0) + 1
+    if key not in _servers:
+        if _launches[key] <= FRESH_FIRST or sum(s is not None for s in _servers.values()) >= MAX_SERVERS:
+            return None
+        _servers[key] = _Server.start(env)
+    return _servers[key]
+
+
+class _Server:
+    """The test process's handle on one server: starts it, asks it for children, stops it."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], path: str) -> None:
+        self.proc, self.path = proc, path
+        atexit.register(self.stop)
+
+    @classmethod
+    def start(cls, env: dict[str, str]) -> _Server | None:
+        """A ready server, or ``None`` (with the reason on stderr) where it refused to serve."""
+        folder = tempfile.mkdtemp(prefix="fmmeta-zygote-")
+        path = os.path.join(folder, "socket")
+        with open(os.path.join(folder, "server.log"), "wb") as log:
+            proc = subprocess.Popen([sys.executable, __file__, path], env=env, cwd=folder, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=log, start_new_session=True)
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # the server's one line: ready, or why not
+        status = json.loads(line) if line.strip() else {"ready": False, "why": f"exited rc={proc.wait()}"}
+        if not status["ready"]:
+            sys.stderr.write(f"tests/_zygote.py: launches run fresh, the server refused: {status['why']}\n")
+            proc.kill()
+            return None
+        return cls(proc, path)
+
+    def run(self, args: list[str], *, env: dict[str, str], cwd: Path, stdout: Any, stderr: Any,
+            timeout_s: float) -> int | None | str:
+        """The child's exit code; ``None`` after killing it at ``timeout_s``; or why the server
+        refused to fork (the launch then runs fresh)."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn, open(os.devnull, "rb") as stdin:
+            conn.connect(self.path)
+            header = json.dumps({"args": args, "env": env, "cwd": str(cwd)}).encode()
+            socket.send_fds(conn, [header], [stdin.fileno(), stdout.fileno(), stderr.fileno()])
+            buf = bytearray()
+            first = _reply(conn, buf)
+            if "refused" in first:
+                return str(first["refused"])
+            conn.settimeout(timeout_s)
+            try:
+                return int(_reply(conn, buf)["returncode"])
+            except TimeoutError:
+                _kill_group(first["pid"])
+                conn.settimeout(30)
+                _reply(conn, buf)  # reaped
+                return None
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(os.path.dirname(self.path), ignore_errors=True)
+
+
+def _reply(conn: socket.socket, buf: bytearray) -> dict[str, Any]:
+    """The server's next one-line JSON reply on ``conn`` (``buf`` keeps what came after it)."""
+    while b"\n" not in buf:
+        chunk = conn.recv(4096)
+        if not chunk:
+            raise ConnectionError("the launch server went away")
+        buf += chunk
+    line, _, rest = bytes(buf).partition(b"\n")
+    buf[:] = rest
+    return dict(json.loads(line))
+
+
+def _kill_group(pid: int) -> None:
+    for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+        try:
+            kill()
+            return
+        except ProcessLookupError:
+            continue
+
+
+# ---- the server (``python tests/_zygote.py SOCKET``) ---------------------------------------------
+
+
+def _preload() -> str | None:
+    """Imports :data:`PRELOAD`; returns why the server must not serve, or ``None``."""
+    import warnings
+
+    before = os.fstat(2).st_size
+    saved = os.dup(1)
+    os.dup2(2, 1)  # anything the imports print lands in the server's log
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            for name in [*PRELOAD, *filter(None, os.environ.get(EXTRA_PRELOAD, "").split(","))]:
+                __import__(name)
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+    if os.fstat(2).st_size != before:
+        return "the preloaded imports printed something (see the server's log)"
+    if caught:
+        return f"the preloaded imports warned: {caught[0].message}"
+    return _threads_problem()
+
+
+def _threads_problem() -> str | None:
+    tasks = os.listdir("/proc/self/task")
+    if len(tasks) != 1:
+        names = [Path(f"/proc/self/task/{t}/comm").read_text().strip() for t in tasks]
+        return f"threads run in the server, which a fork would not copy: {names}"
+    return None
+
+
+def _serve(path: str) -> dict[str, Any] | None:
+    """Forks a child per request until the test process ends; returns the request in a child."""
+    env_before = dict(os.environ)
+    why = _preload()
+    added = {k: v for k, v in os.environ.items() if k not in env_before}
+    # What the imports made is never freed: frozen, a child's collections skip it, which would
+    # otherwise write to (and so copy) most of the server's memory once per launch: 1.3 s a launch
+    gc.collect()
+    gc.freeze()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(8)
+    print(json.dumps({"ready": why is None, "why": why}), flush=True)
+    if why is not None:
+        return None
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ, "accept")
+    parent = os.pidfd_open(os.getppid())
+    sel.register(parent, selectors.EVENT_READ, "parent")
+    while True:
+        for key, _ in sel.select():
+            if key.data == "parent":  # the test process ended
+                return None
+            if key.data == "accept":
+                conn, _ = listener.accept()
+                msg, fds, _, _ = socket.recv_fds(conn, 1 << 22, 3)
+                request = json.loads(msg)
+                problem = _threads_problem()
+                if problem:  # the caller runs this launch, and every later one, fresh
+                    for fd in fds:
+                        os.close(fd)
+                    conn.sendall(json.dumps({"refused": problem}).encode() + b"\n")
+                    conn.close()
+                    continue
+                pid = os.fork()
+                if pid == 0:
+                    for obj in (listener, conn):
+                        obj.close()
+                    for k in list(sel.get_map().values()):
+                        if isinstance(k.fileobj, int):
+                            os.close(k.fileobj)
+                    sel.close()
+                    _become(request, fds, added)
+                    return request
+                for fd in fds:
+                    os.close(fd)
+                sel.register(os.pidfd_open(pid), selectors.EVENT_READ, (pid, conn))
+                conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+            else:
+                pid, conn = key.data
+                sel.unregister(key.fileobj)
+                os.close(key.fileobj)  # type: ignore[arg-type]
+                _, status = os.waitpid(pid, 0)
+                try:
+                    conn.sendall(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+                except OSError:
+                    pass  # the caller gave up (a timeout) and went away
+                conn.close()
+
+
+def _become(request: dict[str, Any], fds: list[int], added: dict[str, str]) -> None:
+    """Turns the forked child into ``python SCRIPT ARGS`` as the request has it."""
+    os.setsid()
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    env = {**added, **request["env"]}
+    os.environ.clear()
+    os.environ.update(env)
+    script = request["args"][0]
+    sys.argv = list(request["args"])
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+
+
+def _run_script() -> None:
+    """Runs ``sys.argv[0]`` as ``__main__``; exceptions and ``SystemExit`` end the child as they
+    end an interpreter."""
+    import runpy
+
+    runpy.run_path(sys.argv[0], run_name="__main__")
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    if _serve(sys.argv[1]) is None:
+        os._exit(0)  # the server: nothing of the imports' exit handlers is a test's concern
+    _run_script()
