@@ -22,7 +22,7 @@ fi
 # 36 s against pip's 101 s on 2 cores), and with torch in place it leaves torch alone. pip otherwise.
 INSTALL="$PIP install -q"
 if $PIP install -q uv; then
-  INSTALL="$VENV/bin/uv pip install -q --python $VENV/bin/python"
+  INSTALL="$VENV/bin/uv pip install -q --compile-bytecode --python $VENV/bin/python"
 fi
 # The study extra too, so the tests of `fmmeta study` run here and in CI.
 $INSTALL -e ".[test,study]"

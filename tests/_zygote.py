@@ -84,6 +84,7 @@ def run_python(args: list[str], *, env: dict[str, str], cwd: Path, timeout_s: fl
         text = [_read(f) for f in (out, err)]
     if isinstance(code, str):
         sys.stderr.write(f"tests/_zygote.py: launches run fresh from now on: {code}\n")
+        server.stop()
         _servers[_key(env)] = None
         return run_python(args, env=env, cwd=cwd, timeout_s=timeout_s, merge=merge)
     if code is None:
@@ -131,7 +132,7 @@ class _Server:
 
     def __init__(self, proc: subprocess.Popen[bytes], path: str) -> None:
         self.proc, self.path = proc, path
-        atexit.register(self.stop)
+        atexit.register(self.stop)  # where the test process exits without it, the server sees that itself
 
     @classmethod
     def start(cls, env: dict[str, str]) -> _Server | None:
@@ -144,11 +145,12 @@ class _Server:
         assert proc.stdout is not None
         line = proc.stdout.readline()  # the server's one line: ready, or why not
         status = json.loads(line) if line.strip() else {"ready": False, "why": f"exited rc={proc.wait()}"}
+        server = cls(proc, path)
         if not status["ready"]:
             sys.stderr.write(f"tests/_zygote.py: launches run fresh, the server refused: {status['why']}\n")
-            proc.kill()
+            server.stop()
             return None
-        return cls(proc, path)
+        return server
 
     def run(self, args: list[str], *, env: dict[str, str], cwd: Path, stdout: Any, stderr: Any,
             timeout_s: float) -> int | None | str:
@@ -254,6 +256,7 @@ def _serve(path: str) -> dict[str, Any] | None:
     while True:
         for key, _ in sel.select():
             if key.data == "parent":  # the test process ended
+                shutil.rmtree(os.path.dirname(path), ignore_errors=True)
                 return None
             if key.data == "accept":
                 conn, _ = listener.accept()

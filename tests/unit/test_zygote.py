@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -37,11 +38,16 @@ sys.exit(int(how))
 
 
 @pytest.fixture(autouse=True)
-def _own_servers(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test starts its own servers, from its first launch."""
-    monkeypatch.setattr(_zygote, "_servers", {})
+def _own_servers(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Each test starts its own servers, from its first launch, and stops them."""
+    servers: dict = {}
+    monkeypatch.setattr(_zygote, "_servers", servers)
     monkeypatch.setattr(_zygote, "_launches", {})
     monkeypatch.setattr(_zygote, "FRESH_FIRST", 0)
+    yield
+    for server in servers.values():
+        if server is not None:
+            server.stop()
 
 
 def _parent(done: subprocess.CompletedProcess[str]) -> int:
