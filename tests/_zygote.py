@@ -52,8 +52,9 @@ PRELOAD = (
 """What the server imports: what every recipe, worker and benchmark process imports anyway.
 Not ``datasets``: pyarrow starts a jemalloc thread at import, and a fork copies no thread."""
 
-EXTRA_PRELOAD = "FMMETA_ZYGOTE_PRELOAD"
-"""Environment variable: more modules (comma-separated) for the server to import (its tests)."""
+PRELOAD_VARIABLE = "FMMETA_ZYGOTE_PRELOAD"
+"""Environment variable naming (comma-separated) the modules to import instead of :data:`PRELOAD`:
+its tests' light servers."""
 
 VOLATILE = ("PYTEST_CURRENT_TEST",)
 """Environment variables that differ from launch to launch and that no preloaded library reads."""
@@ -205,7 +206,8 @@ def _kill_group(pid: int) -> None:
 
 
 def _preload() -> str | None:
-    """Imports :data:`PRELOAD`; returns why the server must not serve, or ``None``."""
+    """Imports :data:`PRELOAD` (or what :data:`PRELOAD_VARIABLE` names); returns why the server must
+    not serve, or ``None``."""
     import warnings
 
     before = os.fstat(2).st_size
@@ -213,7 +215,8 @@ def _preload() -> str | None:
     os.dup2(2, 1)  # anything the imports print lands in the server's log
     try:
         with warnings.catch_warnings(record=True) as caught:
-            for name in [*PRELOAD, *filter(None, os.environ.get(EXTRA_PRELOAD, "").split(","))]:
+            named = [name for name in os.environ.get(PRELOAD_VARIABLE, "").split(",") if name]
+            for name in named or PRELOAD:
                 __import__(name)
     finally:
         sys.stdout.flush()

@@ -89,9 +89,11 @@ def test_a_launch_past_its_timeout_is_killed_with_what_it_started(tmp_path: Path
     script = tmp_path / "probe.py"
     script.write_text(PROBE)
     start = time.monotonic()
+    env = {**environment(), _zygote.PRELOAD_VARIABLE: "json"}  # a light server: the kill is the point
     with pytest.raises(subprocess.TimeoutExpired) as caught:
-        _zygote.run_python([str(script), "sleep"], env=environment(), cwd=tmp_path, timeout_s=8)
+        _zygote.run_python([str(script), "sleep"], env=env, cwd=tmp_path, timeout_s=4)
     assert time.monotonic() - start < 60 and "sleeping" in caught.value.output
+    assert f"parent {os.getpid()}\n" not in caught.value.output  # the server forked it
     for _ in range(100):  # the launch's own child goes with it
         if subprocess.run(["pgrep", "-f", "time.sleep\\(600\\)"], capture_output=True).returncode == 1:
             break
@@ -115,7 +117,7 @@ def test_the_server_refuses_where_its_imports_would_show(tmp_path: Path, module:
     script = tmp_path / "probe.py"
     script.write_text(PROBE)
     env = {**environment(), "PYTHONPATH": os.pathsep.join([str(tmp_path), environment()["PYTHONPATH"]]),
-           _zygote.EXTRA_PRELOAD: "noisy_import"}
+           _zygote.PRELOAD_VARIABLE: "noisy_import"}  # no more: the refusal is about this import
     monkeypatch.delenv("FMMETA_TEST_FRESH", raising=False)
     done = _zygote.run_python([str(script), "0"], env=env, cwd=tmp_path, timeout_s=120, merge=False)
     assert done.returncode == 0 and _parent(done) == os.getpid()  # this process started it
