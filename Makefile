@@ -33,9 +33,10 @@ lint: setup
 ops: setup
 	$(TEST_ENV) $(PY) -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()"
 
-# Where PYTHONDONTWRITEBYTECODE is set (it is on CI's machines), no process caches the bytecode of
-# the repository's modules, and each of the suite's ~280 interpreters compiled fmmeta again (0.35 s
-# of imports against 0.17 s from bytecode, -X importtime). Compiled once here, every process reads it.
+# Where PYTHONDONTWRITEBYTECODE is set (the 2-core machines the suite is timed on set it), no
+# process caches the bytecode of the repository's modules, and each of the suite's ~280 interpreters
+# compiled fmmeta again (0.35 s of imports against 0.17 s from bytecode, -X importtime). Compiled
+# once here, every process reads it.
 bytecode: setup
 	$(PY) -m compileall -q fmmeta recipes benchmarks scripts tests
 
