@@ -79,7 +79,7 @@ def run_python(args: list[str], *, env: dict[str, str], cwd: Path, timeout_s: fl
     server = None if args[0].startswith("-") else _server_for(env)  # a script: no -c, no -m
     cmd = [sys.executable, *args]
     if server is None:
-        return _run_fresh(cmd, env=env, cwd=cwd, timeout_s=timeout_s, merge=merge)
+        return run_fresh(cmd, env=env, cwd=cwd, timeout_s=timeout_s, merge=merge)
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         code = server.run(args, env=env, cwd=cwd, stdout=out, stderr=out if merge else err, timeout_s=timeout_s)
         text = [_read(f) for f in (out, err)]
@@ -93,9 +93,10 @@ def run_python(args: list[str], *, env: dict[str, str], cwd: Path, timeout_s: fl
     return subprocess.CompletedProcess(cmd, code, text[0], "" if merge else text[1])
 
 
-def _run_fresh(cmd: list[str], *, env: dict[str, str], cwd: Path, timeout_s: float,
-               merge: bool) -> subprocess.CompletedProcess[str]:
-    """The launch in a new interpreter, in its own session as a forked child is."""
+def run_fresh(cmd: list[str], *, env: dict[str, str], cwd: Path, timeout_s: float,
+               merge: bool = True) -> subprocess.CompletedProcess[str]:
+    """``cmd`` (a new interpreter, or a launcher) in its own session as a forked child is, its whole
+    process group killed at ``timeout_s``."""
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
                             stderr=subprocess.STDOUT if merge else subprocess.PIPE, start_new_session=True)
     try:

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from tests._zygote import run_python
+from tests._zygote import run_fresh, run_python
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "recipes" / "train.py"
@@ -103,26 +103,13 @@ def run(launcher: str, args: list[str], *, nprocs: int = 1, timeout_s: float = 1
         if launcher == "python":  # forked from the preloaded server (tests/_zygote.py)
             done = run_python(cmd[1:], env=env or environment(), cwd=REPO, timeout_s=timeout_s)
         else:
-            done = _launch(cmd, env or environment(), timeout_s)
+            done = run_fresh(cmd, env=env or environment(), cwd=REPO, timeout_s=timeout_s)
     except subprocess.TimeoutExpired as e:
         out = e.output if isinstance(e.output, str) else ""
         raise AssertionError(f"ran past {timeout_s}s (a hang?): {' '.join(cmd)}\n{out[-4000:]}") from None
     if check and done.returncode != 0:
         raise AssertionError(f"rc={done.returncode}: {' '.join(cmd)}\n{done.stdout[-6000:]}")
     return done
-
-
-def _launch(cmd: list[str], env: dict[str, str], timeout_s: float) -> subprocess.CompletedProcess[str]:
-    """A launcher's run in its own process group, all of it killed at ``timeout_s``."""
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        kill_group(proc)
-        out, _ = proc.communicate()
-        raise subprocess.TimeoutExpired(cmd, timeout_s, output=out) from None
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
 
 
 def run_here(args: list[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
