@@ -21,9 +21,14 @@ serves (otherwise every launch runs in a new interpreter, as before):
 * fmmeta itself is not preloaded: its import-time side effects (the recipes' Ctrl-C handler, the
   library warning filters) run in the child, in the order a fresh interpreter runs them.
 
-What differs, and so stays on fresh interpreters: a launch a test signals or kills mid-run (those
-helpers start the process themselves), a launch under deepspeed, torchrun or accelerate (the
-launcher starts the ranks), and a test about start-up itself. Forked children share the server's
+A launch a test signals or kills while it runs (:func:`start_python`) is forked too: its handle
+answers as a ``subprocess.Popen`` does (``pid``, ``poll``, ``wait``, ``returncode``), and SIGINT
+reaches the child as it reaches a fresh interpreter started from this process (ignored where this
+process ignores it, ``KeyboardInterrupt`` otherwise, or from a terminal where the test asks).
+
+What differs, and so stays on fresh interpreters: a launch under deepspeed, torchrun or accelerate
+(the launcher starts the ranks), and a test about start-up itself (a Ctrl-C while the libraries
+import: in a forked child they are imported already). Forked children share the server's
 hash seed; the tests that compare runs under different seeds set ``PYTHONHASHSEED``, a different
 environment, so they run fresh. ``FMMETA_TEST_FRESH=1`` runs every launch fresh.
 """
@@ -34,6 +39,7 @@ import atexit
 import gc
 import json
 import os
+import select
 import selectors
 import shutil
 import signal
@@ -42,7 +48,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 PRELOAD = (
     "torch", "transformers", "transformers.models.llama.modeling_llama", "peft", "accelerate",
@@ -76,21 +82,65 @@ def run_python(args: list[str], *, env: dict[str, str], cwd: Path, timeout_s: fl
     timeout=timeout_s)``, forked from a preloaded server where one serves ``env``. With ``merge``,
     stderr goes into stdout (``stderr=subprocess.STDOUT``). On a timeout the child's process group
     is killed and ``subprocess.TimeoutExpired`` raised, with the output so far."""
-    server = None if args[0].startswith("-") else _server_for(env)  # a script: no -c, no -m
     cmd = [sys.executable, *args]
-    if server is None:
-        return run_fresh(cmd, env=env, cwd=cwd, timeout_s=timeout_s, merge=merge)
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        code = server.run(args, env=env, cwd=cwd, stdout=out, stderr=out if merge else err, timeout_s=timeout_s)
+        child = _fork(args, env=env, cwd=cwd, stdout=out, stderr=out if merge else err, sigint=_inherited_sigint())
+        if child is None:
+            return run_fresh(cmd, env=env, cwd=cwd, timeout_s=timeout_s, merge=merge)
+        code: int | None
+        try:
+            code = child.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(child.pid)
+            child.wait(30)  # reaped
+            code = None
         text = [_read(f) for f in (out, err)]
-    if isinstance(code, str):
-        sys.stderr.write(f"tests/_zygote.py: launches run fresh from now on: {code}\n")
-        server.stop()
-        _servers[_key(env)] = None
-        return run_python(args, env=env, cwd=cwd, timeout_s=timeout_s, merge=merge)
     if code is None:
         raise subprocess.TimeoutExpired(cmd, timeout_s, output=text[0], stderr=text[1])
     return subprocess.CompletedProcess(cmd, code, text[0], "" if merge else text[1])
+
+
+def start_python(args: list[str], *, env: dict[str, str], cwd: Path, stdout: IO[Any],
+                 sigint_default: bool = False) -> Forked | subprocess.Popen[bytes]:
+    """``subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdout=stdout,
+    stderr=subprocess.STDOUT, start_new_session=True)`` for a launch a test signals or kills while
+    it runs, forked from a preloaded server where one serves ``env``. ``sigint_default``: Ctrl-C
+    is delivered as from a terminal even where this process ignores SIGINT (a shell that starts a
+    command in the background, ``make test &``, sets it to ignored, and a child inherits that)."""
+    sigint = "default" if sigint_default else _inherited_sigint()
+    child = _fork(args, env=env, cwd=cwd, stdout=stdout, stderr=stdout, sigint=sigint)
+    if child is not None:
+        return child
+    return subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=stdout,
+                            stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=_sigint_to_default if sigint_default else None)
+
+
+def _sigint_to_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _inherited_sigint() -> str:
+    """What a fresh interpreter started from this process does with SIGINT: ignores it where this
+    process ignores it (an exec keeps only that), raises ``KeyboardInterrupt`` otherwise."""
+    return "ignore" if signal.getsignal(signal.SIGINT) == signal.SIG_IGN else "default"
+
+
+def _fork(args: list[str], *, env: dict[str, str], cwd: Path, stdout: IO[Any], stderr: IO[Any],
+          sigint: str) -> Forked | None:
+    """The launch forked from the server for ``env``, or ``None`` where it must run fresh: a ``-c``
+    or ``-m`` launch, no server for ``env``, or a server that refused (then no later launch of
+    ``env`` asks it)."""
+    server = None if args[0].startswith("-") else _server_for(env)  # a script: no -c, no -m
+    if server is None:
+        return None
+    child = server.fork(args, env=env, cwd=cwd, stdout=stdout, stderr=stderr, sigint=sigint)
+    if isinstance(child, str):
+        sys.stderr.write(f"tests/_zygote.py: launches run fresh from now on: {child}\n")
+        server.stop()
+        _servers[_key(env)] = None
+        return None
+    return child
 
 
 def run_fresh(cmd: list[str], *, env: dict[str, str], cwd: Path, timeout_s: float,
@@ -154,32 +204,51 @@ class _Server:
             return None
         return server
 
-    def run(self, args: list[str], *, env: dict[str, str], cwd: Path, stdout: Any, stderr: Any,
-            timeout_s: float) -> int | None | str:
-        """The child's exit code; ``None`` after killing it at ``timeout_s``; or why the server
-        refused to fork (the launch then runs fresh)."""
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn, open(os.devnull, "rb") as stdin:
+    def fork(self, args: list[str], *, env: dict[str, str], cwd: Path, stdout: IO[Any], stderr: IO[Any],
+             sigint: str) -> Forked | str:
+        """The forked child, or why the server refused to fork (the launch then runs fresh)."""
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with open(os.devnull, "rb") as stdin:
             conn.connect(self.path)
-            header = json.dumps({"args": args, "env": env, "cwd": str(cwd)}).encode()
+            header = json.dumps({"args": args, "env": env, "cwd": str(cwd), "sigint": sigint}).encode()
             socket.send_fds(conn, [header], [stdin.fileno(), stdout.fileno(), stderr.fileno()])
-            buf = bytearray()
-            first = _reply(conn, buf)
-            if "refused" in first:
-                return str(first["refused"])
-            conn.settimeout(timeout_s)
-            try:
-                return int(_reply(conn, buf)["returncode"])
-            except TimeoutError:
-                _kill_group(first["pid"])
-                conn.settimeout(30)
-                _reply(conn, buf)  # reaped
-                return None
+        buf = bytearray()
+        first = _reply(conn, buf)
+        if "refused" in first:
+            conn.close()
+            return str(first["refused"])
+        return Forked(conn, buf, int(first["pid"]), [sys.executable, *args])
 
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
         shutil.rmtree(os.path.dirname(self.path), ignore_errors=True)
+
+
+class Forked:
+    """A forked launch, as a test holds a ``subprocess.Popen``: ``pid`` (its process group's and
+    session's id too), ``returncode``, ``poll()``, ``wait(timeout)``. The server reaps the child
+    and sends its exit code (negative: the signal that killed it) over ``conn``."""
+
+    def __init__(self, conn: socket.socket, buf: bytearray, pid: int, args: list[str]) -> None:
+        self.conn, self.buf, self.pid, self.args = conn, buf, pid, args
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and (self.buf or select.select([self.conn], [], [], 0)[0]):
+            self.wait(None)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self.conn.settimeout(timeout)
+            try:
+                self.returncode = int(_reply(self.conn, self.buf)["returncode"])
+            except TimeoutError:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0) from None
+            self.conn.close()
+        return self.returncode
 
 
 def _reply(conn: socket.socket, buf: bytearray) -> dict[str, Any]:
@@ -302,6 +371,7 @@ def _serve(path: str) -> dict[str, Any] | None:
 def _become(request: dict[str, Any], fds: list[int], added: dict[str, str]) -> None:
     """Turns the forked child into ``python SCRIPT ARGS`` as the request has it."""
     os.setsid()
+    signal.signal(signal.SIGINT, signal.default_int_handler if request["sigint"] == "default" else signal.SIG_IGN)
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)

@@ -2,9 +2,9 @@
 
 Every launch gets ``DS_ACCELERATOR=cpu``, one thread per process, a free rendezvous port, its own
 process group (so a test can SIGKILL the launcher and every worker at once, as a crash would) and a
-subprocess timeout; the recipe itself gets a short collective timeout through the config. A run to
-the end without a launcher (:func:`run`) is forked from a preloaded interpreter (tests/_zygote.py);
-a run a test stops or kills (:func:`command`, :func:`run_and_kill`) starts a fresh one.
+subprocess timeout; the recipe itself gets a short collective timeout through the config. A run
+without a launcher (:func:`run`, :func:`run_and_kill`) is forked from a preloaded interpreter
+(tests/_zygote.py); a launcher starts its ranks as fresh interpreters.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
 
-from tests._zygote import run_fresh, run_python
+from tests._zygote import Forked, run_fresh, run_python, start_python
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "recipes" / "train.py"
@@ -140,7 +141,7 @@ def main_here(recipe: str, argv: list[str], *, check: bool = True, merge: bool =
     return done
 
 
-def kill_group(proc: subprocess.Popen[str]) -> None:
+def kill_group(proc: Forked | subprocess.Popen[Any]) -> None:
     """SIGKILL to the launcher and every process it started (they share its process group)."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -156,8 +157,12 @@ def run_and_kill(launcher: str, args: list[str], metrics: Path, *, at_step: int,
     cmd = command(launcher, args, nprocs=nprocs)
     log = log or metrics.parent.with_name(metrics.parent.name + ".killed.log")
     with log.open("w") as fh:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=environment(), stdout=fh,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        proc: Forked | subprocess.Popen[Any]
+        if launcher == "python":  # forked from the preloaded server (tests/_zygote.py)
+            proc = start_python(cmd[1:], env=environment(), cwd=REPO, stdout=fh)
+        else:
+            proc = subprocess.Popen(cmd, cwd=REPO, env=environment(), stdout=fh,
+                                    stderr=subprocess.STDOUT, text=True, start_new_session=True)
         deadline = time.monotonic() + timeout_s
         try:
             while max(steps(metrics), default=-1) < at_step:

@@ -18,6 +18,7 @@ from types import ModuleType
 import pytest
 
 from fmmeta.checkpoint import CheckpointManager
+from tests._zygote import start_python
 from tests.recipes import _recipe
 
 
@@ -175,18 +176,13 @@ def test_ds_accelerator_cuda_without_a_gpu_is_a_message(recipe: str, tmp_path: P
     assert "Traceback" not in text and not out.exists()
 
 
-def _sigint_default() -> None:
-    # A shell that starts a command in the background sets SIGINT to ignored, and that is
-    # inherited; the run under test is started as from a terminal, where Ctrl-C is delivered.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def _ctrl_c_once(cmd: list[str], log: Path, marker: str, sig: int = signal.SIGINT) -> tuple[int, str]:
-    """Starts ``cmd``, sends Ctrl-C (or ``sig``) to its process group once ``marker`` is in its log."""
+    """Starts ``cmd`` (``python SCRIPT ...``, forked from the preloaded interpreter: tests/_zygote.py)
+    as from a terminal, where Ctrl-C is delivered, and sends Ctrl-C (or ``sig``) to its process
+    group once ``marker`` is in its log."""
     with log.open("w") as fh:
-        proc = subprocess.Popen(cmd, cwd=_recipe.REPO, env=_recipe.environment(), stdout=fh,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                                preexec_fn=_sigint_default)
+        assert cmd[0] == sys.executable, cmd
+        proc = start_python(cmd[1:], env=_recipe.environment(), cwd=_recipe.REPO, stdout=fh, sigint_default=True)
     try:
         deadline = time.monotonic() + 150
         while marker not in log.read_text():

@@ -10,9 +10,11 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests._zygote import Forked, start_python
 from tests.recipes import _recipe
 
 
@@ -21,21 +23,23 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def _start(args: list[str], log: Path) -> subprocess.Popen[str]:
+def _start(args: list[str], log: Path, *, fresh: bool = False) -> Forked | subprocess.Popen[Any]:
+    """``python recipes/train.py ARGS`` started as from a terminal, where Ctrl-C is delivered (a
+    shell that starts a command in the background, ``make test &``, sets SIGINT to ignored, and
+    that is inherited); forked from the preloaded interpreter unless ``fresh``."""
+    cmd = _recipe.command("python", args)
     with log.open("w") as fh:
-        return subprocess.Popen(_recipe.command("python", args), cwd=_recipe.REPO,
-                                env=_recipe.environment(), stdout=fh, stderr=subprocess.STDOUT,
+        if not fresh:
+            return start_python(cmd[1:], env=_recipe.environment(), cwd=_recipe.REPO, stdout=fh, sigint_default=True)
+        return subprocess.Popen(cmd, cwd=_recipe.REPO, env=_recipe.environment(), stdout=fh, stderr=subprocess.STDOUT,
                                 text=True, start_new_session=True, preexec_fn=_sigint_default)
 
 
 def _sigint_default() -> None:
-    # A shell that starts a command in the background (`make test &`, some CI runners) sets
-    # SIGINT to ignored, and that is inherited: Python then installs no KeyboardInterrupt handler.
-    # The run under test is started as from a terminal, where Ctrl-C is delivered.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def _wait_for_step(proc: subprocess.Popen[str], metrics: Path, step: int, log: Path) -> None:
+def _wait_for_step(proc: Forked | subprocess.Popen[Any], metrics: Path, step: int, log: Path) -> None:
     deadline = time.monotonic() + 120
     while max(_recipe.steps(metrics), default=-1) < step:
         assert proc.poll() is None, f"run ended (rc={proc.returncode}) early:\n{log.read_text()[-3000:]}"
@@ -49,13 +53,12 @@ def test_second_run_into_the_same_folder_is_refused_and_the_first_is_unharmed(
 ) -> None:
     out = tmp_path / "run"
     first_log = tmp_path / "first.log"
-    # Long enough that the second run (interpreter start and imports: seconds) meets it running.
+    # Long enough that the second run (in this process: its imports are done) meets it running.
     first = _start([*_recipe.SHORT, "train.meta_steps=40", f"output_dir={out}"], first_log)
     try:
         _wait_for_step(first, out / "metrics.jsonl", 0, first_log)
         config_before = (out / "config.yaml").read_bytes()
-        second = _recipe.run("python", [*_recipe.SHORT, f"output_dir={out}", "lora.r=2"],
-                             timeout_s=60, check=False)
+        second = _recipe.run_here([*_recipe.SHORT, f"output_dir={out}", "lora.r=2"], check=False)
         assert second.returncode == 2, second.stdout[-3000:]
         assert re.search(rf"output_dir='{re.escape(str(out))}' is in use by another run: pid "
                          rf"{first.pid} on host \S+", second.stdout), second.stdout[-3000:]
@@ -165,7 +168,8 @@ def test_ctrl_c_while_the_recipe_imports_is_a_message(tmp_path: Path) -> None:
     """Ctrl-C in the first second (torch, transformers and DeepSpeed still importing): exit 130
     with one line, no traceback from inside an import, and no output folder."""
     log = tmp_path / "log"
-    proc = _start([*_recipe.SHORT, f"output_dir={tmp_path / 'run'}"], log)
+    # a fresh interpreter: a forked one has the libraries imported already
+    proc = _start([*_recipe.SHORT, f"output_dir={tmp_path / 'run'}"], log, fresh=True)
     time.sleep(1.0)
     os.killpg(proc.pid, signal.SIGINT)
     assert proc.wait(timeout=60) == 130, log.read_text()[-3000:]

@@ -15,14 +15,14 @@ import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
-from tests._zygote import run_python
+from tests._zygote import Forked, run_python, start_python
 from tests.recipes import _recipe
 
 pytest.importorskip("optuna")
@@ -43,10 +43,10 @@ def _declaration(tmp_path: Path, name: str, **extra: object) -> Path:
     return path
 
 
-def _start(declaration: Path, log: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(STUDY), "--config", str(declaration)], cwd=_recipe.REPO,
-                            env=_recipe.environment(), stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+def _start(declaration: Path, log: Path) -> Forked | subprocess.Popen[Any]:
+    with log.open("w") as fh:
+        return start_python([str(STUDY), "--config", str(declaration)], env=_recipe.environment(),
+                            cwd=_recipe.REPO, stdout=fh)
 
 
 def _run(declaration: Path, log: Path, timeout_s: float = 150) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -35,6 +36,17 @@ if how == "sleep":
     time.sleep(600)
 sys.exit(int(how))
 """
+
+STARTED = """\
+import signal, sys, time
+print("sigint", "ignored" if signal.getsignal(signal.SIGINT) == signal.SIG_IGN else "raises", flush=True)
+try:
+    time.sleep(600)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    sys.exit(130)
+"""
+"""A launch a test signals: says what SIGINT does to it, then waits for it."""
 
 
 @pytest.fixture(autouse=True)
@@ -122,3 +134,47 @@ def test_the_server_refuses_where_its_imports_would_show(tmp_path: Path, module:
     done = _zygote.run_python([str(script), "0"], env=env, cwd=tmp_path, timeout_s=120, merge=False)
     assert done.returncode == 0 and _parent(done) == os.getpid()  # this process started it
     assert why in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("sigint_default", [True, False])
+def test_a_started_launch_is_signalled_as_a_fresh_one_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         sigint_default: bool) -> None:
+    """start_python's handle answers as ``subprocess.Popen`` does (pid and process group, poll,
+    wait with a timeout, returncode), and SIGINT reaches the child as it reaches a fresh interpreter,
+    here from a process that ignores SIGINT (as under ``make test &``): ``KeyboardInterrupt`` where
+    the test asks for a terminal's Ctrl-C, ignored otherwise."""
+    script = tmp_path / "started.py"
+    script.write_text(STARTED)
+    env = {**environment(), _zygote.PRELOAD_VARIABLE: "json"}  # a light server: the signals are the point
+    seen = {}
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        for fresh in (False, True):
+            if fresh:
+                monkeypatch.setenv("FMMETA_TEST_FRESH", "1")
+            else:
+                monkeypatch.delenv("FMMETA_TEST_FRESH", raising=False)
+            log = tmp_path / f"fresh_{fresh}.log"
+            with log.open("w") as fh:
+                proc = _zygote.start_python([str(script)], env=env, cwd=tmp_path, stdout=fh,
+                                            sigint_default=sigint_default)
+            assert isinstance(proc, _zygote.Forked) is not fresh
+            deadline = time.monotonic() + 60
+            while "sigint" not in log.read_text():
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.02)
+            with pytest.raises(subprocess.TimeoutExpired):
+                proc.wait(timeout=0.2)
+            assert proc.returncode is None and os.getpgid(proc.pid) == proc.pid
+            os.killpg(proc.pid, signal.SIGINT)
+            if not sigint_default:  # ignored: still running until killed
+                time.sleep(0.5)
+                assert proc.poll() is None, log.read_text()
+                os.killpg(proc.pid, signal.SIGKILL)
+            rc = proc.wait(timeout=30)
+            assert proc.returncode == proc.poll() == rc
+            seen[fresh] = (rc, log.read_text())
+    finally:
+        signal.signal(signal.SIGINT, before)
+    want = (130, "sigint raises\ninterrupted\n") if sigint_default else (-9, "sigint ignored\n")
+    assert seen[False] == seen[True] == want, seen
