@@ -208,12 +208,16 @@ class _Server:
              sigint: str) -> Forked | str:
         """The forked child, or why the server refused to fork (the launch then runs fresh)."""
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        with open(os.devnull, "rb") as stdin:
-            conn.connect(self.path)
-            header = json.dumps({"args": args, "env": env, "cwd": str(cwd), "sigint": sigint}).encode()
-            socket.send_fds(conn, [header], [stdin.fileno(), stdout.fileno(), stderr.fileno()])
         buf = bytearray()
-        first = _reply(conn, buf)
+        try:
+            with open(os.devnull, "rb") as stdin:
+                conn.connect(self.path)
+                header = json.dumps({"args": args, "env": env, "cwd": str(cwd), "sigint": sigint}).encode()
+                socket.send_fds(conn, [header], [stdin.fileno(), stdout.fileno(), stderr.fileno()])
+            first = _reply(conn, buf)
+        except BaseException:
+            conn.close()
+            raise
         if "refused" in first:
             conn.close()
             return str(first["refused"])
@@ -342,6 +346,7 @@ def _serve(path: str) -> dict[str, Any] | None:
                     conn.sendall(json.dumps({"refused": problem}).encode() + b"\n")
                     conn.close()
                     continue
+                in_session, ready = os.pipe()
                 pid = os.fork()
                 if pid == 0:
                     for obj in (listener, conn):
@@ -350,10 +355,15 @@ def _serve(path: str) -> dict[str, Any] | None:
                         if isinstance(k.fileobj, int):
                             os.close(k.fileobj)
                     sel.close()
-                    _become(request, fds, added)
+                    os.close(in_session)
+                    _become(request, fds, added, ready)
                     return request
-                for fd in fds:
+                for fd in (*fds, ready):
                     os.close(fd)
+                # the pid goes back once the child leads its own process group, as Popen(...,
+                # start_new_session=True) returns only then: a test may signal the group at once
+                os.read(in_session, 1)
+                os.close(in_session)
                 sel.register(os.pidfd_open(pid), selectors.EVENT_READ, (pid, conn))
                 conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
             else:
@@ -368,10 +378,12 @@ def _serve(path: str) -> dict[str, Any] | None:
                 conn.close()
 
 
-def _become(request: dict[str, Any], fds: list[int], added: dict[str, str]) -> None:
-    """Turns the forked child into ``python SCRIPT ARGS`` as the request has it."""
+def _become(request: dict[str, Any], fds: list[int], added: dict[str, str], ready: int) -> None:
+    """Turns the forked child into ``python SCRIPT ARGS`` as the request has it; closes ``ready``
+    once it is in its own session, with its SIGINT set."""
     os.setsid()
     signal.signal(signal.SIGINT, signal.default_int_handler if request["sigint"] == "default" else signal.SIG_IGN)
+    os.close(ready)
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)

@@ -159,13 +159,14 @@ def test_a_started_launch_is_signalled_as_a_fresh_one_is(tmp_path: Path, monkeyp
                 proc = _zygote.start_python([str(script)], env=env, cwd=tmp_path, stdout=fh,
                                             sigint_default=sigint_default)
             assert isinstance(proc, _zygote.Forked) is not fresh
+            assert os.getpgid(proc.pid) == proc.pid  # its own process group from the start, as Popen's
             deadline = time.monotonic() + 60
             while "sigint" not in log.read_text():
                 assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
                 time.sleep(0.02)
             with pytest.raises(subprocess.TimeoutExpired):
                 proc.wait(timeout=0.2)
-            assert proc.returncode is None and os.getpgid(proc.pid) == proc.pid
+            assert proc.returncode is None
             os.killpg(proc.pid, signal.SIGINT)
             if not sigint_default:  # ignored: still running until killed
                 time.sleep(0.5)
