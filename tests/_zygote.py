@@ -101,14 +101,15 @@ def run_python(args: list[str], *, env: dict[str, str], cwd: Path, timeout_s: fl
 
 
 def start_python(args: list[str], *, env: dict[str, str], cwd: Path, stdout: IO[Any],
-                 sigint_default: bool = False) -> Forked | subprocess.Popen[bytes]:
+                 sigint_default: bool = False, fresh: bool = False) -> Forked | subprocess.Popen[bytes]:
     """``subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdout=stdout,
     stderr=subprocess.STDOUT, start_new_session=True)`` for a launch a test signals or kills while
-    it runs, forked from a preloaded server where one serves ``env``. ``sigint_default``: Ctrl-C
-    is delivered as from a terminal even where this process ignores SIGINT (a shell that starts a
-    command in the background, ``make test &``, sets it to ignored, and a child inherits that)."""
+    it runs, forked from a preloaded server where one serves ``env`` (a new interpreter with
+    ``fresh``). ``sigint_default``: Ctrl-C is delivered as from a terminal even where this process
+    ignores SIGINT (a shell that starts a command in the background, ``make test &``, sets it to
+    ignored, and a child inherits that)."""
     sigint = "default" if sigint_default else _inherited_sigint()
-    child = _fork(args, env=env, cwd=cwd, stdout=stdout, stderr=stdout, sigint=sigint)
+    child = None if fresh else _fork(args, env=env, cwd=cwd, stdout=stdout, stderr=stdout, sigint=sigint)
     if child is not None:
         return child
     return subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=stdout,

@@ -27,16 +27,9 @@ def _start(args: list[str], log: Path, *, fresh: bool = False) -> Forked | subpr
     """``python recipes/train.py ARGS`` started as from a terminal, where Ctrl-C is delivered (a
     shell that starts a command in the background, ``make test &``, sets SIGINT to ignored, and
     that is inherited); forked from the preloaded interpreter unless ``fresh``."""
-    cmd = _recipe.command("python", args)
     with log.open("w") as fh:
-        if not fresh:
-            return start_python(cmd[1:], env=_recipe.environment(), cwd=_recipe.REPO, stdout=fh, sigint_default=True)
-        return subprocess.Popen(cmd, cwd=_recipe.REPO, env=_recipe.environment(), stdout=fh, stderr=subprocess.STDOUT,
-                                text=True, start_new_session=True, preexec_fn=_sigint_default)
-
-
-def _sigint_default() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+        return start_python(_recipe.command("python", args)[1:], env=_recipe.environment(), cwd=_recipe.REPO,
+                            stdout=fh, sigint_default=True, fresh=fresh)
 
 
 def _wait_for_step(proc: Forked | subprocess.Popen[Any], metrics: Path, step: int, log: Path) -> None:
