@@ -7,7 +7,8 @@ workers must fork from a process that has not computed on several threads, see
 every evaluation group in the recipe's process, on all of torch's threads) against ``--workers``
 (default ``auto``: one worker per thread, each on one thread). The default is the default run
 (SmolLM2-135M, five methods, the held-out evaluation) at ``--meta-steps`` meta-steps; ``--tiny``
-is the smoke config (what ``make test`` runs). With ``--reps`` above 1 the layouts alternate.
+is the smoke config (what ``make test`` runs, with two methods and one evaluation seed given as
+recipe overrides after ``--``). With ``--reps`` above 1 the layouts alternate.
 
 Prints a line per run and, as the last line, one JSON object:
 
@@ -16,9 +17,10 @@ Prints a line per run and, as the last line, one JSON object:
 * ``workers`` / ``threads``: what the recipe's ``auto`` resolved to on this machine (its log).
 * ``eval_loss_max_rel_diff``: the largest relative difference between the two layouts' held-out
   losses (a thread count rounds sums differently; 0 when both run on one thread).
+* ``overrides``: the recipe overrides both layouts ran with.
 
 Usage:
-    python benchmarks/workers.py [--tiny] [--meta-steps 6] [--reps 1] [--workers auto]
+    python benchmarks/workers.py [--tiny] [--meta-steps 6] [--reps 1] [--workers auto] [-- OVERRIDES]
 """
 
 from __future__ import annotations
@@ -63,10 +65,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--meta-steps", type=int, default=6, help="meta-steps per method")
     ap.add_argument("--reps", type=int, default=1, help="runs per layout, alternating")
     ap.add_argument("--workers", default="auto", help="engine.workers of the side-by-side layout")
+    ap.add_argument("overrides", nargs="*", help="recipe overrides for both layouts (after --)")
     args = ap.parse_args(argv)
 
     common = [*(["--config", str(SMOKE)] if args.tiny else []), f"train.meta_steps={args.meta_steps}",
-              "train.checkpoint_every=0"]
+              "train.checkpoint_every=0", *args.overrides]
     layouts = {"one_process": "engine.workers=1", "workers": f"engine.workers={args.workers}"}
     seconds: dict[str, list[float]] = {k: [] for k in layouts}
     losses: dict[str, dict[tuple, float]] = {}
@@ -90,6 +93,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = {
         "model": "tiny" if args.tiny else "SmolLM2-135M",
         "meta_steps": args.meta_steps,
+        "overrides": args.overrides,
         "seconds": seconds,
         "speedup": statistics.median(seconds["one_process"]) / statistics.median(seconds["workers"]),
         "workers": workers,

@@ -137,8 +137,11 @@ def test_memory_benchmark_runs_small() -> None:
 
 @pytest.mark.timeout(300)
 def test_workers_benchmark_runs_small() -> None:
-    out = _run("workers.py", "--tiny", "--meta-steps", "2", "--workers", "2")
-    assert (out["workers"], out["threads"]) == (2, 1)
+    # two methods (one per worker) and one evaluation seed: the same two layouts, forked workers and
+    # their held-out losses compared, at about half the smoke config's work
+    out = _run("workers.py", "--tiny", "--meta-steps", "2", "--workers", "2", "--", "methods=[fomaml,reptile]",
+               "eval.seeds=1")
+    assert (out["workers"], out["threads"]) == (2, 1) and out["overrides"] == ["methods=[fomaml,reptile]", "eval.seeds=1"]
     assert out["speedup"] > 0 and all(s > 0 for runs in out["seconds"].values() for s in runs)
     assert out["eval_loss_max_rel_diff"] == 0.0  # one thread in both layouts: the same sums
 
