@@ -35,6 +35,8 @@ Usage: ``python scripts/gpu_check.py --device cuda --out gpu_check_out`` (normal
 from __future__ import annotations
 
 import argparse
+import faulthandler
+import importlib
 import json
 import os
 import subprocess
@@ -44,12 +46,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-from safetensors.torch import load_file
-
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = REPO / "recipes" / "train.py"
 SMOKE = REPO / "recipes" / "configs" / "smoke.yaml"
+
+REQUIRED_MODULES = ("torch", "transformers", "peft", "accelerate", "deepspeed", "datasets", "gguf", "safetensors",
+                    "yaml", "babel")
+"""What the checks' processes import. :func:`missing_module` imports each in this process before any
+check starts, so a machine that lacks one stops in seconds with its name, not minutes into a lease;
+this process needs most of them anyway, so the check costs next to nothing (torch and safetensors
+are imported inside the functions that use them, after it)."""
 
 TOLERANCES = {"local_fp32": 1e-4, "zero3_fp32": 1e-4, "zero3_bf16": 1e-1}
 """Largest relative adapter error ``||a - ref|| / ||ref||`` each check accepts. fp32 differs from
@@ -106,6 +112,19 @@ RECIPE_TIMEOUT_S = 300
 """Likewise for one recipe run of the correctness checks."""
 
 
+def missing_module() -> str | None:
+    """The first of :data:`REQUIRED_MODULES` that does not import, or None. An import, not a lookup:
+    a wheel installed without its dependencies must still import. An import that takes the process
+    down (a wheel built for another CUDA) is named by the traceback faulthandler prints."""
+    faulthandler.enable()
+    for name in REQUIRED_MODULES:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001  (ImportError, or whatever a broken package raises on import)
+            return name
+    return None
+
+
 def run(cmd: list[str], log: Path, env: dict[str, str], timeout_s: float) -> str:
     """Runs ``cmd`` with its output in ``log``; raises with the log's tail if it fails."""
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -142,6 +161,8 @@ def adapter_error(run_dir: Path, reference: Path) -> float:
     A norm over everything, not a per-tensor maximum: LoRA B starts at zero, so after a few steps
     some of its entries are tiny and a per-element ratio would measure bf16's rounding of noise.
     """
+    from safetensors.torch import load_file
+
     a = load_file(str(run_dir / "fomaml" / "adapter" / "adapter_model.safetensors"))
     b = load_file(str(reference / "fomaml" / "adapter" / "adapter_model.safetensors"))
     if sorted(a) != sorted(b):
@@ -164,6 +185,8 @@ def loss_error(run_dir: Path, reference: Path) -> float:
 
 def master_dtypes(run_dir: Path) -> list[str]:
     """Dtypes of the fp32 flat groups in the last checkpoint's optimizer files (ZeRO's master copy)."""
+    import torch
+
     last = sorted((run_dir / "fomaml" / "checkpoints").glob("step_*"))[-1]
     found = set()
     for file in last.rglob("*"):
@@ -243,6 +266,7 @@ def main() -> int:
     ap.add_argument("--only", default="",
                     help="comma-separated benchmarks to run, without the correctness checks (a second "
                          "try of a lease); names: " + ", ".join(BENCH_ARGS["cuda"]))
+    ap.add_argument("--wheels", default="wheels", help="the wheel folder gpu_check.sh installed from (for messages)")
     args = ap.parse_args()
     only = [name for name in args.only.split(",") if name] or None
     unknown = sorted(set(only or []) - set(BENCH_ARGS[args.device]))
@@ -250,6 +274,15 @@ def main() -> int:
         print(f"error: --only names unknown benchmarks {unknown}; allowed: {', '.join(BENCH_ARGS[args.device])}",
               file=sys.stderr)
         return 2
+    module = missing_module()
+    if module is not None:
+        print(f"error: python module '{module}' is missing and {args.wheels}/ holds no wheel for it: prepare the "
+              "folder with scripts/gpu_wheels.sh on a machine with the package index, copy it here, rerun",
+              file=sys.stderr)
+        return 2
+    import deepspeed
+    import torch
+
     if args.device == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda but torch sees no GPU; use --cpu for the dry run", file=sys.stderr)
         return 2
@@ -259,8 +292,6 @@ def main() -> int:
     # the dry run: one meta-step is enough to run every path (checkpoint and fp32 master included)
     # and to compare (bf16 vs fp32 after 1 step: adapter 2.6e-3, losses 3.1e-6; fp32: 1.8e-8)
     steps = 8 if args.device == "cuda" else 1
-    import deepspeed
-
     result: dict[str, Any] = {
         "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
         "torch": torch.__version__, "deepspeed": deepspeed.__version__,
