@@ -29,7 +29,6 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import datasets
 import numpy as np
 
 from fmmeta.progress import Progress
@@ -59,6 +58,8 @@ Options are ragged twice: ``option_rows.npy`` says which options belong to each 
 
 def default_cache_dir() -> str:
     """``<datasets cache>/fmmeta_tasks``: next to the Arrow files ``datasets`` converts."""
+    import datasets
+
     return os.path.join(str(datasets.config.HF_DATASETS_CACHE), "fmmeta_tasks")
 
 

@@ -20,9 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any
-
-import datasets
+from typing import TYPE_CHECKING, Any
 
 from fmmeta.adaptation.task_files import (
     ADAPT_FORMATS,
@@ -37,6 +35,9 @@ from fmmeta.errors import UserInputError
 from fmmeta.tasks.columns import column
 from fmmeta.tasks.registry import SourceRows, TaskBuilder, register
 from fmmeta.tasks.rows import GenerationRows, TaskRows
+
+if TYPE_CHECKING:  # types only: a run on a built-in suite never imports datasets (fmmeta.tasks.data says why)
+    import datasets
 
 
 @dataclass(kw_only=True)

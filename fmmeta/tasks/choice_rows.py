@@ -28,13 +28,16 @@ import dataclasses
 import string
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-import datasets
 import numpy as np
 
 from fmmeta.tasks.columns import column, draw_rows, render, require_columns, template_fields, template_tail
 from fmmeta.tasks.spec import EpisodeSpec
+
+if TYPE_CHECKING:  # types only: a run on a built-in suite never imports datasets (fmmeta.tasks.data says why)
+    import datasets
+
 
 AnswerFormat = Literal["auto", "index", "number", "letter", "key", "text"]
 ANSWER_FORMATS: tuple[str, ...] = ("auto", "index", "number", "letter", "key", "text")

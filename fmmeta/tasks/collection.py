@@ -17,9 +17,8 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import datasets
 import numpy as np
 
 from fmmeta.atomic import replace_text
@@ -38,6 +37,9 @@ from fmmeta.tasks.data import (
 from fmmeta.tasks.options import TaskOptions
 from fmmeta.tasks.rows import TaskRows
 from fmmeta.tasks.task import Task, TaskSet, check_unique_names
+
+if TYPE_CHECKING:  # types only: a run on a built-in suite never imports datasets (fmmeta.tasks.data says why)
+    import datasets
 
 logger = logging.getLogger(__name__)
 
@@ -261,6 +263,8 @@ def _checked_record(cache_dir: str | None, key: str) -> Path:
     """Where a part that passed its check records its tasks' names and families, so that the next
     check of the same data and settings reads no row (``<cache_dir>/checked``, or beside the
     token cache in the datasets cache)."""
+    import datasets
+
     root = Path(cache_dir) / "checked" if cache_dir else Path(str(datasets.config.HF_DATASETS_CACHE)) / "fmmeta_checked"
     return root / f"{key}.json"
 

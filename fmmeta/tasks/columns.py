@@ -9,10 +9,12 @@ from __future__ import annotations
 import difflib
 import string
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import datasets
 import numpy as np
+
+if TYPE_CHECKING:  # types only: a run on a built-in suite never imports datasets (fmmeta.tasks.data says why)
+    import datasets
 
 
 def template_fields(template: str, *, key: str) -> list[str]:

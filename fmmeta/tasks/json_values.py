@@ -19,10 +19,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import datasets
-import pyarrow as pa
+if TYPE_CHECKING:  # types only: a run on a built-in suite never imports datasets (fmmeta.tasks.data says why)
+    import datasets
 
 __all__ = ["restore_mixed_columns"]
 
@@ -49,6 +49,9 @@ def restore_mixed_columns(ds: datasets.Dataset, paths: Sequence[str]) -> dataset
     order; compressed files are left as ``datasets`` read them. The fingerprint is derived from
     the original one, so caches keyed on it stay deterministic.
     """
+    import datasets
+    import pyarrow as pa
+
     mixed = [name for name, feature in ds.features.items() if isinstance(feature, datasets.Json)]
     floats = [name for name, feature in ds.features.items()
               if isinstance(feature, datasets.Value) and feature.dtype.startswith("float")]

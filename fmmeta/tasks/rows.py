@@ -13,9 +13,8 @@ import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Union
 
-import datasets
 import numpy as np
 
 from fmmeta.tasks.choice_rows import MultipleChoiceRows
@@ -36,6 +35,9 @@ from fmmeta.tasks.multiple_choice import MultipleChoiceTask
 from fmmeta.tasks.spec import EpisodeSpec
 from fmmeta.tasks.task import Task, check_unique_names
 from fmmeta.tasks.tokens import OnTooLong, check_texts, encode, eos_ids
+
+if TYPE_CHECKING:  # types only: a run on a built-in suite never imports datasets (fmmeta.tasks.data says why)
+    import datasets
 
 logger = logging.getLogger(__name__)
 
@@ -182,6 +184,8 @@ def classification_rows(
     family: str = "",
 ) -> ClassificationRows:
     """The checked texts of :func:`classification_tasks` (same arguments), not yet tokenized."""
+    import datasets
+
     where = f"classification_tasks(name={name!r})"
     # A template names the columns it reads (a sentence pair: "{sentence1} ... {sentence2}"), so
     # text_column is only the default template's column and is not required beside one.

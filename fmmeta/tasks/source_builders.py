@@ -10,13 +10,14 @@ themselves are read by :mod:`fmmeta.tasks.rows` and :mod:`fmmeta.tasks.choice_ro
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
-
-import datasets
+from typing import TYPE_CHECKING, Any, Literal
 
 from fmmeta.tasks.choice_rows import multiple_choice_rows
 from fmmeta.tasks.registry import SourceRows, TaskBuilder, register
 from fmmeta.tasks.rows import TaskRows, classification_rows, column_rows, dataset_rows
+
+if TYPE_CHECKING:  # types only: a run on a built-in suite never imports datasets (fmmeta.tasks.data says why)
+    import datasets
 
 
 @dataclass(kw_only=True)

@@ -144,6 +144,28 @@ def test_help_lists_override_keys() -> None:
         assert re.search(rf"^\s+{re.escape(key)} \(", proc.stdout, flags=re.M), key
 
 
+_REPORTS_DATASETS = """import runpy, sys
+sys.argv[0] = {train!r}
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+finally:
+    print("datasets imported:", "datasets" in sys.modules, flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_run_on_the_built_in_suite_never_imports_datasets(tmp_path: Path) -> None:
+    """``datasets`` (with pandas and pyarrow: 1.3 s of a process's start) is imported only where
+    rows are read: a run on a built-in suite, training, checkpoints and evaluation, reads none."""
+    script = tmp_path / "train_reporting_datasets.py"
+    script.write_text(_REPORTS_DATASETS.format(train=str(_recipe.TRAIN)))
+    proc = _recipe.run("python", ["methods=[fomaml,metaicl]", "train.meta_steps=2", "eval.seeds=1",
+                                  "eval.max_steps=1", "eval.lr_grid=[0.1]", f"output_dir={tmp_path / 'run'}"],
+                       timeout_s=100, script_path=script)
+    assert "held-out evaluation" in proc.stdout and proc.stdout.rstrip().endswith("datasets imported: False"), \
+        proc.stdout[-2000:]
+
+
 @pytest.mark.timeout(60)
 def test_bad_overrides_exit_2_listing_every_problem_before_any_model(tmp_path: Path) -> None:
     out = tmp_path / "never"
