@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -25,8 +26,26 @@ def local_dropout(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "python", [*_recipe.SHORT, *_recipe.DROPOUT, f"output_dir={out}"], timeout_s=120))
 
 
+DEEPSPEED_TRACKING = ["train.report_to=tensorboard"] if importlib.util.find_spec("tensorboard") else []
+"""The shared deepspeed run also writes TensorBoard events where tensorboard is installed
+(test_tracking.py's two-rank checks read them, and its log, instead of launching a run of their own;
+where it is not, that file is skipped)."""
+
+
 @pytest.fixture(scope="session")
 def deepspeed_short(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Two processes under ``deepspeed`` (ZeRO-3), the shared short run, uninterrupted."""
-    return built_once(tmp_path_factory, "deepspeed_short", lambda out: _recipe.run(
-        "deepspeed", [*_recipe.SHORT, f"output_dir={out}"], nprocs=2, timeout_s=180))
+    """Two processes under ``deepspeed`` (ZeRO-3), the shared short run, uninterrupted; its launcher's
+    output is kept beside it (:func:`deepspeed_short_log`)."""
+
+    def build(out: Path) -> None:
+        proc = _recipe.run("deepspeed", [*_recipe.SHORT, *DEEPSPEED_TRACKING, f"output_dir={out}"], nprocs=2,
+                           timeout_s=180)
+        out.with_name(out.name + ".log").write_text(proc.stdout)
+
+    return built_once(tmp_path_factory, "deepspeed_short", build)
+
+
+@pytest.fixture(scope="session")
+def deepspeed_short_log(deepspeed_short: Path) -> str:
+    """What the launcher of :func:`deepspeed_short` printed (both ranks, merged)."""
+    return deepspeed_short.with_name(deepspeed_short.name + ".log").read_text()
